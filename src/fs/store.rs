@@ -1,0 +1,137 @@
+//! What the filesystem needs from storage: a five-method backend trait over
+//! the array's logical space, plus an in-memory implementation for tests.
+//!
+//! Logical addresses are `(group << GROUP_SHIFT) | offset_in_group`.
+
+use parking_lot::Mutex;
+
+/// Bits of a logical address that hold the offset within a group.
+pub const GROUP_SHIFT: u32 = 40;
+
+pub fn group_addr(group: u32, offset: u64) -> u64 {
+    ((group as u64) << GROUP_SHIFT) | offset
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupKind {
+    /// Mirrored; holds the filesystem's own metadata and journal.
+    Metadata,
+    /// File data, at the array's RAID level.
+    Data,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupInfo {
+    pub index: u32,
+    pub kind: GroupKind,
+    /// Logical bytes the group holds.
+    pub capacity: u64,
+    /// Logical bytes of one full stripe; extents aligned to it avoid
+    /// read-modify-write on parity levels.
+    pub stripe_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("I/O error: {0}")]
+    Io(String),
+    #[error("address {0:#x} is outside any allocated group")]
+    OutOfRange(u64),
+    #[error("no unallocated group left")]
+    NoSpace,
+    #[error("no copy of the block at {0:#x} passes its checksum")]
+    Unrecoverable(u64),
+    #[error("array is read-only: {0}")]
+    ReadOnly(String),
+}
+
+/// Storage for the filesystem.
+pub trait BlockStore: Send + Sync {
+    /// Read `buf.len()` bytes at logical `addr`. When `verify` is given, a
+    /// result it rejects is retried from every other copy or reconstruction
+    /// (and the bad copy rewritten); if none passes, `Unrecoverable`.
+    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError>;
+    /// Write `data` at logical `addr` on every copy / with parity.
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError>;
+    /// Durability barrier: every completed write is on stable storage on every member.
+    fn flush(&self) -> Result<(), StoreError>;
+    /// The allocated groups.
+    fn groups(&self) -> Vec<GroupInfo>;
+    /// Allocate a new group of `kind`.
+    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError>;
+    /// Unallocated groups left, and the data capacity one more data group would add.
+    fn free_groups(&self) -> (u64, u64);
+}
+
+/// An in-memory store with a fixed number of groups, for tests.
+pub struct MemStore {
+    group_capacity: u64,
+    stripe_bytes: u64,
+    total_groups: u32,
+    state: Mutex<MemState>,
+}
+
+struct MemState {
+    groups: Vec<(GroupInfo, Vec<u8>)>,
+}
+
+impl MemStore {
+    pub fn new(total_groups: u32, group_capacity: u64, stripe_bytes: u64) -> MemStore {
+        MemStore { group_capacity, stripe_bytes, total_groups, state: Mutex::new(MemState { groups: Vec::new() }) }
+    }
+
+    fn locate(addr: u64) -> (usize, usize) {
+        ((addr >> GROUP_SHIFT) as usize, (addr & ((1u64 << GROUP_SHIFT) - 1)) as usize)
+    }
+}
+
+impl BlockStore for MemStore {
+    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError> {
+        let (g, off) = Self::locate(addr);
+        let st = self.state.lock();
+        let (_, bytes) = st.groups.get(g).ok_or(StoreError::OutOfRange(addr))?;
+        let src = bytes.get(off..off + buf.len()).ok_or(StoreError::OutOfRange(addr))?;
+        buf.copy_from_slice(src);
+        match verify {
+            Some(ok) if !ok(buf) => Err(StoreError::Unrecoverable(addr)),
+            _ => Ok(()),
+        }
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
+        let (g, off) = Self::locate(addr);
+        let mut st = self.state.lock();
+        let (_, bytes) = st.groups.get_mut(g).ok_or(StoreError::OutOfRange(addr))?;
+        let dst = bytes.get_mut(off..off + data.len()).ok_or(StoreError::OutOfRange(addr))?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn groups(&self) -> Vec<GroupInfo> {
+        self.state.lock().groups.iter().map(|(info, _)| *info).collect()
+    }
+
+    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
+        let mut st = self.state.lock();
+        if st.groups.len() as u32 >= self.total_groups {
+            return Err(StoreError::NoSpace);
+        }
+        let info = GroupInfo {
+            index: st.groups.len() as u32,
+            kind,
+            capacity: self.group_capacity,
+            stripe_bytes: self.stripe_bytes,
+        };
+        st.groups.push((info, vec![0u8; self.group_capacity as usize]));
+        Ok(info)
+    }
+
+    fn free_groups(&self) -> (u64, u64) {
+        let st = self.state.lock();
+        ((self.total_groups as u64).saturating_sub(st.groups.len() as u64), self.group_capacity)
+    }
+}

@@ -1,0 +1,1 @@
+//! The FUSE adapter: the only module that imports `fuser`.

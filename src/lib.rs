@@ -1,0 +1,21 @@
+//! raidfs: a RAID filesystem in userspace.
+//!
+//! The modules are layers; each depends only on those listed above it:
+//!
+//! 1. [`member`]: member devices (image files, block devices, memory, fault injection).
+//! 2. [`parity`]: XOR and RAID6 P+Q kernels, benchmarked and chosen at start.
+//! 3. [`geometry`]: where a logical byte lives on which member, for every RAID level.
+//! 4. [`superblock`]: the per-member identity and state record.
+//! 5. [`array`]: the engine (groups, reads, writes, degraded mode, assembly).
+//! 6. [`fs`]: the POSIX filesystem on the array's logical space (inodes, journal).
+//! 7. [`fuse`]: the only module that speaks FUSE.
+//! 8. [`cli`]: the `raidfs` command.
+
+pub mod member;
+pub mod parity;
+pub mod geometry;
+pub mod superblock;
+pub mod array;
+pub mod fs;
+pub mod fuse;
+pub mod cli;

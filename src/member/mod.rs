@@ -1,0 +1,29 @@
+//! Member devices: the storage a RAID array is built from.
+//!
+//! Everything above this layer sees a member only through [`Member`]: positional
+//! reads and writes, a durability barrier, and a length. Implementations:
+//! [`file::FileMember`] (image files and block devices), [`memory::MemoryMember`]
+//! (tests), [`faulty::FaultyMember`] (fault and crash injection for tests).
+
+pub mod faulty;
+pub mod file;
+pub mod memory;
+
+use std::io;
+
+/// A member device. All offsets are byte offsets from the start of the device.
+///
+/// Implementations must be safe to call from many threads at once; a read or
+/// write either transfers the whole buffer or returns an error.
+pub trait Member: Send + Sync {
+    /// Read exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Write all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Make every completed write durable (fdatasync for files and devices).
+    fn sync(&self) -> io::Result<()>;
+    /// Size of the device in bytes.
+    fn len(&self) -> u64;
+    /// Human-readable name for messages (usually the path).
+    fn name(&self) -> String;
+}

@@ -171,42 +171,9 @@ proptest! {
         tail_seed in any::<u64>(),
         offset_seed in any::<u64>(),
     ) {
-        let chunk = geometry.chunk;
         // Up to three full parity rotations, so every stripe shape appears.
         let rows = 1 + rows_seed % (3 * geometry.members as u64 + 2);
-        let region_bytes = rows * chunk + tail_seed % chunk;
-        let offset_in_chunk = offset_seed % chunk;
-        let forward = forward_roles(&geometry, region_bytes, offset_in_chunk);
-
-        let mut unused = 0u64;
-        let mut first_copies = 0u64;
-        for member in 0..geometry.members {
-            for row in 0..rows {
-                let offset = row * chunk + offset_in_chunk;
-                let role = geometry.role_in_region(member, offset, region_bytes);
-                match forward.get(&(member, row)) {
-                    Some(expected) => {
-                        prop_assert_eq!(role, *expected);
-                        prop_assert_eq!(geometry.reverse(member, offset), *expected);
-                    }
-                    None => {
-                        prop_assert_eq!(role, Role::Unused, "member {} row {}", member, row);
-                        unused += 1;
-                    }
-                }
-                first_copies += u64::from(matches!(role, Role::Data { copy: 0, .. }));
-            }
-            // The partial chunk row past the last whole one holds nothing.
-            prop_assert_eq!(geometry.role_in_region(member, rows * chunk + offset_in_chunk, region_bytes), Role::Unused);
-        }
-        prop_assert_eq!(geometry.capacity(region_bytes), first_copies * chunk);
-        if is_mirrored(&geometry) {
-            // Only the tail of the last row, too short for a whole chunk's copies.
-            prop_assert!(unused < geometry.copies as u64);
-            prop_assert_eq!(unused, rows * geometry.members as u64 % geometry.copies as u64);
-        } else {
-            prop_assert_eq!(unused, 0);
-        }
+        check_region(&geometry, rows, tail_seed % geometry.chunk, offset_seed % geometry.chunk);
     }
 
     /// md rotates parity over the members: in any `members` consecutive
@@ -232,6 +199,81 @@ proptest! {
             prop_assert!(q_count.iter().all(|&count| count == 1), "{:?}", q_count);
         }
     }
+}
+
+/// The region check behind `every_member_offset_of_a_region_holds_exactly_one_role`:
+/// `rows` whole chunk rows plus `tail` bytes, probed at `offset_in_chunk`.
+fn check_region(geometry: &Geometry, rows: u64, tail: u64, offset_in_chunk: u64) {
+    let chunk = geometry.chunk;
+    let region_bytes = rows * chunk + tail;
+    let forward = forward_roles(geometry, region_bytes, offset_in_chunk);
+    let mut unused = 0u64;
+    let mut first_copies = 0u64;
+    for member in 0..geometry.members {
+        for row in 0..rows {
+            let offset = row * chunk + offset_in_chunk;
+            let role = geometry.role_in_region(member, offset, region_bytes);
+            match forward.get(&(member, row)) {
+                Some(expected) => {
+                    assert_eq!(role, *expected, "{geometry:?} member {member} row {row}");
+                    assert_eq!(geometry.reverse(member, offset), *expected, "{geometry:?}");
+                }
+                None => {
+                    assert_eq!(role, Role::Unused, "{geometry:?} member {member} row {row}");
+                    unused += 1;
+                }
+            }
+            first_copies += u64::from(matches!(role, Role::Data { copy: 0, .. }));
+        }
+        // The partial chunk row past the last whole one holds nothing.
+        let past_end = rows * chunk + offset_in_chunk;
+        assert_eq!(
+            geometry.role_in_region(member, past_end, region_bytes),
+            Role::Unused,
+            "{geometry:?}"
+        );
+    }
+    assert_eq!(
+        geometry.capacity(region_bytes),
+        first_copies * chunk,
+        "{geometry:?} over {rows} rows"
+    );
+    if is_mirrored(geometry) {
+        // Only the tail of the last row, too short for a whole chunk's copies.
+        assert!(unused < geometry.copies as u64, "{geometry:?}");
+        assert_eq!(
+            unused,
+            rows * geometry.members as u64 % geometry.copies as u64,
+            "{geometry:?}"
+        );
+    } else {
+        assert_eq!(unused, 0, "{geometry:?}");
+    }
+}
+
+/// Every level, layout, member count (1 to 16) and copy count, not just a
+/// random sample: the region check over two full parity rotations plus a
+/// partial one.
+#[test]
+fn every_small_geometry_is_a_bijection_over_its_region() {
+    let mut checked = 0;
+    for level in LEVELS {
+        for layout in LAYOUTS {
+            for members in 1..=16 {
+                // Only RAID10 takes a copy count; the other levels fix it.
+                let most_copies = if level == Level::Raid10 { members } else { 1 };
+                for copies in 1..=most_copies {
+                    let Ok(geometry) = Geometry::new(level, members, 4096, copies, layout) else {
+                        continue;
+                    };
+                    check_region(&geometry, 2 * members as u64 + 1, 100, 4095);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    // RAID0/1 16 members each, RAID5 15, RAID6 14 (per layout), RAID10 136 copy counts (per layout).
+    assert_eq!(checked, 4 * (16 + 16 + 15 + 14 + 136));
 }
 
 /// The placement picture of the first `rows` chunk rows, as md's documentation

@@ -7,12 +7,11 @@
 //! two are inverse of each other for every level, layout, member count and
 //! chunk size (checked by property tests, as md checks
 //! `raid5_compute_sector` against `compute_blocknr`).
-
 //!
-//! The per-level arithmetic lives in [`striped`] (RAID0/5/6, md's
-//! `raid5_compute_sector`) and [`mirrored`] (RAID1/10 near copies); this file
+//! The per-level arithmetic lives in `striped` (RAID0/5/6, md's
+//! `raid5_compute_sector`) and `mirrored` (RAID1/10 near copies); this file
 //! validates a geometry and dispatches on its level. Level and layout names
-//! are in [`names`].
+//! are in `names`. `docs/geometry.md` draws the placement of every level.
 
 mod mirrored;
 mod names;
@@ -103,6 +102,8 @@ pub enum Role {
     Unused,
 }
 
+/// Build it with [`Geometry::new`] (also from deserialised fields): the
+/// mapping methods rely on its validation and normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Geometry {
     pub level: Level,

@@ -271,6 +271,12 @@ impl FileMember {
     }
 }
 
+impl AsRawFd for FileMember {
+    fn as_raw_fd(&self) -> std::os::unix::io::RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
 impl Member for FileMember {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_bounds(buf.len(), offset, "read")?;

@@ -114,7 +114,6 @@ pub struct ReadVerdict {
     pub copies: [Option<bool>; 2],
 }
 
-
 /// Byte offsets of the fields inside one copy (see `docs/format.md`).
 mod offsets {
     pub const MAGIC: usize = 0;
@@ -451,9 +450,11 @@ impl Superblock {
         let mut slots = Vec::with_capacity(members as usize);
         for (i, &code) in slot_table.iter().enumerate() {
             if i < members as usize {
-                slots.push(slot_from_code(code).ok_or_else(|| {
-                    invalid(format!("slot {i} has unknown state code {code}"))
-                })?);
+                slots.push(
+                    slot_from_code(code).ok_or_else(|| {
+                        invalid(format!("slot {i} has unknown state code {code}"))
+                    })?,
+                );
             } else if code != 0 {
                 return Err(invalid(format!(
                     "slot table entry {i} is set but the array has {members} slots"
@@ -523,7 +524,9 @@ impl Superblock {
         }
         let members = self.members as usize;
         if members == 0 || members > MAX_MEMBERS {
-            return Err(format!("member count {members} is not in 1..={MAX_MEMBERS}"));
+            return Err(format!(
+                "member count {members} is not in 1..={MAX_MEMBERS}"
+            ));
         }
         if self.slots.len() != members {
             return Err(format!(

@@ -109,12 +109,21 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
             slot,
             proptest::collection::vec(slot_state.clone(), members as usize),
             proptest::collection::vec(group.clone(), 0..=MAX_GROUPS),
-            Just((level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty)),
+            Just((
+                level,
+                layout,
+                members,
+                chunk_shift,
+                group_chunks,
+                name,
+                au,
+                mu,
+                dirty,
+            )),
             Just(counters),
         )
             .prop_map(|(copies, slot, slots, groups, head, counters)| {
-                let (level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty) =
-                    head;
+                let (level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty) = head;
                 let (events, recovery, features, ctime, utime, offset_blocks, spare) = counters;
                 let chunk = 1u64 << chunk_shift;
                 let group_size = chunk * group_chunks;
@@ -198,7 +207,10 @@ fn every_single_flipped_byte_fails_decode() {
 fn layout_fields_sit_where_the_format_says() {
     let block = sample(0x0102_0304_0506_0708).encode();
     assert_eq!(&block[0..8], &MAGIC);
-    assert_eq!(u32::from_le_bytes(block[8..12].try_into().unwrap()), FORMAT_VERSION);
+    assert_eq!(
+        u32::from_le_bytes(block[8..12].try_into().unwrap()),
+        FORMAT_VERSION
+    );
     assert_eq!(&block[16..32], Uuid::from_u128(0x1234).as_bytes());
     assert_eq!(&block[48..52], b"tank");
     assert_eq!(u32::from_le_bytes(block[80..84].try_into().unwrap()), 1);
@@ -232,29 +244,53 @@ fn unknown_version_is_reported() {
     }
 }
 
+/// A change that breaks one rule of the format.
+type Edit = Box<dyn Fn(&mut Superblock)>;
+
 #[test]
 fn insane_fields_are_invalid() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut Superblock)>)> = vec![
+    let cases: Vec<(&str, Edit)> = vec![
         ("slot >= members", Box::new(|sb| sb.slot = 3)),
-        ("zero members", Box::new(|sb| {
-            sb.members = 0;
-            sb.slots.clear();
-        })),
-        ("group count mismatch", Box::new(|sb| {
-            sb.groups.pop();
-        })),
-        ("chunk not a power of two", Box::new(|sb| {
-            sb.chunk = 12288;
-            sb.group_size = 12288;
-            sb.data_size = 12288 * 4;
-        })),
-        ("group size not a chunk multiple", Box::new(|sb| sb.group_size = 6144)),
+        (
+            "zero members",
+            Box::new(|sb| {
+                sb.members = 0;
+                sb.slots.clear();
+            }),
+        ),
+        (
+            "group count mismatch",
+            Box::new(|sb| {
+                sb.groups.pop();
+            }),
+        ),
+        (
+            "chunk not a power of two",
+            Box::new(|sb| {
+                sb.chunk = 12288;
+                sb.group_size = 12288;
+                sb.data_size = 12288 * 4;
+            }),
+        ),
+        (
+            "group size not a chunk multiple",
+            Box::new(|sb| sb.group_size = 6144),
+        ),
         ("raid5 with 2 copies", Box::new(|sb| sb.copies = 2)),
-        ("data offset over the superblocks", Box::new(|sb| sb.data_offset = 4096)),
-        ("data offset unaligned", Box::new(|sb| sb.data_offset = DEFAULT_DATA_OFFSET + 1)),
-        ("slots shorter than members", Box::new(|sb| {
-            sb.slots.pop();
-        })),
+        (
+            "data offset over the superblocks",
+            Box::new(|sb| sb.data_offset = 4096),
+        ),
+        (
+            "data offset unaligned",
+            Box::new(|sb| sb.data_offset = DEFAULT_DATA_OFFSET + 1),
+        ),
+        (
+            "slots shorter than members",
+            Box::new(|sb| {
+                sb.slots.pop();
+            }),
+        ),
     ];
     for (what, edit) in cases {
         let mut sb = sample(1);
@@ -266,9 +302,14 @@ fn insane_fields_are_invalid() {
             "{what}: {result:?}"
         );
         let m = member();
-        let err = sb.write_to(&m).expect_err("write_to must refuse an invalid superblock");
+        let err = sb
+            .write_to(&m)
+            .expect_err("write_to must refuse an invalid superblock");
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{what}");
-        assert!(m.snapshot()[..8192].iter().all(|&b| b == 0), "{what}: wrote something");
+        assert!(
+            m.snapshot()[..8192].iter().all(|&b| b == 0),
+            "{what}: wrote something"
+        );
     }
 }
 
@@ -307,7 +348,11 @@ fn write_then_read_returns_it_with_both_copies_good() {
     assert_eq!(back, sb);
     assert_eq!(verdict.copies, [Some(true), Some(true)]);
     let bytes = m.snapshot();
-    assert_eq!(bytes[..4096], bytes[4096..8192], "the two copies are identical");
+    assert_eq!(
+        bytes[..4096],
+        bytes[4096..8192],
+        "the two copies are identical"
+    );
 }
 
 #[test]
@@ -425,7 +470,10 @@ fn crash_during_update_always_leaves_a_valid_copy() {
         let m = FaultyMember::new(member());
         sample(5).write_to(&m).unwrap();
         m.fail_after(0, Ops::SYNCS);
-        assert!(sample(6).write_to(&m).is_err(), "sync fails, so write_to does");
+        assert!(
+            sample(6).write_to(&m).is_err(),
+            "sync fails, so write_to does"
+        );
         let image = m.crash_image_random(seed).unwrap();
         let (back, verdict) = Superblock::read_from(&image)
             .unwrap_or_else(|e| panic!("seed {seed}: no readable copy: {e}"));

@@ -75,6 +75,10 @@ pub fn rename(st: &mut State, caller: &Caller, parent: u64, name: &[u8], new_par
         return Ok(());
     }
     let src_is_dir = src.is_dir();
+    // As Linux: moving a directory under itself is refused before the target is looked at.
+    if src_is_dir && st.is_ancestor(src_ino, new_parent) {
+        return Err(FsError::Invalid("cannot move a directory into itself"));
+    }
     if let Some(d) = dst {
         if flags.noreplace {
             return Err(FsError::Exists);
@@ -94,9 +98,6 @@ pub fn rename(st: &mut State, caller: &Caller, parent: u64, name: &[u8], new_par
         }
     }
     if src_is_dir {
-        if st.is_ancestor(src_ino, new_parent) {
-            return Err(FsError::Invalid("cannot move a directory into itself"));
-        }
         check_moved_dir(src_ino)?;
         if moves_across && dst.is_none() && dst_dir.nlink >= MAX_LINKS {
             return Err(FsError::TooManyLinks);

@@ -15,11 +15,29 @@ fn populated() -> Arc<MirrorStore> {
     let store = Arc::new(MirrorStore::new(4, 4 * MIB, 4096));
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
-    let f = fs.mknod(&Caller::root(), ROOT_INO, OsStr::new("kept"), 0o100644, 0, 0).unwrap().ino;
+    let f = fs
+        .mknod(
+            &Caller::root(),
+            ROOT_INO,
+            OsStr::new("kept"),
+            0o100644,
+            0,
+            0,
+        )
+        .unwrap()
+        .ino;
     fs.write(f, 0, b"precious").unwrap();
     fs.unmount().unwrap();
     let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
-    fs.mknod(&Caller::root(), ROOT_INO, OsStr::new("journaled"), 0o100644, 0, 0).unwrap();
+    fs.mknod(
+        &Caller::root(),
+        ROOT_INO,
+        OsStr::new("journaled"),
+        0o100644,
+        0,
+        0,
+    )
+    .unwrap();
     fs.sync_all().unwrap();
     drop(fs);
     store
@@ -27,16 +45,21 @@ fn populated() -> Arc<MirrorStore> {
 
 fn check_contents(store: Arc<MirrorStore>) {
     let fs = FileSystem::open(store, FsOptions::default()).unwrap();
-    let a = fs.lookup(&Caller::root(), ROOT_INO, OsStr::new("kept")).unwrap();
+    let a = fs
+        .lookup(&Caller::root(), ROOT_INO, OsStr::new("kept"))
+        .unwrap();
     assert_eq!(fs.read(a.ino, 0, 100).unwrap(), b"precious");
-    fs.lookup(&Caller::root(), ROOT_INO, OsStr::new("journaled")).unwrap();
+    fs.lookup(&Caller::root(), ROOT_INO, OsStr::new("journaled"))
+        .unwrap();
 }
 
 /// Every metadata block in use: headers, journal start, both checkpoint slots.
 fn metadata_ranges() -> Vec<(u64, usize)> {
     // Corrupting the whole metadata group covers header, slots and journal
     // without depending on the layout.
-    (0..(4 * MIB / 4096)).map(|b| (group_addr(0, b * 4096), 4096)).collect()
+    (0..(4 * MIB / 4096))
+        .map(|b| (group_addr(0, b * 4096), 4096))
+        .collect()
 }
 
 #[test]
@@ -58,7 +81,10 @@ fn both_copies_bad_is_a_clear_error() {
         store.corrupt(0, addr, len).unwrap();
         store.corrupt(1, addr, len).unwrap();
     }
-    assert!(matches!(FileSystem::open(store.clone(), FsOptions::default()), Err(FsError::Corrupt(_))));
+    assert!(matches!(
+        FileSystem::open(store.clone(), FsOptions::default()),
+        Err(FsError::Corrupt(_))
+    ));
     assert!(matches!(fsck(store, false), Err(FsError::Corrupt(_))));
 }
 
@@ -96,6 +122,11 @@ fn a_bad_journal_record_is_never_trusted() {
     }
     // The record with "journaled" is rejected; the checkpointed state stays.
     let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
-    assert!(fs.lookup(&Caller::root(), ROOT_INO, OsStr::new("kept")).is_ok());
-    assert!(matches!(fs.lookup(&Caller::root(), ROOT_INO, OsStr::new("journaled")), Err(FsError::NotFound)));
+    assert!(fs
+        .lookup(&Caller::root(), ROOT_INO, OsStr::new("kept"))
+        .is_ok());
+    assert!(matches!(
+        fs.lookup(&Caller::root(), ROOT_INO, OsStr::new("journaled")),
+        Err(FsError::NotFound)
+    ));
 }

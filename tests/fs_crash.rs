@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use raidfs::fs::teststore::CrashStore;
 use raidfs::fs::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const MIB: u64 = 1 << 20;
 
@@ -29,7 +29,10 @@ struct Run {
 
 impl Run {
     fn ino(&self, key: &(usize, String)) -> Option<u64> {
-        self.fs.lookup(&Caller::root(), self.dirs[key.0], n(&key.1)).ok().map(|a| a.ino)
+        self.fs
+            .lookup(&Caller::root(), self.dirs[key.0], n(&key.1))
+            .ok()
+            .map(|a| a.ino)
     }
 
     /// One random operation; Err when the store has lost power.
@@ -42,7 +45,11 @@ impl Run {
                 self.stable.remove(&key);
                 let ino = match self.ino(&key) {
                     Some(i) => i,
-                    None => self.fs.mknod(&c, self.dirs[dir], n(&key.1), 0o100644, 0, 0)?.ino,
+                    None => {
+                        self.fs
+                            .mknod(&c, self.dirs[dir], n(&key.1), 0o100644, 0, 0)?
+                            .ino
+                    }
                 };
                 self.files.entry(key.clone()).or_default();
                 let off = rng.gen_range(0..40_000u64);
@@ -59,8 +66,18 @@ impl Run {
                 if let Some(ino) = self.ino(&key) {
                     self.stable.remove(&key);
                     let size = rng.gen_range(0..50_000u64);
-                    self.fs.setattr(&c, ino, &SetAttr { size: Some(size), ..Default::default() })?;
-                    self.files.get_mut(&key).expect("tracked").resize(size as usize, 0);
+                    self.fs.setattr(
+                        &c,
+                        ino,
+                        &SetAttr {
+                            size: Some(size),
+                            ..Default::default()
+                        },
+                    )?;
+                    self.files
+                        .get_mut(&key)
+                        .expect("tracked")
+                        .resize(size as usize, 0);
                 }
             }
             5 => {
@@ -71,11 +88,21 @@ impl Run {
                 }
             }
             6 => {
-                let to = (rng.gen_range(0..self.dirs.len()), format!("f{}", rng.gen_range(0..6)));
+                let to = (
+                    rng.gen_range(0..self.dirs.len()),
+                    format!("f{}", rng.gen_range(0..6)),
+                );
                 if self.ino(&key).is_some() && key != to {
                     self.stable.remove(&key);
                     self.stable.remove(&to);
-                    self.fs.rename(&c, self.dirs[key.0], n(&key.1), self.dirs[to.0], n(&to.1), RenameFlags::default())?;
+                    self.fs.rename(
+                        &c,
+                        self.dirs[key.0],
+                        n(&key.1),
+                        self.dirs[to.0],
+                        n(&to.1),
+                        RenameFlags::default(),
+                    )?;
                     let data = self.files.remove(&key).expect("tracked");
                     self.files.insert(to, data);
                 }
@@ -95,10 +122,25 @@ fn crash_case(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let store = Arc::new(CrashStore::new(6, 2 * MIB, 64 * 1024));
     FileSystem::format(store.clone()).unwrap();
-    let fs = FileSystem::open(store.clone(), FsOptions { read_only: false, commit_interval_secs: 3600 }).unwrap();
-    let sub = fs.mkdir(&Caller::root(), ROOT_INO, n("sub"), 0o755, 0).unwrap().ino;
+    let fs = FileSystem::open(
+        store.clone(),
+        FsOptions {
+            read_only: false,
+            commit_interval_secs: 3600,
+        },
+    )
+    .unwrap();
+    let sub = fs
+        .mkdir(&Caller::root(), ROOT_INO, n("sub"), 0o755, 0)
+        .unwrap()
+        .ino;
     fs.sync_all().unwrap();
-    let mut run = Run { fs, dirs: vec![ROOT_INO, sub], files: BTreeMap::new(), stable: BTreeMap::new() };
+    let mut run = Run {
+        fs,
+        dirs: vec![ROOT_INO, sub],
+        files: BTreeMap::new(),
+        stable: BTreeMap::new(),
+    };
     store.set_write_budget(Some(rng.gen_range(0..300)));
     for _ in 0..200 {
         if run.step(&mut rng).is_err() {
@@ -107,19 +149,27 @@ fn crash_case(seed: u64) {
     }
     let crashed = Arc::new(store.crash(seed));
     drop(run.fs);
-    let report = fsck(crashed.clone(), false).unwrap_or_else(|e| panic!("seed {seed}: fsck cannot load: {e}"));
+    let report = fsck(crashed.clone(), false)
+        .unwrap_or_else(|e| panic!("seed {seed}: fsck cannot load: {e}"));
     assert!(report.is_clean(), "seed {seed}: {:?}", report.problems);
-    let fs = FileSystem::open(crashed.clone(), FsOptions::default()).unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
+    let fs = FileSystem::open(crashed.clone(), FsOptions::default())
+        .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
     for (key, data) in &run.stable {
         let name = format!("{}/{}", key.0, key.1);
-        let attr = fs.lookup(&Caller::root(), run.dirs[key.0], n(&key.1)).unwrap_or_else(|e| panic!("seed {seed}: {name}: {e}"));
+        let attr = fs
+            .lookup(&Caller::root(), run.dirs[key.0], n(&key.1))
+            .unwrap_or_else(|e| panic!("seed {seed}: {name}: {e}"));
         assert_eq!(attr.size, data.len() as u64, "seed {seed}: size of {name}");
         let back = fs.read(attr.ino, 0, data.len() + 1).unwrap();
         assert!(back == *data, "seed {seed}: contents of {name}");
     }
     fs.unmount().unwrap();
     let report = fsck(crashed, false).unwrap();
-    assert!(report.is_clean(), "seed {seed} after remount: {:?}", report.problems);
+    assert!(
+        report.is_clean(),
+        "seed {seed} after remount: {:?}",
+        report.problems
+    );
 }
 
 #[test]
@@ -136,7 +186,14 @@ fn crash_during_checkpoints_recovers() {
         let mut rng = StdRng::seed_from_u64(seed);
         let store = Arc::new(CrashStore::new(8, 512 * 1024, 4096));
         FileSystem::format(store.clone()).unwrap();
-        let fs = FileSystem::open(store.clone(), FsOptions { read_only: false, commit_interval_secs: 3600 }).unwrap();
+        let fs = FileSystem::open(
+            store.clone(),
+            FsOptions {
+                read_only: false,
+                commit_interval_secs: 3600,
+            },
+        )
+        .unwrap();
         let c = Caller::root();
         let mut synced = Vec::new();
         store.set_write_budget(Some(rng.gen_range(20..400)));
@@ -153,7 +210,8 @@ fn crash_during_checkpoints_recovers() {
         assert!(report.is_clean(), "seed {seed}: {:?}", report.problems);
         let fs = FileSystem::open(crashed, FsOptions::default()).unwrap();
         for name in &synced {
-            fs.lookup(&c, ROOT_INO, n(name)).unwrap_or_else(|e| panic!("seed {seed}: {name}: {e}"));
+            fs.lookup(&c, ROOT_INO, n(name))
+                .unwrap_or_else(|e| panic!("seed {seed}: {name}: {e}"));
         }
     }
 }

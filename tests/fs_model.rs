@@ -71,8 +71,16 @@ type Res<T> = Result<T, i32>;
 
 impl Model {
     fn new() -> Model {
-        let root = Node { kind: Kind::Dir(BTreeMap::new()), nlink: 2, parent: 1, xattrs: BTreeMap::new() };
-        Model { nodes: HashMap::from([(1, root)]), next: 2 }
+        let root = Node {
+            kind: Kind::Dir(BTreeMap::new()),
+            nlink: 2,
+            parent: 1,
+            xattrs: BTreeMap::new(),
+        };
+        Model {
+            nodes: HashMap::from([(1, root)]),
+            next: 2,
+        }
     }
 
     fn entries(&self, dir: usize) -> &BTreeMap<String, usize> {
@@ -119,7 +127,15 @@ impl Model {
         let id = self.next;
         self.next += 1;
         let is_dir = matches!(kind, Kind::Dir(_));
-        self.nodes.insert(id, Node { kind, nlink: if is_dir { 2 } else { 1 }, parent: dir, xattrs: BTreeMap::new() });
+        self.nodes.insert(
+            id,
+            Node {
+                kind,
+                nlink: if is_dir { 2 } else { 1 },
+                parent: dir,
+                xattrs: BTreeMap::new(),
+            },
+        );
         if is_dir {
             self.nodes.get_mut(&dir).expect("dir").nlink += 1;
         }
@@ -160,7 +176,9 @@ impl Model {
             if dst == src {
                 return Ok(());
             }
-            if (self.is_dir(src) && self.is_ancestor(src, q)) || (self.is_dir(dst) && self.is_ancestor(dst, p)) {
+            if (self.is_dir(src) && self.is_ancestor(src, q))
+                || (self.is_dir(dst) && self.is_ancestor(dst, p))
+            {
                 return Err(libc::EINVAL);
             }
             self.entries_mut(p).insert(name.into(), dst);
@@ -241,7 +259,12 @@ impl Harness {
     fn parent(&self, p: usize) -> Option<(usize, u64)> {
         let m = self.model.resolve(PARENTS[p]);
         let f = self.resolve(PARENTS[p]);
-        assert_eq!(m.is_ok(), f.is_ok(), "resolving {:?}: model {m:?} fs {f:?}", PARENTS[p]);
+        assert_eq!(
+            m.is_ok(),
+            f.is_ok(),
+            "resolving {:?}: model {m:?} fs {f:?}",
+            PARENTS[p]
+        );
         Some((m.ok()?, f.ok()?))
     }
 
@@ -249,15 +272,33 @@ impl Harness {
         let c = Caller::root();
         match *op {
             Op::Create(p, n) | Op::Mkdir(p, n) => {
-                let Some((mp, fp)) = self.parent(p) else { return };
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
                 let is_dir = matches!(op, Op::Mkdir(..));
-                let want = self.model.add(mp, NAMES[n], if is_dir { Kind::Dir(BTreeMap::new()) } else { Kind::File(Vec::new()) });
-                let got = if is_dir { self.fs.mkdir(&c, fp, os(NAMES[n]), 0o755, 0) } else { self.fs.mknod(&c, fp, os(NAMES[n]), 0o100644, 0, 0) };
+                let want = self.model.add(
+                    mp,
+                    NAMES[n],
+                    if is_dir {
+                        Kind::Dir(BTreeMap::new())
+                    } else {
+                        Kind::File(Vec::new())
+                    },
+                );
+                let got = if is_dir {
+                    self.fs.mkdir(&c, fp, os(NAMES[n]), 0o755, 0)
+                } else {
+                    self.fs.mknod(&c, fp, os(NAMES[n]), 0o100644, 0, 0)
+                };
                 assert_eq!(code(got).map(|_| ()), want, "{op:?}");
             }
             Op::Write(p, n, off, len, byte) => {
-                let Some((mp, fp)) = self.parent(p) else { return };
-                let Some(id) = self.model.child(mp, NAMES[n]) else { return };
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
+                let Some(id) = self.model.child(mp, NAMES[n]) else {
+                    return;
+                };
                 let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
                 let got = code(self.fs.write(ino, off as u64, &vec![byte; len as usize]));
                 match &mut self.model.nodes.get_mut(&id).expect("node").kind {
@@ -273,10 +314,21 @@ impl Harness {
                 }
             }
             Op::Truncate(p, n, size) => {
-                let Some((mp, fp)) = self.parent(p) else { return };
-                let Some(id) = self.model.child(mp, NAMES[n]) else { return };
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
+                let Some(id) = self.model.child(mp, NAMES[n]) else {
+                    return;
+                };
                 let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
-                let got = code(self.fs.setattr(&c, ino, &SetAttr { size: Some(size as u64), ..Default::default() }));
+                let got = code(self.fs.setattr(
+                    &c,
+                    ino,
+                    &SetAttr {
+                        size: Some(size as u64),
+                        ..Default::default()
+                    },
+                ));
                 match &mut self.model.nodes.get_mut(&id).expect("node").kind {
                     Kind::Dir(_) => assert_eq!(got.map(|_| ()), Err(libc::EISDIR)),
                     Kind::File(data) => {
@@ -286,7 +338,9 @@ impl Harness {
                 }
             }
             Op::Unlink(p, n) | Op::Rmdir(p, n) => {
-                let Some((mp, fp)) = self.parent(p) else { return };
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
                 let rmdir = matches!(op, Op::Rmdir(..));
                 let want = match self.model.child(mp, NAMES[n]) {
                     None => Err(libc::ENOENT),
@@ -300,12 +354,20 @@ impl Harness {
                         }
                     },
                 };
-                let got = if rmdir { self.fs.rmdir(&c, fp, os(NAMES[n])) } else { self.fs.unlink(&c, fp, os(NAMES[n])) };
+                let got = if rmdir {
+                    self.fs.rmdir(&c, fp, os(NAMES[n]))
+                } else {
+                    self.fs.unlink(&c, fp, os(NAMES[n]))
+                };
                 assert_eq!(code(got), want, "{op:?}");
             }
             Op::Link(p, n, q, m) => {
-                let (Some((mp, fp)), Some((mq, fq))) = (self.parent(p), self.parent(q)) else { return };
-                let Some(id) = self.model.child(mp, NAMES[n]) else { return };
+                let (Some((mp, fp)), Some((mq, fq))) = (self.parent(p), self.parent(q)) else {
+                    return;
+                };
+                let Some(id) = self.model.child(mp, NAMES[n]) else {
+                    return;
+                };
                 let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
                 let want = if self.model.is_dir(id) {
                     Err(libc::EPERM)
@@ -316,17 +378,34 @@ impl Harness {
                     self.model.nodes.get_mut(&id).expect("node").nlink += 1;
                     Ok(())
                 };
-                assert_eq!(code(self.fs.link(&c, ino, fq, os(NAMES[m]))).map(|_| ()), want, "{op:?}");
+                assert_eq!(
+                    code(self.fs.link(&c, ino, fq, os(NAMES[m]))).map(|_| ()),
+                    want,
+                    "{op:?}"
+                );
             }
             Op::Rename(p, n, q, m, flags) => {
-                let (Some((mp, fp)), Some((mq, fq))) = (self.parent(p), self.parent(q)) else { return };
+                let (Some((mp, fp)), Some((mq, fq))) = (self.parent(p), self.parent(q)) else {
+                    return;
+                };
                 let want = self.model.rename(mp, NAMES[n], mq, NAMES[m], flags);
-                let f = RenameFlags { noreplace: flags == 1, exchange: flags == 2 };
-                assert_eq!(code(self.fs.rename(&c, fp, os(NAMES[n]), fq, os(NAMES[m]), f)), want, "{op:?}");
+                let f = RenameFlags {
+                    noreplace: flags == 1,
+                    exchange: flags == 2,
+                };
+                assert_eq!(
+                    code(self.fs.rename(&c, fp, os(NAMES[n]), fq, os(NAMES[m]), f)),
+                    want,
+                    "{op:?}"
+                );
             }
             Op::SetXattr(p, n, x, v, flags) => {
-                let Some((mp, fp)) = self.parent(p) else { return };
-                let Some(id) = self.model.child(mp, NAMES[n]) else { return };
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
+                let Some(id) = self.model.child(mp, NAMES[n]) else {
+                    return;
+                };
                 let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
                 let xattrs = &mut self.model.nodes.get_mut(&id).expect("node").xattrs;
                 let exists = xattrs.contains_key(XNAMES[x]);
@@ -338,14 +417,34 @@ impl Harness {
                     xattrs.insert(XNAMES[x].into(), vec![v; 3]);
                     Ok(())
                 };
-                assert_eq!(code(self.fs.setxattr(&c, ino, os(XNAMES[x]), &[v; 3], flags)), want, "{op:?}");
+                assert_eq!(
+                    code(self.fs.setxattr(&c, ino, os(XNAMES[x]), &[v; 3], flags)),
+                    want,
+                    "{op:?}"
+                );
             }
             Op::RemoveXattr(p, n, x) => {
-                let Some((mp, fp)) = self.parent(p) else { return };
-                let Some(id) = self.model.child(mp, NAMES[n]) else { return };
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
+                let Some(id) = self.model.child(mp, NAMES[n]) else {
+                    return;
+                };
                 let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
-                let want = self.model.nodes.get_mut(&id).expect("node").xattrs.remove(XNAMES[x]).map(|_| ()).ok_or(libc::ENODATA);
-                assert_eq!(code(self.fs.removexattr(&c, ino, os(XNAMES[x]))), want, "{op:?}");
+                let want = self
+                    .model
+                    .nodes
+                    .get_mut(&id)
+                    .expect("node")
+                    .xattrs
+                    .remove(XNAMES[x])
+                    .map(|_| ())
+                    .ok_or(libc::ENODATA);
+                assert_eq!(
+                    code(self.fs.removexattr(&c, ino, os(XNAMES[x]))),
+                    want,
+                    "{op:?}"
+                );
             }
             Op::Reopen => {
                 self.fs.unmount().expect("unmount");
@@ -359,17 +458,31 @@ impl Harness {
         let mut ids: HashMap<usize, u64> = HashMap::new();
         self.compare_dir(1, ROOT_INO, &mut ids, "/");
         let inos: std::collections::HashSet<u64> = ids.values().copied().collect();
-        assert_eq!(inos.len(), ids.len(), "distinct model inodes map to distinct inode numbers");
+        assert_eq!(
+            inos.len(),
+            ids.len(),
+            "distinct model inodes map to distinct inode numbers"
+        );
     }
 
     fn compare_dir(&self, id: usize, ino: u64, ids: &mut HashMap<usize, u64>, path: &str) {
         let c = Caller::root();
         let listing = self.fs.readdir(ino, 0, usize::MAX).expect("readdir");
         assert_eq!(&listing[0].name, b".");
-        assert_eq!(listing[1].ino, self.fs.lookup(&c, ino, os("..")).expect("..").ino);
-        let got: BTreeMap<String, u64> = listing[2..].iter().map(|e| (String::from_utf8(e.name.clone()).expect("utf8"), e.ino)).collect();
+        assert_eq!(
+            listing[1].ino,
+            self.fs.lookup(&c, ino, os("..")).expect("..").ino
+        );
+        let got: BTreeMap<String, u64> = listing[2..]
+            .iter()
+            .map(|e| (String::from_utf8(e.name.clone()).expect("utf8"), e.ino))
+            .collect();
         let want = self.model.entries(id);
-        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "listing of {path}");
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "listing of {path}"
+        );
         for (name, child) in want {
             let fino = got[name];
             if let Some(prev) = ids.insert(*child, fino) {
@@ -378,8 +491,16 @@ impl Harness {
             let node = &self.model.nodes[child];
             let attr = self.fs.getattr(fino).expect("getattr");
             assert_eq!(attr.nlink, node.nlink, "nlink of {path}{name}");
-            let xattrs: Vec<u8> = node.xattrs.keys().flat_map(|k| k.bytes().chain([0])).collect();
-            assert_eq!(self.fs.listxattr(&c, fino).expect("listxattr"), xattrs, "xattrs of {path}{name}");
+            let xattrs: Vec<u8> = node
+                .xattrs
+                .keys()
+                .flat_map(|k| k.bytes().chain([0]))
+                .collect();
+            assert_eq!(
+                self.fs.listxattr(&c, fino).expect("listxattr"),
+                xattrs,
+                "xattrs of {path}{name}"
+            );
             for (k, v) in &node.xattrs {
                 assert_eq!(&self.fs.getxattr(&c, fino, os(k)).expect("getxattr"), v);
             }
@@ -387,7 +508,10 @@ impl Harness {
                 Kind::File(data) => {
                     assert_eq!(attr.kind, FileKind::File);
                     assert_eq!(attr.size, data.len() as u64, "size of {path}{name}");
-                    assert!(self.fs.read(fino, 0, data.len() + 10).expect("read") == *data, "contents of {path}{name}");
+                    assert!(
+                        self.fs.read(fino, 0, data.len() + 10).expect("read") == *data,
+                        "contents of {path}{name}"
+                    );
                 }
                 Kind::Dir(_) => {
                     assert_eq!(attr.kind, FileKind::Dir);

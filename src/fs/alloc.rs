@@ -24,7 +24,10 @@ pub struct Allocator {
 }
 
 fn split(addr: u64) -> (u32, u64) {
-    ((addr >> GROUP_SHIFT) as u32, addr & ((1u64 << GROUP_SHIFT) - 1))
+    (
+        (addr >> GROUP_SHIFT) as u32,
+        addr & ((1u64 << GROUP_SHIFT) - 1),
+    )
 }
 
 fn round_up(v: u64, a: u64) -> u64 {
@@ -38,7 +41,15 @@ impl Allocator {
         if usable > 0 {
             free.insert(0, usable);
         }
-        self.groups.insert(info.index, GroupFree { info, free, free_bytes: usable, usable });
+        self.groups.insert(
+            info.index,
+            GroupFree {
+                info,
+                free,
+                free_bytes: usable,
+                usable,
+            },
+        );
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -53,15 +64,22 @@ impl Allocator {
     /// (outside a Data group, or overlapping something already used).
     pub fn mark_used(&mut self, ext: Extent) -> Result<(), String> {
         let (g, off) = split(ext.addr);
-        let group = self.groups.get_mut(&g).ok_or_else(|| format!("extent {:#x}+{} is not in a Data group", ext.addr, ext.len))?;
+        let group = self
+            .groups
+            .get_mut(&g)
+            .ok_or_else(|| format!("extent {:#x}+{} is not in a Data group", ext.addr, ext.len))?;
         let end = off + ext.len;
         let (&fstart, &flen) = group
             .free
             .range(..=off)
             .next_back()
             .ok_or_else(|| format!("extent {:#x}+{} overlaps used space", ext.addr, ext.len))?;
-        if fstart + flen < end || ext.len == 0 || off % BLOCK_SIZE != 0 || ext.len % BLOCK_SIZE != 0 {
-            return Err(format!("extent {:#x}+{} overlaps used space or is misaligned", ext.addr, ext.len));
+        if fstart + flen < end || ext.len == 0 || off % BLOCK_SIZE != 0 || ext.len % BLOCK_SIZE != 0
+        {
+            return Err(format!(
+                "extent {:#x}+{} overlaps used space or is misaligned",
+                ext.addr, ext.len
+            ));
         }
         group.free.remove(&fstart);
         if fstart < off {
@@ -87,7 +105,11 @@ impl Allocator {
         let mut best: Option<(u32, u64, u64)> = None;
         for (&gi, group) in &self.groups {
             let stripe = group.info.stripe_bytes;
-            let align = if stripe >= BLOCK_SIZE && stripe % BLOCK_SIZE == 0 && len >= stripe { stripe } else { BLOCK_SIZE };
+            let align = if stripe >= BLOCK_SIZE && stripe % BLOCK_SIZE == 0 && len >= stripe {
+                stripe
+            } else {
+                BLOCK_SIZE
+            };
             for (&start, &flen) in &group.free {
                 let aligned = round_up(start, align);
                 if aligned + len <= start + flen {
@@ -124,7 +146,9 @@ impl Allocator {
 
     pub fn free(&mut self, ext: Extent) {
         let (g, mut off) = split(ext.addr);
-        let Some(group) = self.groups.get_mut(&g) else { return };
+        let Some(group) = self.groups.get_mut(&g) else {
+            return;
+        };
         let mut len = ext.len;
         group.free_bytes += len;
         if let Some((&ps, &pl)) = group.free.range(..off).next_back() {
@@ -142,7 +166,10 @@ impl Allocator {
 
     /// (group, free runs) for fsck's accounting check.
     pub fn free_runs(&self) -> Vec<(u32, u64, u64)> {
-        self.groups.iter().flat_map(|(&g, gf)| gf.free.iter().map(move |(&s, &l)| (g, s, l))).collect()
+        self.groups
+            .iter()
+            .flat_map(|(&g, gf)| gf.free.iter().map(move |(&s, &l)| (g, s, l)))
+            .collect()
     }
 }
 
@@ -154,7 +181,12 @@ mod tests {
     #[test]
     fn aligned_allocation_and_merge_on_free() {
         let mut a = Allocator::default();
-        a.add_group(GroupInfo { index: 1, kind: GroupKind::Data, capacity: 1 << 20, stripe_bytes: 65536 });
+        a.add_group(GroupInfo {
+            index: 1,
+            kind: GroupKind::Data,
+            capacity: 1 << 20,
+            stripe_bytes: 65536,
+        });
         let small = a.allocate(4096, None).unwrap();
         assert_eq!(small.addr, group_addr(1, 0));
         let big = a.allocate(131072, None).unwrap();

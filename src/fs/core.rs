@@ -49,19 +49,37 @@ pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
 }
 
 pub fn format(store: &dyn BlockStore) -> FsResult<()> {
-    let existing = store.groups().into_iter().filter(|g| g.kind == GroupKind::Metadata).min_by_key(|g| g.index);
+    let existing = store
+        .groups()
+        .into_iter()
+        .filter(|g| g.kind == GroupKind::Metadata)
+        .min_by_key(|g| g.index);
     let group = match existing {
         Some(g) => g,
         None => store.allocate_group(GroupKind::Metadata)?,
     };
-    let header = plan(group.index, group.capacity, *uuid::Uuid::new_v4().as_bytes())?;
-    let mut meta = Meta { next_ino: ROOT_INO + 1, next_gen: 2, ..Default::default() };
+    let header = plan(
+        group.index,
+        group.capacity,
+        *uuid::Uuid::new_v4().as_bytes(),
+    )?;
+    let mut meta = Meta {
+        next_ino: ROOT_INO + 1,
+        next_gen: 2,
+        ..Default::default()
+    };
     let mut root = Inode::new(ROOT_INO, 1, FileKind::Dir, 0o755, 0, 0);
     root.nlink = 2;
     root.parent = ROOT_INO;
     meta.inodes.insert(ROOT_INO, root);
     meta.dirs.insert(ROOT_INO, Default::default());
-    let mut journal = Journal { header: header.clone(), meta_group: group.index, seq: 0, tail: 0, newest_slot: 1 };
+    let mut journal = Journal {
+        header: header.clone(),
+        meta_group: group.index,
+        seq: 0,
+        tail: 0,
+        newest_slot: 1,
+    };
     journal.checkpoint(store, &encode(&meta.image())?)?;
     write_header(store, group.index, &journal.header)?;
     Ok(())
@@ -82,12 +100,21 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
             None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
         }
     }
-    let (newest_slot, cp) = best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
+    let (newest_slot, cp) =
+        best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
     let image: MetaImage = decode(&cp.payload, "checkpoint")?;
     let mut meta = Meta::from_image(image);
-    let mut journal = Journal { header, meta_group, seq: cp.seq, tail: 0, newest_slot };
+    let mut journal = Journal {
+        header,
+        meta_group,
+        seq: cp.seq,
+        tail: 0,
+        newest_slot,
+    };
     let mut replayed = 0;
-    while let Some((payload, len)) = read_record(store, &journal.header, journal.tail, journal.seq + 1)? {
+    while let Some((payload, len)) =
+        read_record(store, &journal.header, journal.tail, journal.seq + 1)?
+    {
         let rec: CommitRecord = decode(&payload, "journal record")?;
         meta.apply(rec);
         journal.seq += 1;
@@ -97,7 +124,12 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
     if !meta.inodes.get(&ROOT_INO).is_some_and(|r| r.is_dir()) {
         return Err(FsError::Corrupt("root directory missing".into()));
     }
-    Ok(Loaded { meta, journal, replayed, notes })
+    Ok(Loaded {
+        meta,
+        journal,
+        replayed,
+        notes,
+    })
 }
 
 /// The allocator implied by the Data groups and every file's extents.
@@ -124,9 +156,16 @@ impl Inner {
         let loaded = load(store.as_ref())?;
         let (alloc, problems) = build_allocator(&store.groups(), &loaded.meta);
         if !problems.is_empty() {
-            return Err(FsError::Corrupt(format!("extent map inconsistent (run fsck): {}", problems.join("; "))));
+            return Err(FsError::Corrupt(format!(
+                "extent map inconsistent (run fsck): {}",
+                problems.join("; ")
+            )));
         }
-        let state = State { meta: loaded.meta, alloc, ..Default::default() };
+        let state = State {
+            meta: loaded.meta,
+            alloc,
+            ..Default::default()
+        };
         let inner = Arc::new(Inner {
             store,
             state: RwLock::new(state),
@@ -145,7 +184,13 @@ impl Inner {
     fn free_orphans(&self) -> FsResult<()> {
         {
             let mut st = self.state.write();
-            let orphans: Vec<u64> = st.meta.inodes.values().filter(|i| i.nlink == 0).map(|i| i.ino).collect();
+            let orphans: Vec<u64> = st
+                .meta
+                .inodes
+                .values()
+                .filter(|i| i.nlink == 0)
+                .map(|i| i.ino)
+                .collect();
             for ino in orphans {
                 st.free_inode(ino);
             }
@@ -236,22 +281,30 @@ impl Inner {
 }
 
 /// Commits every `interval` until the filesystem is dropped or unmounted.
-pub fn spawn_committer(inner: Weak<Inner>, interval: Duration, stop: crossbeam_channel::Receiver<()>) {
-    let spawned = std::thread::Builder::new().name("raidfs-commit".into()).spawn(move || loop {
-        match stop.recv_timeout(interval) {
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                let Some(inner) = inner.upgrade() else { return };
-                if inner.is_read_only() {
-                    continue;
+pub fn spawn_committer(
+    inner: Weak<Inner>,
+    interval: Duration,
+    stop: crossbeam_channel::Receiver<()>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("raidfs-commit".into())
+        .spawn(move || loop {
+            match stop.recv_timeout(interval) {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let Some(inner) = inner.upgrade() else { return };
+                    if inner.is_read_only() {
+                        continue;
+                    }
+                    if let Err(e) = inner.commit(false) {
+                        log::error!("periodic commit failed: {e}");
+                    }
                 }
-                if let Err(e) = inner.commit(false) {
-                    log::error!("periodic commit failed: {e}");
-                }
+                _ => return,
             }
-            _ => return,
-        }
-    });
+        });
     if let Err(e) = spawned {
-        log::error!("cannot start the commit thread ({e}); commits happen only on fsync and unmount");
+        log::error!(
+            "cannot start the commit thread ({e}); commits happen only on fsync and unmount"
+        );
     }
 }

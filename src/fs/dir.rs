@@ -26,7 +26,11 @@ pub struct Dir {
 
 impl Default for Dir {
     fn default() -> Self {
-        Dir { entries: BTreeMap::new(), by_cookie: BTreeMap::new(), next_cookie: FIRST_COOKIE }
+        Dir {
+            entries: BTreeMap::new(),
+            by_cookie: BTreeMap::new(),
+            next_cookie: FIRST_COOKIE,
+        }
     }
 }
 
@@ -71,9 +75,13 @@ impl Dir {
     /// Entries with a cookie greater than `after`, in cookie order.
     pub fn after(&self, after: u64) -> impl Iterator<Item = (u64, &[u8], u64)> + '_ {
         let start = after.saturating_add(1).max(FIRST_COOKIE);
-        self.by_cookie.range(start..).filter_map(move |(cookie, name)| {
-            self.entries.get(name).map(|slot| (*cookie, name.as_slice(), slot.ino))
-        })
+        self.by_cookie
+            .range(start..)
+            .filter_map(move |(cookie, name)| {
+                self.entries
+                    .get(name)
+                    .map(|slot| (*cookie, name.as_slice(), slot.ino))
+            })
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Slot)> + '_ {
@@ -81,7 +89,10 @@ impl Dir {
     }
 
     pub fn image(&self) -> DirImage {
-        DirImage { next_cookie: self.next_cookie, entries: self.entries.iter().map(|(n, s)| (n.clone(), *s)).collect() }
+        DirImage {
+            next_cookie: self.next_cookie,
+            entries: self.entries.iter().map(|(n, s)| (n.clone(), *s)).collect(),
+        }
     }
 
     pub fn from_image(img: DirImage) -> Dir {

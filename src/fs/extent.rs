@@ -41,25 +41,42 @@ impl ExtentMap {
     pub fn segments(&self, start: u64, end: u64) -> Vec<Segment> {
         let mut out = Vec::new();
         let mut pos = start;
-        let first = self.map.range(..=start).next_back().map(|(k, _)| *k).unwrap_or(start);
+        let first = self
+            .map
+            .range(..=start)
+            .next_back()
+            .map(|(k, _)| *k)
+            .unwrap_or(start);
         for (&off, ext) in self.map.range(first..end) {
             let ext_end = off + ext.len;
             if ext_end <= pos {
                 continue;
             }
             if off > pos {
-                out.push(Segment { file_off: pos, len: off - pos, addr: None });
+                out.push(Segment {
+                    file_off: pos,
+                    len: off - pos,
+                    addr: None,
+                });
                 pos = off;
             }
             let seg_end = ext_end.min(end);
-            out.push(Segment { file_off: pos, len: seg_end - pos, addr: Some(ext.addr + (pos - off)) });
+            out.push(Segment {
+                file_off: pos,
+                len: seg_end - pos,
+                addr: Some(ext.addr + (pos - off)),
+            });
             pos = seg_end;
             if pos >= end {
                 break;
             }
         }
         if pos < end {
-            out.push(Segment { file_off: pos, len: end - pos, addr: None });
+            out.push(Segment {
+                file_off: pos,
+                len: end - pos,
+                addr: None,
+            });
         }
         out
     }
@@ -79,7 +96,10 @@ impl ExtentMap {
         if let Some((&prev_off, prev)) = self.map.range(..file_off).next_back() {
             if prev_off + prev.len == file_off && prev.addr + prev.len == addr {
                 start = prev_off;
-                ext = Extent { addr: prev.addr, len: prev.len + len };
+                ext = Extent {
+                    addr: prev.addr,
+                    len: prev.len + len,
+                };
                 self.map.remove(&prev_off);
             }
         }
@@ -98,10 +118,17 @@ impl ExtentMap {
         if start >= end {
             return freed;
         }
-        let first = self.map.range(..=start).next_back().map(|(k, _)| *k).unwrap_or(start);
+        let first = self
+            .map
+            .range(..=start)
+            .next_back()
+            .map(|(k, _)| *k)
+            .unwrap_or(start);
         let keys: Vec<u64> = self.map.range(first..end).map(|(k, _)| *k).collect();
         for off in keys {
-            let Some(ext) = self.map.get(&off).copied() else { continue };
+            let Some(ext) = self.map.get(&off).copied() else {
+                continue;
+            };
             let ext_end = off + ext.len;
             if ext_end <= start {
                 continue;
@@ -110,12 +137,27 @@ impl ExtentMap {
             let cut_start = start.max(off);
             let cut_end = end.min(ext_end);
             if off < cut_start {
-                self.map.insert(off, Extent { addr: ext.addr, len: cut_start - off });
+                self.map.insert(
+                    off,
+                    Extent {
+                        addr: ext.addr,
+                        len: cut_start - off,
+                    },
+                );
             }
             if cut_end < ext_end {
-                self.map.insert(cut_end, Extent { addr: ext.addr + (cut_end - off), len: ext_end - cut_end });
+                self.map.insert(
+                    cut_end,
+                    Extent {
+                        addr: ext.addr + (cut_end - off),
+                        len: ext_end - cut_end,
+                    },
+                );
             }
-            freed.push(Extent { addr: ext.addr + (cut_start - off), len: cut_end - cut_start });
+            freed.push(Extent {
+                addr: ext.addr + (cut_start - off),
+                len: cut_end - cut_start,
+            });
         }
         freed
     }
@@ -145,13 +187,37 @@ mod tests {
         assert_eq!(
             segs,
             vec![
-                Segment { file_off: 0, len: 8192, addr: Some(4096) },
-                Segment { file_off: 8192, len: 8192, addr: None },
-                Segment { file_off: 16384, len: 4096, addr: Some(100_000 * 4096) },
+                Segment {
+                    file_off: 0,
+                    len: 8192,
+                    addr: Some(4096)
+                },
+                Segment {
+                    file_off: 8192,
+                    len: 8192,
+                    addr: None
+                },
+                Segment {
+                    file_off: 16384,
+                    len: 4096,
+                    addr: Some(100_000 * 4096)
+                },
             ]
         );
         let freed = m.remove_range(4096, 20480);
-        assert_eq!(freed, vec![Extent { addr: 8192, len: 4096 }, Extent { addr: 100_000 * 4096, len: 4096 }]);
+        assert_eq!(
+            freed,
+            vec![
+                Extent {
+                    addr: 8192,
+                    len: 4096
+                },
+                Extent {
+                    addr: 100_000 * 4096,
+                    len: 4096
+                }
+            ]
+        );
         assert_eq!(m.allocated_bytes(), 4096);
     }
 }

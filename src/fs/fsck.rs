@@ -42,7 +42,10 @@ impl FsckReport {
 
 pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
     let loaded = load(store.as_ref())?;
-    let mut report = FsckReport { journal_records: loaded.replayed, ..Default::default() };
+    let mut report = FsckReport {
+        journal_records: loaded.replayed,
+        ..Default::default()
+    };
     let mut header_bad = false;
     for note in loaded.notes {
         if note.starts_with("header") {
@@ -74,14 +77,28 @@ pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
 }
 
 fn check_dir_maps(meta: &mut Meta, report: &mut FsckReport) {
-    let stray: Vec<u64> = meta.dirs.keys().filter(|ino| !meta.inodes.get(ino).is_some_and(Inode::is_dir)).copied().collect();
+    let stray: Vec<u64> = meta
+        .dirs
+        .keys()
+        .filter(|ino| !meta.inodes.get(ino).is_some_and(Inode::is_dir))
+        .copied()
+        .collect();
     for ino in stray {
-        report.problems.push(format!("directory contents kept for {ino}, which is not a live directory"));
+        report.problems.push(format!(
+            "directory contents kept for {ino}, which is not a live directory"
+        ));
         meta.dirs.remove(&ino);
     }
-    let missing: Vec<u64> = meta.inodes.values().filter(|i| i.is_dir() && !meta.dirs.contains_key(&i.ino)).map(|i| i.ino).collect();
+    let missing: Vec<u64> = meta
+        .inodes
+        .values()
+        .filter(|i| i.is_dir() && !meta.dirs.contains_key(&i.ino))
+        .map(|i| i.ino)
+        .collect();
     for ino in missing {
-        report.problems.push(format!("directory {ino} has no contents record"));
+        report
+            .problems
+            .push(format!("directory {ino} has no contents record"));
         meta.dirs.insert(ino, Dir::default());
     }
 }
@@ -92,23 +109,33 @@ fn check_entries(meta: &mut Meta, report: &mut FsckReport) {
     let mut dir_inos: Vec<u64> = meta.dirs.keys().copied().collect();
     dir_inos.sort();
     for dir in dir_inos {
-        let entries: Vec<(Vec<u8>, u64)> = meta.dirs[&dir].iter().map(|(n, s)| (n.to_vec(), s.ino)).collect();
+        let entries: Vec<(Vec<u8>, u64)> = meta.dirs[&dir]
+            .iter()
+            .map(|(n, s)| (n.to_vec(), s.ino))
+            .collect();
         for (name, ino) in entries {
             let shown = String::from_utf8_lossy(&name).into_owned();
             let Some(child) = meta.inodes.get(&ino) else {
-                report.problems.push(format!("entry {shown:?} in directory {dir} points to missing inode {ino}"));
+                report.problems.push(format!(
+                    "entry {shown:?} in directory {dir} points to missing inode {ino}"
+                ));
                 remove_entry(meta, dir, &name);
                 continue;
             };
             if child.is_dir() {
                 if ino == ROOT_INO || named_dirs.contains_key(&ino) {
-                    report.problems.push(format!("directory {ino} has a second name {shown:?} in {dir}"));
+                    report.problems.push(format!(
+                        "directory {ino} has a second name {shown:?} in {dir}"
+                    ));
                     remove_entry(meta, dir, &name);
                     continue;
                 }
                 named_dirs.insert(ino, dir);
                 if child.parent != dir {
-                    report.problems.push(format!("directory {ino} says its parent is {} but is named in {dir}", child.parent));
+                    report.problems.push(format!(
+                        "directory {ino} says its parent is {} but is named in {dir}",
+                        child.parent
+                    ));
                     if let Some(c) = meta.inodes.get_mut(&ino) {
                         c.parent = dir;
                     }
@@ -118,7 +145,9 @@ fn check_entries(meta: &mut Meta, report: &mut FsckReport) {
     }
     if let Some(root) = meta.inodes.get_mut(&ROOT_INO) {
         if root.parent != ROOT_INO {
-            report.problems.push("root directory's \"..\" is not itself".into());
+            report
+                .problems
+                .push("root directory's \"..\" is not itself".into());
             root.parent = ROOT_INO;
         }
     }
@@ -134,7 +163,9 @@ fn reachable(meta: &Meta) -> BTreeSet<u64> {
     let mut seen = BTreeSet::from([ROOT_INO]);
     let mut queue = VecDeque::from([ROOT_INO]);
     while let Some(dir) = queue.pop_front() {
-        let Some(d) = meta.dirs.get(&dir) else { continue };
+        let Some(d) = meta.dirs.get(&dir) else {
+            continue;
+        };
         for (_, slot) in d.iter() {
             if seen.insert(slot.ino) && meta.dirs.contains_key(&slot.ino) {
                 queue.push_back(slot.ino);
@@ -148,17 +179,26 @@ fn reachable(meta: &Meta) -> BTreeSet<u64> {
 /// are orphans (unlinked while open) and are freed at the next mount.
 fn check_reachability(meta: &mut Meta, report: &mut FsckReport) {
     let mut seen = reachable(meta);
-    let mut unreachable: Vec<u64> = meta.inodes.keys().filter(|i| !seen.contains(i)).copied().collect();
+    let mut unreachable: Vec<u64> = meta
+        .inodes
+        .keys()
+        .filter(|i| !seen.contains(i))
+        .copied()
+        .collect();
     unreachable.sort();
     for ino in unreachable {
         if seen.contains(&ino) {
             continue;
         }
         if meta.inodes[&ino].nlink == 0 {
-            report.notes.push(format!("orphan inode {ino} (unlinked while open) will be freed at the next mount"));
+            report.notes.push(format!(
+                "orphan inode {ino} (unlinked while open) will be freed at the next mount"
+            ));
             continue;
         }
-        report.problems.push(format!("inode {ino} is not reachable from the root; moved to /lost+found"));
+        report.problems.push(format!(
+            "inode {ino} is not reachable from the root; moved to /lost+found"
+        ));
         let lost = lost_and_found(meta);
         let name = format!("#{ino}").into_bytes();
         if let Some(d) = meta.dirs.get_mut(&lost) {
@@ -213,7 +253,10 @@ fn check_link_counts(meta: &mut Meta, report: &mut FsckReport) {
         }
         let want = expected.get(&inode.ino).copied().unwrap_or(0);
         if inode.nlink != want {
-            report.problems.push(format!("inode {} has link count {} but {} names", inode.ino, inode.nlink, want));
+            report.problems.push(format!(
+                "inode {} has link count {} but {} names",
+                inode.ino, inode.nlink, want
+            ));
             inode.nlink = want;
             inode.ctime = Time::now();
         }
@@ -223,7 +266,10 @@ fn check_link_counts(meta: &mut Meta, report: &mut FsckReport) {
 fn check_extents(store: &Arc<dyn BlockStore>, meta: &mut Meta, report: &mut FsckReport) {
     for inode in meta.inodes.values_mut() {
         if inode.kind != FileKind::File && !inode.extents.is_empty() {
-            report.problems.push(format!("inode {} is a {:?} but has data extents", inode.ino, inode.kind));
+            report.problems.push(format!(
+                "inode {} is a {:?} but has data extents",
+                inode.ino, inode.kind
+            ));
             inode.extents.take_all();
         }
     }
@@ -234,9 +280,16 @@ fn check_extents(store: &Arc<dyn BlockStore>, meta: &mut Meta, report: &mut Fsck
             report.used_bytes = alloc.total_bytes() - alloc.free_bytes();
             report.free_bytes = alloc.free_bytes();
             let runs: u64 = alloc.free_runs().iter().map(|r| r.2).sum();
-            let used: u64 = meta.inodes.values().map(|i| i.extents.allocated_bytes()).sum();
+            let used: u64 = meta
+                .inodes
+                .values()
+                .map(|i| i.extents.allocated_bytes())
+                .sum();
             if runs != alloc.free_bytes() || used + runs != alloc.total_bytes() {
-                report.problems.push(format!("free space accounting: used {used} + free {runs} != capacity {}", alloc.total_bytes()));
+                report.problems.push(format!(
+                    "free space accounting: used {used} + free {runs} != capacity {}",
+                    alloc.total_bytes()
+                ));
             }
             return;
         }
@@ -254,25 +307,47 @@ fn check_extents(store: &Arc<dyn BlockStore>, meta: &mut Meta, report: &mut Fsck
 /// Parse "inode N offset M: ..." and drop that extent.
 fn drop_reported_extent(meta: &mut Meta, problem: &str) -> bool {
     let mut words = problem.split_whitespace();
-    let (Some("inode"), Some(ino), Some("offset"), Some(off)) = (words.next(), words.next(), words.next(), words.next()) else { return false };
-    let (Ok(ino), Ok(off)) = (ino.parse::<u64>(), off.trim_end_matches(':').parse::<u64>()) else { return false };
-    meta.inodes.get_mut(&ino).and_then(|i| i.extents.drop_at(off)).is_some()
+    let (Some("inode"), Some(ino), Some("offset"), Some(off)) =
+        (words.next(), words.next(), words.next(), words.next())
+    else {
+        return false;
+    };
+    let (Ok(ino), Ok(off)) = (ino.parse::<u64>(), off.trim_end_matches(':').parse::<u64>()) else {
+        return false;
+    };
+    meta.inodes
+        .get_mut(&ino)
+        .and_then(|i| i.extents.drop_at(off))
+        .is_some()
 }
 
 fn check_counters(meta: &mut Meta, report: &mut FsckReport) {
     let max_ino = meta.inodes.keys().max().copied().unwrap_or(ROOT_INO);
     if meta.next_ino <= max_ino {
-        report.problems.push(format!("next inode number {} is not above the largest in use {max_ino}", meta.next_ino));
+        report.problems.push(format!(
+            "next inode number {} is not above the largest in use {max_ino}",
+            meta.next_ino
+        ));
         meta.next_ino = max_ino + 1;
     }
-    let max_gen = meta.inodes.values().map(|i| i.generation).max().unwrap_or(0);
+    let max_gen = meta
+        .inodes
+        .values()
+        .map(|i| i.generation)
+        .max()
+        .unwrap_or(0);
     if meta.next_gen <= max_gen {
-        report.problems.push(format!("next generation {} is not above the largest in use {max_gen}", meta.next_gen));
+        report.problems.push(format!(
+            "next generation {} is not above the largest in use {max_gen}",
+            meta.next_gen
+        ));
         meta.next_gen = max_gen + 1;
     }
     for inode in meta.inodes.values() {
         if inode.kind == FileKind::Symlink && inode.target.is_empty() {
-            report.problems.push(format!("symlink {} has an empty target", inode.ino));
+            report
+                .problems
+                .push(format!("symlink {} has an empty target", inode.ino));
         }
     }
 }

@@ -27,13 +27,22 @@ impl Time {
 
     pub fn from_system(t: SystemTime) -> Time {
         match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => Time { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+            Ok(d) => Time {
+                secs: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            },
             Err(before) => {
                 let d = before.duration();
                 if d.subsec_nanos() == 0 {
-                    Time { secs: -(d.as_secs() as i64), nanos: 0 }
+                    Time {
+                        secs: -(d.as_secs() as i64),
+                        nanos: 0,
+                    }
                 } else {
-                    Time { secs: -(d.as_secs() as i64) - 1, nanos: 1_000_000_000 - d.subsec_nanos() }
+                    Time {
+                        secs: -(d.as_secs() as i64) - 1,
+                        nanos: 1_000_000_000 - d.subsec_nanos(),
+                    }
                 }
             }
         }
@@ -43,7 +52,8 @@ impl Time {
         if self.secs >= 0 {
             UNIX_EPOCH + Duration::new(self.secs as u64, self.nanos)
         } else {
-            UNIX_EPOCH - Duration::from_secs((-self.secs) as u64) + Duration::from_nanos(self.nanos as u64)
+            UNIX_EPOCH - Duration::from_secs((-self.secs) as u64)
+                + Duration::from_nanos(self.nanos as u64)
         }
     }
 }

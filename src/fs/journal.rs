@@ -33,7 +33,9 @@ pub struct Journal {
 }
 
 fn seeded_crc(uuid: &[u8; 16], parts: &[&[u8]]) -> u32 {
-    parts.iter().fold(crc32c::crc32c(uuid), |crc, p| crc32c::crc32c_append(crc, p))
+    parts
+        .iter()
+        .fold(crc32c::crc32c(uuid), |crc, p| crc32c::crc32c_append(crc, p))
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -101,7 +103,12 @@ fn parse_checkpoint_header(uuid: &[u8; 16], b: &[u8], slot_len: u64) -> Option<(
 }
 
 /// Read with a checksum test; `None` when no copy passes it.
-fn read_verified(store: &dyn BlockStore, addr: u64, len: usize, ok: &dyn Fn(&[u8]) -> bool) -> FsResult<Option<Vec<u8>>> {
+fn read_verified(
+    store: &dyn BlockStore,
+    addr: u64,
+    len: usize,
+    ok: &dyn Fn(&[u8]) -> bool,
+) -> FsResult<Option<Vec<u8>>> {
     let mut buf = vec![0u8; len];
     match store.read(addr, &mut buf, Some(ok)) {
         Ok(()) => Ok(Some(buf)),
@@ -116,17 +123,32 @@ pub struct SlotContents {
     pub payload: Vec<u8>,
 }
 
-pub fn read_slot(store: &dyn BlockStore, uuid: &[u8; 16], slot: Region) -> FsResult<Option<SlotContents>> {
+pub fn read_slot(
+    store: &dyn BlockStore,
+    uuid: &[u8; 16],
+    slot: Region,
+) -> FsResult<Option<SlotContents>> {
     let header_ok = |b: &[u8]| parse_checkpoint_header(uuid, b, slot.len).is_some();
-    let Some(head) = read_verified(store, slot.addr, BLOCK_SIZE as usize, &header_ok)? else { return Ok(None) };
-    let Some((seq, len, crc)) = parse_checkpoint_header(uuid, &head, slot.len) else { return Ok(None) };
+    let Some(head) = read_verified(store, slot.addr, BLOCK_SIZE as usize, &header_ok)? else {
+        return Ok(None);
+    };
+    let Some((seq, len, crc)) = parse_checkpoint_header(uuid, &head, slot.len) else {
+        return Ok(None);
+    };
     let payload_ok = |b: &[u8]| seeded_crc(uuid, &[b]) == crc;
-    let Some(payload) = read_verified(store, slot.addr + BLOCK_SIZE, len, &payload_ok)? else { return Ok(None) };
+    let Some(payload) = read_verified(store, slot.addr + BLOCK_SIZE, len, &payload_ok)? else {
+        return Ok(None);
+    };
     Ok(Some(SlotContents { seq, payload }))
 }
 
 /// Read the next record (sequence `seq`) at `tail`; `None` at the end of the log.
-pub fn read_record(store: &dyn BlockStore, header: &FsHeader, tail: u64, seq: u64) -> FsResult<Option<(Vec<u8>, u64)>> {
+pub fn read_record(
+    store: &dyn BlockStore,
+    header: &FsHeader,
+    tail: u64,
+    seq: u64,
+) -> FsResult<Option<(Vec<u8>, u64)>> {
     let uuid = &header.uuid;
     let room = header.journal.len.saturating_sub(tail);
     if room < BLOCK_SIZE {
@@ -134,10 +156,16 @@ pub fn read_record(store: &dyn BlockStore, header: &FsHeader, tail: u64, seq: u6
     }
     let addr = header.journal.addr + tail;
     let header_ok = |b: &[u8]| parse_record_header(uuid, b, seq, room).is_some();
-    let Some(first) = read_verified(store, addr, BLOCK_SIZE as usize, &header_ok)? else { return Ok(None) };
-    let Some((len, crc)) = parse_record_header(uuid, &first, seq, room) else { return Ok(None) };
+    let Some(first) = read_verified(store, addr, BLOCK_SIZE as usize, &header_ok)? else {
+        return Ok(None);
+    };
+    let Some((len, crc)) = parse_record_header(uuid, &first, seq, room) else {
+        return Ok(None);
+    };
     let payload_ok = |b: &[u8]| seeded_crc(uuid, &[b]) == crc;
-    let Some(payload) = read_verified(store, addr + RECORD_HEADER as u64, len, &payload_ok)? else { return Ok(None) };
+    let Some(payload) = read_verified(store, addr + RECORD_HEADER as u64, len, &payload_ok)? else {
+        return Ok(None);
+    };
     Ok(Some((payload, record_bytes(len))))
 }
 
@@ -165,23 +193,37 @@ impl Journal {
         let mut target = 1 - self.newest_slot;
         let mut new_header = None;
         if needed > self.header.slots[target].len {
-            let group = store.allocate_group(GroupKind::Metadata).map_err(|e| match e {
-                StoreError::NoSpace => FsError::NoSpace,
-                other => other.into(),
-            })?;
+            let group = store
+                .allocate_group(GroupKind::Metadata)
+                .map_err(|e| match e {
+                    StoreError::NoSpace => FsError::NoSpace,
+                    other => other.into(),
+                })?;
             let half = group.capacity / 2 / BLOCK_SIZE * BLOCK_SIZE;
             if needed > half {
                 return Err(FsError::NoSpace);
             }
             let mut h = self.header.clone();
             h.generation += 1;
-            h.slots = [Region { addr: group_addr(group.index, 0), len: half }, Region { addr: group_addr(group.index, half), len: half }];
+            h.slots = [
+                Region {
+                    addr: group_addr(group.index, 0),
+                    len: half,
+                },
+                Region {
+                    addr: group_addr(group.index, half),
+                    len: half,
+                },
+            ];
             target = 0;
             new_header = Some(h);
         }
         let slot = new_header.as_ref().unwrap_or(&self.header).slots[target];
         store.write(slot.addr + BLOCK_SIZE, image)?;
-        store.write(slot.addr, &encode_checkpoint_header(&self.header.uuid, seq, image))?;
+        store.write(
+            slot.addr,
+            &encode_checkpoint_header(&self.header.uuid, seq, image),
+        )?;
         store.flush()?;
         if let Some(h) = new_header {
             write_header(store, self.meta_group, &h)?;

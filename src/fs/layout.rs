@@ -66,16 +66,24 @@ pub fn codec() -> impl bincode::Options {
 
 pub fn encode<T: Serialize>(v: &T) -> FsResult<Vec<u8>> {
     use bincode::Options;
-    codec().serialize(v).map_err(|e| FsError::Corrupt(format!("cannot encode metadata: {e}")))
+    codec()
+        .serialize(v)
+        .map_err(|e| FsError::Corrupt(format!("cannot encode metadata: {e}")))
 }
 
 pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> FsResult<T> {
     use bincode::Options;
-    codec().deserialize(bytes).map_err(|e| FsError::Corrupt(format!("{what} passes its checksum but does not decode: {e}")))
+    codec().deserialize(bytes).map_err(|e| {
+        FsError::Corrupt(format!(
+            "{what} passes its checksum but does not decode: {e}"
+        ))
+    })
 }
 
 fn header_ok(buf: &[u8]) -> bool {
-    unframe(buf).and_then(|p| decode::<FsHeader>(p, "header").ok()).is_some_and(|h| h.magic == HEADER_MAGIC)
+    unframe(buf)
+        .and_then(|p| decode::<FsHeader>(p, "header").ok())
+        .is_some_and(|h| h.magic == HEADER_MAGIC)
 }
 
 /// Compute the layout for a fresh filesystem in Metadata group `group`.
@@ -94,10 +102,19 @@ pub fn plan(group: u32, capacity: u64, uuid: [u8; 16]) -> FsResult<FsHeader> {
         uuid,
         generation: 1,
         slots: [
-            Region { addr: group_addr(group, slot_a), len: slot_len },
-            Region { addr: group_addr(group, slot_a + slot_len), len: slot_len },
+            Region {
+                addr: group_addr(group, slot_a),
+                len: slot_len,
+            },
+            Region {
+                addr: group_addr(group, slot_a + slot_len),
+                len: slot_len,
+            },
         ],
-        journal: Region { addr: group_addr(group, journal_start), len: journal_len },
+        journal: Region {
+            addr: group_addr(group, journal_start),
+            len: journal_len,
+        },
     })
 }
 
@@ -120,21 +137,30 @@ pub fn read_header(store: &dyn BlockStore, meta_group: u32) -> FsResult<(FsHeade
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
         match store.read(group_addr(meta_group, *off), &mut buf, Some(&header_ok)) {
             Ok(()) => {
-                let Some(payload) = unframe(&buf) else { continue };
+                let Some(payload) = unframe(&buf) else {
+                    continue;
+                };
                 let h: FsHeader = decode(payload, "header")?;
                 if h.version != VERSION {
-                    return Err(FsError::Corrupt(format!("unsupported filesystem version {}", h.version)));
+                    return Err(FsError::Corrupt(format!(
+                        "unsupported filesystem version {}",
+                        h.version
+                    )));
                 }
                 if best.as_ref().map_or(true, |b| h.generation > b.generation) {
                     best = Some(h);
                 }
             }
-            Err(StoreError::Unrecoverable(_)) => problems.push(format!("header copy {i} fails its checksum")),
+            Err(StoreError::Unrecoverable(_)) => {
+                problems.push(format!("header copy {i} fails its checksum"))
+            }
             Err(e) => return Err(e.into()),
         }
     }
     match best {
         Some(h) => Ok((h, problems)),
-        None => Err(FsError::Corrupt("no filesystem header copy passes its checksum (not a raidfs filesystem?)".into())),
+        None => Err(FsError::Corrupt(
+            "no filesystem header copy passes its checksum (not a raidfs filesystem?)".into(),
+        )),
     }
 }

@@ -20,8 +20,16 @@ pub struct Meta {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum DirOp {
-    Insert { dir: u64, name: Vec<u8>, ino: u64, cookie: u64 },
-    Remove { dir: u64, name: Vec<u8> },
+    Insert {
+        dir: u64,
+        name: Vec<u8>,
+        ino: u64,
+        cookie: u64,
+    },
+    Remove {
+        dir: u64,
+        name: Vec<u8>,
+    },
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -55,13 +63,23 @@ impl Meta {
     pub fn image(&self) -> MetaImageRef<'_> {
         let mut inodes: Vec<&Inode> = self.inodes.values().collect();
         inodes.sort_by_key(|i| i.ino);
-        let mut dirs: Vec<(u64, DirImage)> = self.dirs.iter().map(|(&ino, d)| (ino, d.image())).collect();
+        let mut dirs: Vec<(u64, DirImage)> =
+            self.dirs.iter().map(|(&ino, d)| (ino, d.image())).collect();
         dirs.sort_by_key(|d| d.0);
-        MetaImageRef { next_ino: self.next_ino, next_gen: self.next_gen, inodes, dirs }
+        MetaImageRef {
+            next_ino: self.next_ino,
+            next_gen: self.next_gen,
+            inodes,
+            dirs,
+        }
     }
 
     pub fn from_image(img: MetaImage) -> Meta {
-        let mut meta = Meta { next_ino: img.next_ino, next_gen: img.next_gen, ..Default::default() };
+        let mut meta = Meta {
+            next_ino: img.next_ino,
+            next_gen: img.next_gen,
+            ..Default::default()
+        };
         for inode in img.inodes {
             meta.inodes.insert(inode.ino, inode);
         }
@@ -84,7 +102,12 @@ impl Meta {
         }
         for op in rec.dir_ops {
             match op {
-                DirOp::Insert { dir, name, ino, cookie } => {
+                DirOp::Insert {
+                    dir,
+                    name,
+                    ino,
+                    cookie,
+                } => {
                     if let Some(d) = self.dirs.get_mut(&dir) {
                         d.insert_with_cookie(&name, ino, cookie);
                     }

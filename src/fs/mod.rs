@@ -128,7 +128,11 @@ pub struct Caller {
 
 impl Caller {
     pub fn root() -> Caller {
-        Caller { uid: 0, gid: 0, groups: Vec::new() }
+        Caller {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
     }
 }
 
@@ -191,7 +195,10 @@ pub struct FsOptions {
 
 impl Default for FsOptions {
     fn default() -> Self {
-        FsOptions { read_only: false, commit_interval_secs: 5 }
+        FsOptions {
+            read_only: false,
+            commit_interval_secs: 5,
+        }
     }
 }
 
@@ -264,10 +271,17 @@ impl FileSystem {
             None
         } else {
             let (tx, rx) = crossbeam_channel::bounded(1);
-            core::spawn_committer(Arc::downgrade(&inner), Duration::from_secs(opts.commit_interval_secs.max(1)), rx);
+            core::spawn_committer(
+                Arc::downgrade(&inner),
+                Duration::from_secs(opts.commit_interval_secs.max(1)),
+                rx,
+            );
             Some(tx)
         };
-        Ok(FileSystem { inner, stop_committer: Mutex::new(stop) })
+        Ok(FileSystem {
+            inner,
+            stop_committer: Mutex::new(stop),
+        })
     }
 
     /// Commit, flush and mark clean; the filesystem must not be used afterwards.
@@ -277,7 +291,9 @@ impl FileSystem {
             return Ok(());
         }
         let result = self.inner.commit(true);
-        self.inner.read_only.store(true, std::sync::atomic::Ordering::Release);
+        self.inner
+            .read_only
+            .store(true, std::sync::atomic::Ordering::Release);
         result
     }
 
@@ -330,22 +346,82 @@ impl FileSystem {
 
     /// Create a regular file, device node, FIFO or socket (`mode` carries the
     /// type bits); `umask` is applied here.
-    pub fn mknod(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32, umask: u32, rdev: u32) -> FsResult<Attr> {
+    pub fn mknod(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> FsResult<Attr> {
         let kind = kind_from_mode(mode)?;
         let perm = (mode & !umask & 0o7777) as u16;
-        self.inner.mutate(|st| namespace::create(st, caller, parent, bytes(name), NewNode { kind, perm, rdev, target: &[] }))
+        self.inner.mutate(|st| {
+            namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind,
+                    perm,
+                    rdev,
+                    target: &[],
+                },
+            )
+        })
     }
 
-    pub fn mkdir(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32, umask: u32) -> FsResult<Attr> {
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Attr> {
         let perm = (mode & !umask & 0o7777) as u16;
-        self.inner.mutate(|st| namespace::create(st, caller, parent, bytes(name), NewNode { kind: FileKind::Dir, perm, rdev: 0, target: &[] }))
+        self.inner.mutate(|st| {
+            namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind: FileKind::Dir,
+                    perm,
+                    rdev: 0,
+                    target: &[],
+                },
+            )
+        })
     }
 
-    pub fn symlink(&self, caller: &Caller, parent: u64, name: &OsStr, target: &[u8]) -> FsResult<Attr> {
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        target: &[u8],
+    ) -> FsResult<Attr> {
         if target.is_empty() || target.len() > 4095 {
             return Err(FsError::NameTooLong);
         }
-        self.inner.mutate(|st| namespace::create(st, caller, parent, bytes(name), NewNode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, target }))
+        self.inner.mutate(|st| {
+            namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind: FileKind::Symlink,
+                    perm: 0o777,
+                    rdev: 0,
+                    target,
+                },
+            )
+        })
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
@@ -357,20 +433,47 @@ impl FileSystem {
         Ok(inode.target.clone())
     }
 
-    pub fn link(&self, caller: &Caller, ino: u64, new_parent: u64, new_name: &OsStr) -> FsResult<Attr> {
-        self.inner.mutate(|st| namespace::link(st, caller, ino, new_parent, bytes(new_name)))
+    pub fn link(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+    ) -> FsResult<Attr> {
+        self.inner
+            .mutate(|st| namespace::link(st, caller, ino, new_parent, bytes(new_name)))
     }
 
     pub fn unlink(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.inner.mutate(|st| namespace::unlink(st, caller, parent, bytes(name)))
+        self.inner
+            .mutate(|st| namespace::unlink(st, caller, parent, bytes(name)))
     }
 
     pub fn rmdir(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.inner.mutate(|st| namespace::rmdir(st, caller, parent, bytes(name)))
+        self.inner
+            .mutate(|st| namespace::rmdir(st, caller, parent, bytes(name)))
     }
 
-    pub fn rename(&self, caller: &Caller, parent: u64, name: &OsStr, new_parent: u64, new_name: &OsStr, flags: RenameFlags) -> FsResult<()> {
-        self.inner.mutate(|st| ops::rename::rename(st, caller, parent, bytes(name), new_parent, bytes(new_name), flags))
+    pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        self.inner.mutate(|st| {
+            ops::rename::rename(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                new_parent,
+                bytes(new_name),
+                flags,
+            )
+        })
     }
 
     /// Check `access(2)` permission (`mask` of R_OK/W_OK/X_OK bits, 0 = exists).
@@ -414,11 +517,30 @@ impl FileSystem {
     }
 
     /// Create and open a regular file.
-    pub fn create(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32, umask: u32, flags: i32) -> FsResult<Attr> {
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> FsResult<Attr> {
         let _ = flags;
         let perm = (mode & !umask & 0o7777) as u16;
         self.inner.mutate(|st| {
-            let attr = namespace::create(st, caller, parent, bytes(name), NewNode { kind: FileKind::File, perm, rdev: 0, target: &[] })?;
+            let attr = namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind: FileKind::File,
+                    perm,
+                    rdev: 0,
+                    target: &[],
+                },
+            )?;
             *st.open_counts.entry(attr.ino).or_insert(0) += 1;
             Ok(attr)
         })
@@ -427,7 +549,9 @@ impl FileSystem {
     /// Forget one open of `ino`; the last release of an unlinked file frees it.
     pub fn release(&self, ino: u64) -> FsResult<()> {
         let mut st = self.inner.state.write();
-        let Some(count) = st.open_counts.get_mut(&ino) else { return Ok(()) };
+        let Some(count) = st.open_counts.get_mut(&ino) else {
+            return Ok(());
+        };
         *count = count.saturating_sub(1);
         if *count == 0 {
             st.open_counts.remove(&ino);
@@ -475,23 +599,50 @@ impl FileSystem {
         let dir = st.dir(ino)?;
         let mut out = Vec::new();
         if cookie < dir::DOT_COOKIE && out.len() < max {
-            out.push(DirEntry { ino, cookie: dir::DOT_COOKIE, kind: FileKind::Dir, name: b".".to_vec() });
+            out.push(DirEntry {
+                ino,
+                cookie: dir::DOT_COOKIE,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+            });
         }
         if cookie < dir::DOTDOT_COOKIE && out.len() < max {
-            out.push(DirEntry { ino: inode.parent, cookie: dir::DOTDOT_COOKIE, kind: FileKind::Dir, name: b"..".to_vec() });
+            out.push(DirEntry {
+                ino: inode.parent,
+                cookie: dir::DOTDOT_COOKIE,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+            });
         }
         for (c, name, child) in dir.after(cookie) {
             if out.len() >= max {
                 break;
             }
-            let kind = st.meta.inodes.get(&child).map_or(FileKind::File, |i| i.kind);
-            out.push(DirEntry { ino: child, cookie: c, kind, name: name.to_vec() });
+            let kind = st
+                .meta
+                .inodes
+                .get(&child)
+                .map_or(FileKind::File, |i| i.kind);
+            out.push(DirEntry {
+                ino: child,
+                cookie: c,
+                kind,
+                name: name.to_vec(),
+            });
         }
         Ok(out)
     }
 
-    pub fn setxattr(&self, caller: &Caller, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
-        self.inner.mutate(|st| ops::xattr::set(st, caller, ino, bytes(name), value, flags))
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> FsResult<()> {
+        self.inner
+            .mutate(|st| ops::xattr::set(st, caller, ino, bytes(name), value, flags))
     }
 
     pub fn getxattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<Vec<u8>> {
@@ -504,7 +655,8 @@ impl FileSystem {
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<()> {
-        self.inner.mutate(|st| ops::xattr::remove(st, caller, ino, bytes(name)))
+        self.inner
+            .mutate(|st| ops::xattr::remove(st, caller, ino, bytes(name)))
     }
 
     pub fn statfs(&self) -> FsResult<StatFs> {

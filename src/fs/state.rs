@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::alloc::Allocator;
 use super::dir::Dir;
 use super::extent::Extent;
 use super::inode::{Inode, Time};
 use super::meta::{CommitRecord, DirOp, Meta};
-use super::alloc::Allocator;
 use super::{FileKind, FsError, FsResult};
 
 /// Changes since the last commit.
@@ -88,14 +88,22 @@ impl State {
     pub fn dir_insert(&mut self, dir: u64, name: &[u8], ino: u64) -> FsResult<()> {
         let d = self.meta.dirs.get_mut(&dir).ok_or(FsError::NotDir)?;
         let cookie = d.insert(name, ino);
-        self.batch.dir_ops.push(DirOp::Insert { dir, name: name.to_vec(), ino, cookie });
+        self.batch.dir_ops.push(DirOp::Insert {
+            dir,
+            name: name.to_vec(),
+            ino,
+            cookie,
+        });
         Ok(())
     }
 
     pub fn dir_remove(&mut self, dir: u64, name: &[u8]) {
         if let Some(d) = self.meta.dirs.get_mut(&dir) {
             if d.remove(name).is_some() {
-                self.batch.dir_ops.push(DirOp::Remove { dir, name: name.to_vec() });
+                self.batch.dir_ops.push(DirOp::Remove {
+                    dir,
+                    name: name.to_vec(),
+                });
             }
         }
     }
@@ -147,7 +155,12 @@ impl State {
     /// Take the batch as a journal record (inode images as they are now).
     pub fn take_record(&mut self) -> (CommitRecord, Vec<Extent>) {
         let batch = std::mem::take(&mut self.batch);
-        let mut rec = CommitRecord { next_ino: self.meta.next_ino, next_gen: self.meta.next_gen, dir_ops: batch.dir_ops, ..Default::default() };
+        let mut rec = CommitRecord {
+            next_ino: self.meta.next_ino,
+            next_gen: self.meta.next_gen,
+            dir_ops: batch.dir_ops,
+            ..Default::default()
+        };
         for ino in batch.dirty {
             match self.meta.inodes.get(&ino) {
                 Some(inode) => rec.puts.push(inode.clone()),

@@ -11,7 +11,7 @@
 
 use parking_lot::Mutex;
 
-use super::store::{BlockStore, GroupInfo, GroupKind, MemStore, StoreError, GROUP_SHIFT};
+use super::store::{BlockStore, GroupInfo, GroupKind, MemStore, StoreError, Verify, GROUP_SHIFT};
 
 const SECTOR: usize = 512;
 
@@ -42,7 +42,10 @@ impl SplitMix {
 }
 
 fn locate(addr: u64) -> (usize, usize) {
-    ((addr >> GROUP_SHIFT) as usize, (addr & ((1u64 << GROUP_SHIFT) - 1)) as usize)
+    (
+        (addr >> GROUP_SHIFT) as usize,
+        (addr & ((1u64 << GROUP_SHIFT) - 1)) as usize,
+    )
 }
 
 struct CrashState {
@@ -64,7 +67,9 @@ pub struct CrashStore {
 fn copy_into(groups: &mut [Vec<u8>], addr: u64, data: &[u8]) -> Result<(), StoreError> {
     let (g, off) = locate(addr);
     let bytes = groups.get_mut(g).ok_or(StoreError::OutOfRange(addr))?;
-    let dst = bytes.get_mut(off..off + data.len()).ok_or(StoreError::OutOfRange(addr))?;
+    let dst = bytes
+        .get_mut(off..off + data.len())
+        .ok_or(StoreError::OutOfRange(addr))?;
     dst.copy_from_slice(data);
     Ok(())
 }
@@ -138,10 +143,19 @@ impl CrashStore {
 }
 
 impl BlockStore for CrashStore {
-    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError> {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<Verify<'_>>,
+    ) -> Result<(), StoreError> {
         let st = self.state.lock();
         let (g, off) = locate(addr);
-        let src = st.current.get(g).and_then(|b| b.get(off..off + buf.len())).ok_or(StoreError::OutOfRange(addr))?;
+        let src = st
+            .current
+            .get(g)
+            .and_then(|b| b.get(off..off + buf.len()))
+            .ok_or(StoreError::OutOfRange(addr))?;
         buf.copy_from_slice(src);
         match verify {
             Some(ok) if !ok(buf) => Err(StoreError::Unrecoverable(addr)),
@@ -181,7 +195,12 @@ impl BlockStore for CrashStore {
         if st.infos.len() as u32 >= self.total_groups {
             return Err(StoreError::NoSpace);
         }
-        let info = GroupInfo { index: st.infos.len() as u32, kind, capacity: self.group_capacity, stripe_bytes: self.stripe_bytes };
+        let info = GroupInfo {
+            index: st.infos.len() as u32,
+            kind,
+            capacity: self.group_capacity,
+            stripe_bytes: self.stripe_bytes,
+        };
         st.infos.push(info);
         st.current.push(vec![0u8; self.group_capacity as usize]);
         st.durable.push(vec![0u8; self.group_capacity as usize]);
@@ -190,7 +209,10 @@ impl BlockStore for CrashStore {
 
     fn free_groups(&self) -> (u64, u64) {
         let st = self.state.lock();
-        ((self.total_groups as u64).saturating_sub(st.infos.len() as u64), self.group_capacity)
+        (
+            (self.total_groups as u64).saturating_sub(st.infos.len() as u64),
+            self.group_capacity,
+        )
     }
 }
 
@@ -203,7 +225,10 @@ pub struct MirrorStore {
 impl MirrorStore {
     pub fn new(total_groups: u32, group_capacity: u64, stripe_bytes: u64) -> MirrorStore {
         MirrorStore {
-            copies: [MemStore::new(total_groups, group_capacity, stripe_bytes), MemStore::new(total_groups, group_capacity, stripe_bytes)],
+            copies: [
+                MemStore::new(total_groups, group_capacity, stripe_bytes),
+                MemStore::new(total_groups, group_capacity, stripe_bytes),
+            ],
         }
     }
 
@@ -219,7 +244,12 @@ impl MirrorStore {
 }
 
 impl BlockStore for MirrorStore {
-    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError> {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<Verify<'_>>,
+    ) -> Result<(), StoreError> {
         self.copies[0].read(addr, buf, None)?;
         let Some(ok) = verify else { return Ok(()) };
         if ok(buf) {

@@ -38,7 +38,9 @@ pub fn validate(st: &State, caller: &Caller, ino: u64, set: &SetAttr) -> FsResul
     for t in [set.atime, set.mtime].into_iter().flatten() {
         match t {
             TimeSet::At(_) if !perm::is_owner_or_root(caller, inode) => return Err(FsError::Perm),
-            TimeSet::Now if !perm::is_owner_or_root(caller, inode) && !perm::may(caller, inode, W_OK) => {
+            TimeSet::Now
+                if !perm::is_owner_or_root(caller, inode) && !perm::may(caller, inode, W_OK) =>
+            {
                 return Err(FsError::Access)
             }
             _ => {}

@@ -56,7 +56,8 @@ impl Inner {
         for seg in segments {
             if let Some(addr) = seg.addr {
                 let at = (seg.file_off - offset) as usize;
-                self.store.read(addr, &mut out[at..at + seg.len as usize], None)?;
+                self.store
+                    .read(addr, &mut out[at..at + seg.len as usize], None)?;
             }
         }
         Ok(out)
@@ -65,7 +66,13 @@ impl Inner {
     /// Map `[start, end)` (block aligned), allocating the holes. With
     /// `holes_only` the already mapped parts are left out of the result.
     /// On NoSpace everything allocated here is given back.
-    fn plan_blocks(&self, ino: u64, start: u64, end: u64, holes_only: bool) -> FsResult<Vec<Piece>> {
+    fn plan_blocks(
+        &self,
+        ino: u64,
+        start: u64,
+        end: u64,
+        holes_only: bool,
+    ) -> FsResult<Vec<Piece>> {
         let mut st = self.state.write();
         let inode = st.inode(ino)?;
         regular_file(inode)?;
@@ -77,7 +84,12 @@ impl Inner {
                 Some(addr) => {
                     hint = Some(addr + seg.len);
                     if !holes_only {
-                        plan.push(Piece { file_off: seg.file_off, len: seg.len, addr, fresh: false });
+                        plan.push(Piece {
+                            file_off: seg.file_off,
+                            len: seg.len,
+                            addr,
+                            fresh: false,
+                        });
                     }
                 }
                 None => {
@@ -87,12 +99,20 @@ impl Inner {
                             Some(ext) => ext,
                             None => {
                                 for p in plan.iter().filter(|p| p.fresh) {
-                                    st.alloc.free(Extent { addr: p.addr, len: p.len });
+                                    st.alloc.free(Extent {
+                                        addr: p.addr,
+                                        len: p.len,
+                                    });
                                 }
                                 return Err(FsError::NoSpace);
                             }
                         };
-                        plan.push(Piece { file_off: seg.file_off + done, len: ext.len, addr: ext.addr, fresh: true });
+                        plan.push(Piece {
+                            file_off: seg.file_off + done,
+                            len: ext.len,
+                            addr: ext.addr,
+                            fresh: true,
+                        });
                         hint = Some(ext.addr + ext.len);
                         done += ext.len;
                     }
@@ -116,7 +136,10 @@ impl Inner {
     fn give_back(&self, plan: &[Piece]) {
         let mut st = self.state.write();
         for p in plan.iter().filter(|p| p.fresh) {
-            st.alloc.free(Extent { addr: p.addr, len: p.len });
+            st.alloc.free(Extent {
+                addr: p.addr,
+                len: p.len,
+            });
         }
     }
 
@@ -148,11 +171,13 @@ impl Inner {
             let mut buf = vec![0u8; p.len as usize];
             if !p.fresh {
                 if p.file_off < offset {
-                    self.store.read(p.addr, &mut buf[..BLOCK_SIZE as usize], None)?;
+                    self.store
+                        .read(p.addr, &mut buf[..BLOCK_SIZE as usize], None)?;
                 }
                 if p_end > end {
                     let last = (p.len - BLOCK_SIZE) as usize;
-                    self.store.read(p.addr + last as u64, &mut buf[last..], None)?;
+                    self.store
+                        .read(p.addr + last as u64, &mut buf[last..], None)?;
                 }
             }
             let from = offset.max(p.file_off);
@@ -164,11 +189,20 @@ impl Inner {
         Ok(())
     }
 
-    pub fn write_data(&self, caller: Option<&Caller>, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+    pub fn write_data(
+        &self,
+        caller: Option<&Caller>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<usize> {
         if self.is_read_only() {
             return Err(FsError::ReadOnly);
         }
-        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= MAX_FILE_SIZE).ok_or(FsError::TooBig)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(FsError::TooBig)?;
         if data.is_empty() {
             self.state.read().inode(ino).and_then(regular_file)?;
             return Ok(0);
@@ -248,7 +282,13 @@ impl Inner {
         }
         self.mutate(|st| {
             let inode = st.inode_mut(ino)?;
-            let freed = if new_size < inode.size { inode.extents.remove_range(round_up(new_size, BLOCK_SIZE), u64::MAX) } else { Vec::new() };
+            let freed = if new_size < inode.size {
+                inode
+                    .extents
+                    .remove_range(round_up(new_size, BLOCK_SIZE), u64::MAX)
+            } else {
+                Vec::new()
+            };
             inode.size = new_size;
             let now = Time::now();
             inode.mtime = now;
@@ -258,14 +298,23 @@ impl Inner {
         })
     }
 
-    pub fn fallocate_data(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> FsResult<()> {
+    pub fn fallocate_data(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> FsResult<()> {
         if self.is_read_only() {
             return Err(FsError::ReadOnly);
         }
         if len == 0 {
             return Err(FsError::Invalid("fallocate of zero length"));
         }
-        let end = offset.checked_add(len).filter(|e| *e <= MAX_FILE_SIZE).ok_or(FsError::TooBig)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(FsError::TooBig)?;
         let _file = self.file_lock(ino);
         if mode.punch_hole {
             if !mode.keep_size {
@@ -282,7 +331,11 @@ impl Inner {
             }
             return self.mutate(|st| {
                 let inode = st.inode_mut(ino)?;
-                let freed = if inner_start < inner_end { inode.extents.remove_range(inner_start, inner_end) } else { Vec::new() };
+                let freed = if inner_start < inner_end {
+                    inode.extents.remove_range(inner_start, inner_end)
+                } else {
+                    Vec::new()
+                };
                 let now = Time::now();
                 inode.mtime = now;
                 inode.ctime = now;

@@ -47,7 +47,13 @@ pub fn lookup(st: &State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult
     Ok(st.inode(ino)?.attr())
 }
 
-pub fn create(st: &mut State, caller: &Caller, parent: u64, name: &[u8], node: NewNode) -> FsResult<Attr> {
+pub fn create(
+    st: &mut State,
+    caller: &Caller,
+    parent: u64,
+    name: &[u8],
+    node: NewNode,
+) -> FsResult<Attr> {
     check_name(name)?;
     let dir = writable_dir(st, caller, parent)?;
     if name == b"." || name == b".." || st.dir(parent)?.get(name).is_some() {
@@ -65,7 +71,11 @@ pub fn create(st: &mut State, caller: &Caller, parent: u64, name: &[u8], node: N
     } else {
         caller.gid
     };
-    if node.kind != FileKind::Dir && perm & S_ISGID != 0 && caller.uid != 0 && !in_group(caller, gid) {
+    if node.kind != FileKind::Dir
+        && perm & S_ISGID != 0
+        && caller.uid != 0
+        && !in_group(caller, gid)
+    {
         perm &= !S_ISGID;
     }
     let ino = st.new_inode(node.kind, perm, caller.uid, gid);
@@ -85,7 +95,13 @@ pub fn create(st: &mut State, caller: &Caller, parent: u64, name: &[u8], node: N
     Ok(st.inode(ino)?.attr())
 }
 
-pub fn link(st: &mut State, caller: &Caller, ino: u64, new_parent: u64, new_name: &[u8]) -> FsResult<Attr> {
+pub fn link(
+    st: &mut State,
+    caller: &Caller,
+    ino: u64,
+    new_parent: u64,
+    new_name: &[u8],
+) -> FsResult<Attr> {
     check_name(new_name)?;
     let target = st.inode(ino)?;
     if target.is_dir() {

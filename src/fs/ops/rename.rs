@@ -13,7 +13,15 @@ fn check_rename_name(name: &[u8]) -> FsResult<()> {
     check_name(name)
 }
 
-pub fn rename(st: &mut State, caller: &Caller, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], flags: RenameFlags) -> FsResult<()> {
+pub fn rename(
+    st: &mut State,
+    caller: &Caller,
+    parent: u64,
+    name: &[u8],
+    new_parent: u64,
+    new_name: &[u8],
+    flags: RenameFlags,
+) -> FsResult<()> {
     if flags.noreplace && flags.exchange {
         return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE"));
     }
@@ -49,7 +57,9 @@ pub fn rename(st: &mut State, caller: &Caller, parent: u64, name: &[u8], new_par
         }
         let src_is_dir = st.inode(src_ino)?.is_dir();
         let dst_is_dir = st.inode(dst_ino)?.is_dir();
-        if (src_is_dir && st.is_ancestor(src_ino, new_parent)) || (dst_is_dir && st.is_ancestor(dst_ino, parent)) {
+        if (src_is_dir && st.is_ancestor(src_ino, new_parent))
+            || (dst_is_dir && st.is_ancestor(dst_ino, parent))
+        {
             return Err(FsError::Invalid("cannot move a directory into itself"));
         }
         check_moved_dir(src_ino)?;
@@ -57,7 +67,11 @@ pub fn rename(st: &mut State, caller: &Caller, parent: u64, name: &[u8], new_par
         st.dir_insert(parent, name, dst_ino)?;
         st.dir_insert(new_parent, new_name, src_ino)?;
         if moves_across && src_is_dir != dst_is_dir {
-            let (gains, loses) = if src_is_dir { (new_parent, parent) } else { (parent, new_parent) };
+            let (gains, loses) = if src_is_dir {
+                (new_parent, parent)
+            } else {
+                (parent, new_parent)
+            };
             st.inode_mut(gains)?.nlink += 1;
             let l = st.inode_mut(loses)?;
             l.nlink = l.nlink.saturating_sub(1);

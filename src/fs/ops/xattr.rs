@@ -43,18 +43,33 @@ fn allowed(st: &State, caller: &Caller, ino: u64, ns: Namespace, write: bool) ->
     match ns {
         Namespace::User => {
             if !matches!(inode.kind, FileKind::File | FileKind::Dir) {
-                return Err(if write { FsError::Perm } else { FsError::NoAttr });
+                return Err(if write {
+                    FsError::Perm
+                } else {
+                    FsError::NoAttr
+                });
             }
             perm::check(caller, inode, if write { W_OK } else { R_OK })
         }
-        Namespace::Trusted if caller.uid != 0 => Err(if write { FsError::Perm } else { FsError::NoAttr }),
+        Namespace::Trusted if caller.uid != 0 => Err(if write {
+            FsError::Perm
+        } else {
+            FsError::NoAttr
+        }),
         Namespace::Security if write && caller.uid != 0 => Err(FsError::Perm),
         Namespace::Acl if write && !perm::is_owner_or_root(caller, inode) => Err(FsError::Perm),
         _ => Ok(()),
     }
 }
 
-pub fn set(st: &mut State, caller: &Caller, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+pub fn set(
+    st: &mut State,
+    caller: &Caller,
+    ino: u64,
+    name: &[u8],
+    value: &[u8],
+    flags: i32,
+) -> FsResult<()> {
     let ns = namespace(name)?;
     if value.len() > MAX_VALUE {
         return Err(FsError::TooBig);
@@ -76,7 +91,11 @@ pub fn set(st: &mut State, caller: &Caller, ino: u64, name: &[u8], value: &[u8],
 pub fn get(st: &State, caller: &Caller, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
     let ns = namespace(name)?;
     allowed(st, caller, ino, ns, false)?;
-    st.inode(ino)?.xattrs.get(name).cloned().ok_or(FsError::NoAttr)
+    st.inode(ino)?
+        .xattrs
+        .get(name)
+        .cloned()
+        .ok_or(FsError::NoAttr)
 }
 
 pub fn list(st: &State, caller: &Caller, ino: u64) -> FsResult<Vec<u8>> {

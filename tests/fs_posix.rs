@@ -727,3 +727,37 @@ impl FromBytes for OsStr {
         OsStr::from_bytes(b)
     }
 }
+
+#[test]
+fn concurrent_writers_and_readers_of_different_files() {
+    let (_s, fs) = fresh(6);
+    let fs = Arc::new(fs);
+    let inos: Vec<u64> = (0..4)
+        .map(|i| mkfile(&fs, ROOT_INO, &format!("t{i}")))
+        .collect();
+    let threads: Vec<_> = inos
+        .iter()
+        .enumerate()
+        .map(|(i, &ino)| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                for round in 0..50u64 {
+                    let chunk = vec![(i as u8) ^ (round as u8); 12_345];
+                    fs.write(ino, round * 12_345, &chunk).unwrap();
+                    assert_eq!(fs.read(ino, round * 12_345, 12_345).unwrap(), chunk);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for (i, &ino) in inos.iter().enumerate() {
+        let data = fs.read(ino, 0, 50 * 12_345).unwrap();
+        for round in 0..50usize {
+            assert!(data[round * 12_345..(round + 1) * 12_345]
+                .iter()
+                .all(|b| *b == (i as u8) ^ (round as u8)));
+        }
+    }
+}

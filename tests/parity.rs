@@ -283,7 +283,13 @@ fn measured_selection_environment_override_and_report() {
     for line in &report {
         eprintln!("{line}");
     }
-    for name in &supported {
+    let measured: Vec<&str> = kernels()
+        .iter()
+        .filter(|k| k.supported() && k.measured())
+        .map(|k| k.name())
+        .collect();
+    assert!(measured.contains(&gen) && measured.contains(&recov));
+    for name in &measured {
         assert!(report.iter().any(|l| l.starts_with(&format!("raid6: {name} gen() "))));
     }
     assert!(report.iter().any(|l| l.starts_with(&format!("raid6: using algorithm {gen}"))));

@@ -22,6 +22,10 @@ pub(crate) struct Ops {
 pub struct Kernel {
     name: &'static str,
     needs: &'static [&'static str],
+    /// Whether the start-up measurement considers it. Streaming-store kernels
+    /// only win when generation runs through more memory than the caches
+    /// hold, which an in-cache measurement cannot show: they are forced only.
+    measured: bool,
     ops: Ops,
 }
 
@@ -41,6 +45,10 @@ impl Kernel {
     /// Whether this CPU can run the kernel.
     pub fn supported(&self) -> bool {
         self.missing_features().is_empty()
+    }
+    /// Whether `Parity::select(None)` measures it (forced-only kernels do not).
+    pub fn measured(&self) -> bool {
+        self.measured
     }
     /// The operations, only for a kernel this CPU supports.
     pub(crate) fn ops(&self) -> Option<Ops> {
@@ -80,6 +88,7 @@ fn scalar_recov_2data(a: u8, b: u8, p: &[u8], q: &[u8], dx: &mut [u8], dy: &mut 
 const SCALAR: Kernel = Kernel {
     name: "scalar",
     needs: &[],
+    measured: true,
     ops: Ops {
         xor_gen: scalar_xor_gen,
         xor_into: scalar_xor_into,
@@ -98,26 +107,43 @@ static KERNELS: &[Kernel] = {
         Kernel {
             name: "ssse3x4",
             needs: &["sse2", "ssse3"],
+            measured: true,
             ops: x86::ssse3::OPS,
         },
         Kernel {
             name: "avx2x4",
             needs: &["avx2"],
+            measured: true,
             ops: x86::avx2::OPS,
+        },
+        Kernel {
+            name: "avx2x4nt",
+            needs: &["avx2"],
+            measured: false,
+            ops: x86::avx2::OPS_STREAM,
         },
         Kernel {
             name: "avx2gfni",
             needs: &["avx2", "gfni"],
+            measured: true,
             ops: x86::avx2_gfni::OPS,
         },
         Kernel {
             name: "avx512x4",
             needs: &["avx512f", "avx512bw"],
+            measured: true,
             ops: x86::avx512::OPS,
+        },
+        Kernel {
+            name: "avx512x4nt",
+            needs: &["avx512f", "avx512bw"],
+            measured: false,
+            ops: x86::avx512::OPS_STREAM,
         },
         Kernel {
             name: "avx512gfni",
             needs: &["avx512f", "avx512bw", "gfni"],
+            measured: true,
             ops: x86::avx512_gfni::OPS,
         },
     ]

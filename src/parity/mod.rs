@@ -97,7 +97,11 @@ impl Parity {
 
     fn measured() -> Parity {
         let candidates: Vec<(&'static Kernel, Ops)> =
-            kernels().iter().filter_map(|k| k.ops().map(|ops| (k, ops))).collect();
+            kernels()
+            .iter()
+            .filter(|k| k.measured())
+            .filter_map(|k| k.ops().map(|ops| (k, ops)))
+            .collect();
         let figures = select::measure(&candidates);
         let pick = |operation| {
             let name = select::fastest(&figures, operation).map_or("scalar", |f| f.kernel);

@@ -49,8 +49,38 @@ unsafe fn store_n<V: Vector, const N: usize>(regs: [V; N], dst: *mut u8) {
     }
 }
 
+/// Like `store_n`, non-temporal when `STREAM` (then `dst` is register-aligned).
 #[inline(always)]
-unsafe fn xor_block<V: Vector, const N: usize>(data: &[&[u8]], dst: *mut u8, off: usize) {
+unsafe fn put_n<V: Vector, const N: usize, const STREAM: bool>(regs: [V; N], dst: *mut u8) {
+    for (i, reg) in regs.into_iter().enumerate() {
+        if STREAM {
+            reg.stream(dst.add(i * V::BYTES));
+        } else {
+            reg.store(dst.add(i * V::BYTES));
+        }
+    }
+}
+
+/// Streaming stores demand register-aligned destinations; unaligned ones get
+/// ordinary stores even from a streaming kernel.
+#[inline(always)]
+fn aligned<V: Vector>(outputs: &[*const u8]) -> bool {
+    outputs.iter().all(|p| (*p as usize) % V::BYTES == 0)
+}
+
+/// Orders streaming stores before whatever the caller does next.
+#[inline(always)]
+unsafe fn fence_if<const STREAM: bool>() {
+    if STREAM {
+        #[cfg(target_arch = "x86")]
+        std::arch::x86::_mm_sfence();
+        #[cfg(target_arch = "x86_64")]
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
+#[inline(always)]
+unsafe fn xor_block<V: Vector, const N: usize, const STREAM: bool>(data: &[&[u8]], dst: *mut u8, off: usize) {
     let (first, rest) = (data[0], &data[1..]);
     let mut acc: [V; N] = load_n(first.as_ptr().add(off));
     let mut pairs = rest.chunks_exact(2);
@@ -67,16 +97,29 @@ unsafe fn xor_block<V: Vector, const N: usize>(data: &[&[u8]], dst: *mut u8, off
             acc[i] = acc[i].xor(a[i]);
         }
     }
-    store_n(acc, dst.add(off));
+    put_n::<V, N, STREAM>(acc, dst.add(off));
+}
+
+/// `p = XOR of data`; with `STREAM`, written by non-temporal stores (which
+/// skip the cache: slower when the result is used soon, faster when
+/// generation streams through more memory than the caches hold).
+#[inline(always)]
+pub unsafe fn xor_gen<V: Vector, const STREAM: bool>(data: &[&[u8]], p: &mut [u8]) {
+    if STREAM && aligned::<V>(&[p.as_ptr()]) {
+        xor_gen_with::<V, true>(data, p)
+    } else {
+        xor_gen_with::<V, false>(data, p)
+    }
 }
 
 #[inline(always)]
-pub unsafe fn xor_gen<V: Vector>(data: &[&[u8]], p: &mut [u8]) {
+unsafe fn xor_gen_with<V: Vector, const STREAM: bool>(data: &[&[u8]], p: &mut [u8]) {
     if data.is_empty() {
         return scalar::xor_gen(data, p, 0);
     }
     let dst = p.as_mut_ptr();
-    let done = blocks!(V, p.len(), |off, N| xor_block::<V, N>(data, dst, off));
+    let done = blocks!(V, p.len(), |off, N| xor_block::<V, N, STREAM>(data, dst, off));
+    fence_if::<STREAM>();
     scalar::xor_gen(data, p, done);
 }
 
@@ -96,7 +139,7 @@ pub unsafe fn xor_into<V: Vector>(p: &mut [u8], src: &[u8]) {
 }
 
 #[inline(always)]
-unsafe fn pq_block<V: Vector, const N: usize>(
+unsafe fn pq_block<V: Vector, const N: usize, const STREAM: bool>(
     data: &[&[u8]],
     p: *mut u8,
     q: *mut u8,
@@ -113,17 +156,28 @@ unsafe fn pq_block<V: Vector, const N: usize>(
             qv[i] = qv[i].mul2_xor(d[i]);
         }
     }
-    store_n(pv, p.add(off));
-    store_n(qv, q.add(off));
+    put_n::<V, N, STREAM>(pv, p.add(off));
+    put_n::<V, N, STREAM>(qv, q.add(off));
+}
+
+/// P and Q; `STREAM` as for `xor_gen`.
+#[inline(always)]
+pub unsafe fn pq_gen<V: Vector, const STREAM: bool>(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    if STREAM && aligned::<V>(&[p.as_ptr(), q.as_ptr()]) {
+        pq_gen_with::<V, true>(data, p, q)
+    } else {
+        pq_gen_with::<V, false>(data, p, q)
+    }
 }
 
 #[inline(always)]
-pub unsafe fn pq_gen<V: Vector>(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+unsafe fn pq_gen_with<V: Vector, const STREAM: bool>(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     if data.is_empty() {
         return scalar::pq_gen(data, p, q, 0);
     }
     let (pp, qp) = (p.as_mut_ptr(), q.as_mut_ptr());
-    let done = blocks!(V, p.len(), |off, N| pq_block::<V, N>(data, pp, qp, off));
+    let done = blocks!(V, p.len(), |off, N| pq_block::<V, N, STREAM>(data, pp, qp, off));
+    fence_if::<STREAM>();
     scalar::pq_gen(data, p, q, done);
 }
 

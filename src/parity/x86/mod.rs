@@ -15,7 +15,11 @@ macro_rules! simd_ops {
 
             #[target_feature(enable = $features)]
             unsafe fn xor_gen(data: &[&[u8]], p: &mut [u8]) {
-                generic::xor_gen::<$vector>(data, p)
+                generic::xor_gen::<$vector, false>(data, p)
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn xor_gen_stream(data: &[&[u8]], p: &mut [u8]) {
+                generic::xor_gen::<$vector, true>(data, p)
             }
             #[target_feature(enable = $features)]
             unsafe fn xor_into(p: &mut [u8], src: &[u8]) {
@@ -23,7 +27,11 @@ macro_rules! simd_ops {
             }
             #[target_feature(enable = $features)]
             unsafe fn pq_gen(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-                generic::pq_gen::<$vector>(data, p, q)
+                generic::pq_gen::<$vector, false>(data, p, q)
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn pq_gen_stream(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+                generic::pq_gen::<$vector, true>(data, p, q)
             }
             #[target_feature(enable = $features)]
             unsafe fn mul_acc(c: u8, src: &[u8], dst: &mut [u8]) {
@@ -52,6 +60,13 @@ macro_rules! simd_ops {
                 mul_acc,
                 mul_of_xor,
                 recov_2data,
+            };
+            /// The same kernel with generation writing non-temporal stores.
+            #[allow(dead_code)]
+            pub const OPS_STREAM: Ops = Ops {
+                xor_gen: xor_gen_stream,
+                pq_gen: pq_gen_stream,
+                ..OPS
             };
         }
     };

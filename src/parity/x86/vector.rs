@@ -21,6 +21,8 @@ pub trait Vector: Copy {
 
     unsafe fn load(src: *const u8) -> Self;
     unsafe fn store(self, dst: *mut u8);
+    /// Non-temporal store; `dst` must be aligned to `BYTES`.
+    unsafe fn stream(self, dst: *mut u8);
     unsafe fn xor(self, other: Self) -> Self;
     #[inline(always)]
     unsafe fn xor3(self, a: Self, b: Self) -> Self {
@@ -61,6 +63,10 @@ impl Vector for Sse {
     #[inline(always)]
     unsafe fn store(self, dst: *mut u8) {
         _mm_storeu_si128(dst as *mut __m128i, self.0)
+    }
+    #[inline(always)]
+    unsafe fn stream(self, dst: *mut u8) {
+        _mm_stream_si128(dst as *mut __m128i, self.0)
     }
     #[inline(always)]
     unsafe fn xor(self, other: Self) -> Self {
@@ -105,6 +111,10 @@ impl Vector for Avx2 {
     #[inline(always)]
     unsafe fn store(self, dst: *mut u8) {
         _mm256_storeu_si256(dst as *mut __m256i, self.0)
+    }
+    #[inline(always)]
+    unsafe fn stream(self, dst: *mut u8) {
+        _mm256_stream_si256(dst as *mut __m256i, self.0)
     }
     #[inline(always)]
     unsafe fn xor(self, other: Self) -> Self {
@@ -153,6 +163,10 @@ impl Vector for Avx2Gfni {
         _mm256_storeu_si256(dst as *mut __m256i, self.0)
     }
     #[inline(always)]
+    unsafe fn stream(self, dst: *mut u8) {
+        _mm256_stream_si256(dst as *mut __m256i, self.0)
+    }
+    #[inline(always)]
     unsafe fn xor(self, other: Self) -> Self {
         Avx2Gfni(_mm256_xor_si256(self.0, other.0))
     }
@@ -190,6 +204,10 @@ impl Vector for Avx512 {
     #[inline(always)]
     unsafe fn store(self, dst: *mut u8) {
         _mm512_storeu_si512(dst as *mut _, self.0)
+    }
+    #[inline(always)]
+    unsafe fn stream(self, dst: *mut u8) {
+        _mm512_stream_si512(dst as *mut _, self.0)
     }
     #[inline(always)]
     unsafe fn xor(self, other: Self) -> Self {
@@ -238,6 +256,10 @@ impl Vector for Avx512Gfni {
     #[inline(always)]
     unsafe fn store(self, dst: *mut u8) {
         _mm512_storeu_si512(dst as *mut _, self.0)
+    }
+    #[inline(always)]
+    unsafe fn stream(self, dst: *mut u8) {
+        _mm512_stream_si512(dst as *mut _, self.0)
     }
     #[inline(always)]
     unsafe fn xor(self, other: Self) -> Self {

@@ -113,11 +113,16 @@ fn run_once(parity: &Parity, who: Who, op: Op, ptrs: &mut [*mut c_void; DATA_BLO
         }
         Who::Raidfs => {
             // SAFETY: the chunks are disjoint parts of one live arena.
-            let chunk = |p: *mut c_void| unsafe { std::slice::from_raw_parts_mut(p as *mut u8, CHUNK) };
+            let chunk =
+                |p: *mut c_void| unsafe { std::slice::from_raw_parts_mut(p as *mut u8, CHUNK) };
             let data: Vec<&[u8]> = ptrs[..DATA_BLOCKS].iter().map(|&p| &*chunk(p)).collect();
             match op {
                 Op::Xor => parity.xor_gen(&data, chunk(ptrs[DATA_BLOCKS])),
-                Op::Pq => parity.pq_gen(&data, chunk(ptrs[DATA_BLOCKS]), chunk(ptrs[DATA_BLOCKS + 1])),
+                Op::Pq => parity.pq_gen(
+                    &data,
+                    chunk(ptrs[DATA_BLOCKS]),
+                    chunk(ptrs[DATA_BLOCKS + 1]),
+                ),
             }
         }
     }
@@ -125,7 +130,8 @@ fn run_once(parity: &Parity, who: Who, op: Op, ptrs: &mut [*mut c_void; DATA_BLO
 
 /// GB/s of data processed over one round, cycling through all stripes.
 fn round(parity: &Parity, who: Who, op: Op, stripes: &mut Stripes) -> f64 {
-    let all: Vec<[*mut c_void; DATA_BLOCKS + 2]> = (0..stripes.count).map(|i| stripes.pointers(i)).collect();
+    let all: Vec<[*mut c_void; DATA_BLOCKS + 2]> =
+        (0..stripes.count).map(|i| stripes.pointers(i)).collect();
     let mut runs = 0usize;
     let start = Instant::now();
     while start.elapsed() < ROUND_TIME {
@@ -176,7 +182,10 @@ fn check_agreement(parity: &Parity, stripes: &mut Stripes) {
     let (isal_p, isal_q) = (read(ptrs[DATA_BLOCKS]), read(ptrs[DATA_BLOCKS + 1]));
     run_once(parity, Who::Raidfs, Op::Pq, &mut ptrs);
     assert!(read(ptrs[DATA_BLOCKS]) == isal_p, "P differs from ISA-L's");
-    assert!(read(ptrs[DATA_BLOCKS + 1]) == isal_q, "Q differs from ISA-L's");
+    assert!(
+        read(ptrs[DATA_BLOCKS + 1]) == isal_q,
+        "Q differs from ISA-L's"
+    );
     println!("P and Q agree with ISA-L's pq_gen");
 }
 

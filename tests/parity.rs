@@ -4,9 +4,9 @@
 //! and alignments, and every one- and two-block RAID6 recovery for 3 to 16
 //! members on every kernel (as md's lib/raid6/test does).
 
+use raidfs::parity::{kernels, Parity, ParityError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use raidfs::parity::{kernels, Parity, ParityError};
 
 /// Multiplication in GF(2^8) mod 0x11d, carry-less multiply then reduce.
 fn gf_mul(a: u8, b: u8) -> u8 {
@@ -78,7 +78,10 @@ fn runnable_kernels() -> Vec<(&'static str, Parity)> {
                 assert_eq!(name, kernel.name());
                 assert!(!kernel.missing_features().is_empty());
                 for feature in kernel.missing_features() {
-                    assert!(missing.contains(feature), "error names {feature}: {missing}");
+                    assert!(
+                        missing.contains(feature),
+                        "error names {feature}: {missing}"
+                    );
                 }
                 eprintln!("SKIPPED parity kernel {name}: this CPU lacks {missing}");
             }
@@ -113,7 +116,18 @@ fn every_kernel_generates_what_the_oracle_does_at_any_length_and_alignment() {
     let oracle = scalar();
     let mut rng = StdRng::seed_from_u64(2);
     let mut lengths: Vec<usize> = (1..=130).collect();
-    lengths.extend([255, 256, 257, 511, 1000, 4095, 4096, 4097, 65536 + 13, 1 << 20]);
+    lengths.extend([
+        255,
+        256,
+        257,
+        511,
+        1000,
+        4095,
+        4096,
+        4097,
+        65536 + 13,
+        1 << 20,
+    ]);
     let max_len = 1 << 20;
     // One shared pool; each case takes its blocks at offsets 0..3 within it.
     let pool = random_blocks(&mut rng, 16, max_len + 64);
@@ -135,10 +149,19 @@ fn every_kernel_generates_what_the_oracle_does_at_any_length_and_alignment() {
             let (got_p, got_q) = (&mut got_p[2..len + 2], &mut got_q[1..=len]);
             oracle.pq_gen(&data, want_p, want_q);
             parity.pq_gen(&data, got_p, got_q);
-            assert!(got_p == want_p, "{name}: P differs, {count} blocks of {len} at +{align}");
-            assert!(got_q == want_q, "{name}: Q differs, {count} blocks of {len} at +{align}");
+            assert!(
+                got_p == want_p,
+                "{name}: P differs, {count} blocks of {len} at +{align}"
+            );
+            assert!(
+                got_q == want_q,
+                "{name}: Q differs, {count} blocks of {len} at +{align}"
+            );
             parity.xor_gen(&data, got_p);
-            assert!(got_p == want_p, "{name}: XOR differs, {count} blocks of {len} at +{align}");
+            assert!(
+                got_p == want_p,
+                "{name}: XOR differs, {count} blocks of {len} at +{align}"
+            );
         }
     }
 }
@@ -155,7 +178,10 @@ fn every_kernel_handles_several_mib() {
     for (name, parity) in runnable_kernels() {
         let (mut p, mut q) = (vec![0u8; len], vec![0u8; len]);
         parity.pq_gen(&data, &mut p, &mut q);
-        assert!(p == want_p && q == want_q, "{name}: P/Q differ at {len} bytes");
+        assert!(
+            p == want_p && q == want_q,
+            "{name}: P/Q differ at {len} bytes"
+        );
         let mut x = vec![0u8; len];
         parity.xor_gen(&data, &mut x);
         assert!(x == want_p, "{name}: XOR differs at {len} bytes");
@@ -247,7 +273,10 @@ fn pq_update_and_xor_into_agree_with_regeneration() {
                 oracle.pq_gen(&refs(&data), &mut want_p, &mut want_q);
                 assert!(p == want_p, "{name}: P after updating block {index} of {k}");
                 assert!(q == want_q, "{name}: Q after updating block {index} of {k}");
-                assert!(xor_p == want_p, "{name}: xor_into after block {index} of {k}");
+                assert!(
+                    xor_p == want_p,
+                    "{name}: xor_into after block {index} of {k}"
+                );
             }
         }
     }
@@ -275,7 +304,11 @@ fn measured_selection_environment_override_and_report() {
         Err(e) => panic!("measured selection failed: {e}"),
     };
     eprintln!("selection took {:?}", start.elapsed());
-    let supported: Vec<&str> = kernels().iter().filter(|k| k.supported()).map(|k| k.name()).collect();
+    let supported: Vec<&str> = kernels()
+        .iter()
+        .filter(|k| k.supported())
+        .map(|k| k.name())
+        .collect();
     let (gen, recov) = parity.chosen();
     assert!(supported.contains(&gen) && supported.contains(&recov));
     assert!(supported.contains(&parity.chosen_xor()));
@@ -290,10 +323,16 @@ fn measured_selection_environment_override_and_report() {
         .collect();
     assert!(measured.contains(&gen) && measured.contains(&recov));
     for name in &measured {
-        assert!(report.iter().any(|l| l.starts_with(&format!("raid6: {name} gen() "))));
+        assert!(report
+            .iter()
+            .any(|l| l.starts_with(&format!("raid6: {name} gen() "))));
     }
-    assert!(report.iter().any(|l| l.starts_with(&format!("raid6: using algorithm {gen}"))));
-    assert!(report.iter().any(|l| l.starts_with(&format!("xor: using function {}", parity.chosen_xor()))));
+    assert!(report
+        .iter()
+        .any(|l| l.starts_with(&format!("raid6: using algorithm {gen}"))));
+    assert!(report
+        .iter()
+        .any(|l| l.starts_with(&format!("xor: using function {}", parity.chosen_xor()))));
 
     std::env::set_var(raidfs::parity::KERNEL_ENV, "scalar");
     let forced = Parity::select(None);

@@ -8,6 +8,9 @@ use super::scalar;
 /// The primitive operations every kernel provides (see `scalar.rs` for the
 /// meaning of each). `unsafe` because a SIMD kernel's functions are only sound
 /// on a CPU with its features; all slices are as long as the destination.
+/// `recov_2data(a, b, p, q, dx, dy)`.
+pub(crate) type Recover2DataFn = unsafe fn(u8, u8, &[u8], &[u8], &mut [u8], &mut [u8]);
+
 #[derive(Clone, Copy)]
 pub(crate) struct Ops {
     pub xor_gen: unsafe fn(&[&[u8]], &mut [u8]),
@@ -15,7 +18,7 @@ pub(crate) struct Ops {
     pub pq_gen: unsafe fn(&[&[u8]], &mut [u8], &mut [u8]),
     pub mul_acc: unsafe fn(u8, &[u8], &mut [u8]),
     pub mul_of_xor: unsafe fn(u8, &[u8], &mut [u8]),
-    pub recov_2data: unsafe fn(u8, u8, &[u8], &[u8], &mut [u8], &mut [u8]),
+    pub recov_2data: Recover2DataFn,
 }
 
 /// One implementation of the parity operations.
@@ -40,7 +43,11 @@ impl Kernel {
     }
     /// The needed features this CPU lacks; empty when the kernel can run here.
     pub fn missing_features(&self) -> Vec<&'static str> {
-        self.needs.iter().copied().filter(|f| !has_feature(f)).collect()
+        self.needs
+            .iter()
+            .copied()
+            .filter(|f| !has_feature(f))
+            .collect()
     }
     /// Whether this CPU can run the kernel.
     pub fn supported(&self) -> bool {

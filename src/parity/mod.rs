@@ -21,8 +21,8 @@ mod x86;
 
 use std::sync::OnceLock;
 
-pub use kernel::{kernels, Kernel};
 use kernel::Ops;
+pub use kernel::{kernels, Kernel};
 use select::{Figure, Operation};
 
 /// Environment variable naming a kernel to force when `select` is given none.
@@ -96,8 +96,7 @@ impl Parity {
     }
 
     fn measured() -> Parity {
-        let candidates: Vec<(&'static Kernel, Ops)> =
-            kernels()
+        let candidates: Vec<(&'static Kernel, Ops)> = kernels()
             .iter()
             .filter(|k| k.measured())
             .filter_map(|k| k.ops().map(|ops| (k, ops)))
@@ -114,7 +113,16 @@ impl Parity {
         let (xor, xor_ops) = pick(Operation::Xor);
         let (gen, gen_ops) = pick(Operation::Gen);
         let (recov, recov_ops) = pick(Operation::Recover);
-        Parity { xor, gen, recov, xor_ops, gen_ops, recov_ops, figures, forced_by: None }
+        Parity {
+            xor,
+            gen,
+            recov,
+            xor_ops,
+            gen_ops,
+            recov_ops,
+            figures,
+            forced_by: None,
+        }
     }
 
     /// The process-wide selection, made on first use with `select(None)`
@@ -137,7 +145,10 @@ impl Parity {
 
     /// `p = XOR of data`.
     pub fn xor_gen(&self, data: &[&[u8]], p: &mut [u8]) {
-        assert!(data.iter().all(|d| d.len() == p.len()), "xor_gen: blocks differ in length");
+        assert!(
+            data.iter().all(|d| d.len() == p.len()),
+            "xor_gen: blocks differ in length"
+        );
         // SAFETY: the kernel is supported (checked when `self` was built) and
         // every slice is as long as `p`.
         unsafe { (self.xor_ops.xor_gen)(data, p) }
@@ -178,7 +189,10 @@ impl Parity {
     /// (k + 2 blocks). `failed` names one or two indices into `blocks` whose
     /// contents are garbage; they are rebuilt from the others.
     pub fn raid6_recover(&self, blocks: &mut [&mut [u8]], failed: &[usize]) {
-        let engines = recover::Engines { gen: self.gen_ops, mul: self.recov_ops };
+        let engines = recover::Engines {
+            gen: self.gen_ops,
+            mul: self.recov_ops,
+        };
         recover::raid6_recover(&engines, blocks, failed)
     }
 
@@ -200,8 +214,14 @@ impl Parity {
         if let Some(by) = self.forced_by {
             return vec![
                 format!("xor: using function {} (forced by {by})", self.xor.name()),
-                format!("raid6: using algorithm {} (forced by {by})", self.gen.name()),
-                format!("raid6: using {} recovery algorithm (forced by {by})", self.recov.name()),
+                format!(
+                    "raid6: using algorithm {} (forced by {by})",
+                    self.gen.name()
+                ),
+                format!(
+                    "raid6: using {} recovery algorithm (forced by {by})",
+                    self.recov.name()
+                ),
             ];
         }
         let rate = |kernel: &str, operation| {
@@ -211,19 +231,34 @@ impl Parity {
                 .map_or(0, |f| f.mb_per_s)
         };
         let mut lines = Vec::new();
-        for f in self.figures.iter().filter(|f| f.operation == Operation::Xor) {
+        for f in self
+            .figures
+            .iter()
+            .filter(|f| f.operation == Operation::Xor)
+        {
             lines.push(format!("xor: {:<11} {:>7} MB/s", f.kernel, f.mb_per_s));
         }
-        for f in self.figures.iter().filter(|f| f.operation == Operation::Gen) {
+        for f in self
+            .figures
+            .iter()
+            .filter(|f| f.operation == Operation::Gen)
+        {
             lines.push(format!("raid6: {} gen() {} MB/s", f.kernel, f.mb_per_s));
         }
-        for f in self.figures.iter().filter(|f| f.operation == Operation::Recover) {
+        for f in self
+            .figures
+            .iter()
+            .filter(|f| f.operation == Operation::Recover)
+        {
             lines.push(format!("raid6: {} recov() {} MB/s", f.kernel, f.mb_per_s));
         }
         let xor = self.xor.name();
         let gen = self.gen.name();
         let recov = self.recov.name();
-        lines.push(format!("xor: using function {xor} ({} MB/s)", rate(xor, Operation::Xor)));
+        lines.push(format!(
+            "xor: using function {xor} ({} MB/s)",
+            rate(xor, Operation::Xor)
+        ));
         lines.push(format!(
             "raid6: using algorithm {gen} gen() {} MB/s",
             rate(gen, Operation::Gen)

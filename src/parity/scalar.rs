@@ -89,15 +89,7 @@ pub fn mul_of_xor(c: u8, src: &[u8], dst: &mut [u8], from: usize) {
 /// The two-data-failure step. On entry `dx` holds P' and `dy` holds Q' (the
 /// syndromes computed with both missing blocks as zero); on return they hold
 /// the missing blocks: `dx = a*(P^P') ^ b*(Q^Q')`, `dy = (P^P') ^ dx`.
-pub fn recov_2data(
-    a: u8,
-    b: u8,
-    p: &[u8],
-    q: &[u8],
-    dx: &mut [u8],
-    dy: &mut [u8],
-    from: usize,
-) {
+pub fn recov_2data(a: u8, b: u8, p: &[u8], q: &[u8], dx: &mut [u8], dy: &mut [u8], from: usize) {
     let (ta, tb) = (MulTable::new(a), MulTable::new(b));
     let len = dx.len();
     let survivors = p[from..len].iter().zip(&q[from..len]);

@@ -56,7 +56,11 @@ fn rate(window: Duration, bytes: usize, mut op: impl FnMut()) -> u64 {
 /// the best figure of each (kernel, operation).
 pub fn measure(candidates: &[(&'static Kernel, Ops)]) -> Vec<Figure> {
     let data: Vec<Vec<u8>> = (0..DATA_BLOCKS)
-        .map(|i| (0..CHUNK).map(|j| (i * 131 + j * 7 + (j >> 8)) as u8).collect())
+        .map(|i| {
+            (0..CHUNK)
+                .map(|j| (i * 131 + j * 7 + (j >> 8)) as u8)
+                .collect()
+        })
         .collect();
     let sources: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
     let mut p = vec![0u8; CHUNK];
@@ -71,9 +75,12 @@ pub fn measure(candidates: &[(&'static Kernel, Ops)]) -> Vec<Figure> {
             let engines = Engines { gen: ops, mul: ops };
             // SAFETY: candidates are supported kernels; all buffers are CHUNK long.
             let xor = rate(window, bytes, || unsafe { (ops.xor_gen)(&sources, &mut p) });
-            let gen = rate(window, bytes, || unsafe { (ops.pq_gen)(&sources, &mut p, &mut q) });
+            let gen = rate(window, bytes, || unsafe {
+                (ops.pq_gen)(&sources, &mut p, &mut q)
+            });
             let recover = rate(window, bytes, || {
-                let mut blocks: Vec<&mut [u8]> = stripe.iter_mut().map(|b| b.as_mut_slice()).collect();
+                let mut blocks: Vec<&mut [u8]> =
+                    stripe.iter_mut().map(|b| b.as_mut_slice()).collect();
                 recover::raid6_recover(&engines, &mut blocks, &[0, 1]);
             });
             for (operation, mb_per_s) in [
@@ -86,7 +93,11 @@ pub fn measure(candidates: &[(&'static Kernel, Ops)]) -> Vec<Figure> {
                     .find(|f| f.kernel == kernel.name() && f.operation == operation)
                 {
                     Some(f) => f.mb_per_s = f.mb_per_s.max(mb_per_s),
-                    None => figures.push(Figure { kernel: kernel.name(), operation, mb_per_s }),
+                    None => figures.push(Figure {
+                        kernel: kernel.name(),
+                        operation,
+                        mb_per_s,
+                    }),
                 }
             }
         }

@@ -80,7 +80,11 @@ unsafe fn fence_if<const STREAM: bool>() {
 }
 
 #[inline(always)]
-unsafe fn xor_block<V: Vector, const N: usize, const STREAM: bool>(data: &[&[u8]], dst: *mut u8, off: usize) {
+unsafe fn xor_block<V: Vector, const N: usize, const STREAM: bool>(
+    data: &[&[u8]],
+    dst: *mut u8,
+    off: usize,
+) {
     let (first, rest) = (data[0], &data[1..]);
     let mut acc: [V; N] = load_n(first.as_ptr().add(off));
     let mut pairs = rest.chunks_exact(2);
@@ -118,7 +122,9 @@ unsafe fn xor_gen_with<V: Vector, const STREAM: bool>(data: &[&[u8]], p: &mut [u
         return scalar::xor_gen(data, p, 0);
     }
     let dst = p.as_mut_ptr();
-    let done = blocks!(V, p.len(), |off, N| xor_block::<V, N, STREAM>(data, dst, off));
+    let done = blocks!(V, p.len(), |off, N| xor_block::<V, N, STREAM>(
+        data, dst, off
+    ));
     fence_if::<STREAM>();
     scalar::xor_gen(data, p, done);
 }
@@ -176,7 +182,9 @@ unsafe fn pq_gen_with<V: Vector, const STREAM: bool>(data: &[&[u8]], p: &mut [u8
         return scalar::pq_gen(data, p, q, 0);
     }
     let (pp, qp) = (p.as_mut_ptr(), q.as_mut_ptr());
-    let done = blocks!(V, p.len(), |off, N| pq_block::<V, N, STREAM>(data, pp, qp, off));
+    let done = blocks!(V, p.len(), |off, N| pq_block::<V, N, STREAM>(
+        data, pp, qp, off
+    ));
     fence_if::<STREAM>();
     scalar::pq_gen(data, p, q, done);
 }

@@ -42,14 +42,7 @@ macro_rules! simd_ops {
                 generic::mul_of_xor::<$vector>(c, src, dst)
             }
             #[target_feature(enable = $features)]
-            unsafe fn recov_2data(
-                a: u8,
-                b: u8,
-                p: &[u8],
-                q: &[u8],
-                dx: &mut [u8],
-                dy: &mut [u8],
-            ) {
+            unsafe fn recov_2data(a: u8, b: u8, p: &[u8], q: &[u8], dx: &mut [u8], dy: &mut [u8]) {
                 generic::recov_2data::<$vector>(a, b, p, q, dx, dy)
             }
 

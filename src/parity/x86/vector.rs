@@ -2,8 +2,12 @@
 //! that the generic kernels in `generic.rs` are written against.
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: it may only run inside a
-//! function compiled with the type's target features (the `ops!` wrappers in
+//! function compiled with the type's target features (the `simd_ops!` wrappers in
 //! `mod.rs`), where the intrinsics inline into straight-line code.
+
+// The AVX-512 and GFNI intrinsics are stable since Rust 1.89; Cargo.toml's
+// rust-version (1.80) predates them, the toolchain in use (1.95) does not.
+#![allow(clippy::incompatible_msrv)]
 
 #[cfg(target_arch = "x86")]
 use std::arch::x86::*;
@@ -131,7 +135,10 @@ impl Vector for Avx2 {
     #[inline(always)]
     unsafe fn mul_table(c: u8) -> Self::MulTable {
         let (lo, hi) = lane_tables(c);
-        (_mm256_broadcastsi128_si256(lo), _mm256_broadcastsi128_si256(hi))
+        (
+            _mm256_broadcastsi128_si256(lo),
+            _mm256_broadcastsi128_si256(hi),
+        )
     }
     #[inline(always)]
     unsafe fn mul(self, table: &Self::MulTable) -> Self {
@@ -172,8 +179,7 @@ impl Vector for Avx2Gfni {
     }
     #[inline(always)]
     unsafe fn mul2_xor(self, d: Self) -> Self {
-        let doubled =
-            _mm256_gf2p8affine_epi64_epi8::<0>(self.0, _mm256_set1_epi64x(MUL2_MATRIX));
+        let doubled = _mm256_gf2p8affine_epi64_epi8::<0>(self.0, _mm256_set1_epi64x(MUL2_MATRIX));
         Avx2Gfni(_mm256_xor_si256(doubled, d.0))
     }
     #[inline(always)]
@@ -271,8 +277,7 @@ impl Vector for Avx512Gfni {
     }
     #[inline(always)]
     unsafe fn mul2_xor(self, d: Self) -> Self {
-        let doubled =
-            _mm512_gf2p8affine_epi64_epi8::<0>(self.0, _mm512_set1_epi64(MUL2_MATRIX));
+        let doubled = _mm512_gf2p8affine_epi64_epi8::<0>(self.0, _mm512_set1_epi64(MUL2_MATRIX));
         Avx512Gfni(_mm512_xor_si512(doubled, d.0))
     }
     #[inline(always)]

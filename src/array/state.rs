@@ -76,6 +76,12 @@ impl Array {
         Ok(())
     }
 
+    /// Write every working member's superblock again (heals a damaged copy).
+    pub fn rewrite_superblocks(&self) -> ArrayResult<()> {
+        self.sb.lock().events += 1;
+        self.write_superblocks()
+    }
+
     /// Take a member out of service after an I/O error: it is marked faulty
     /// in the other members' superblocks (with a new event count, so a later
     /// assembly knows it is stale) and the array goes on degraded.

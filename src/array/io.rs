@@ -5,6 +5,7 @@
 use super::worker::Op;
 use super::{Array, ArrayError, ArrayResult, Region};
 use crate::geometry::{Level, Mapping};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The part of a request that falls in one chunk.
@@ -17,7 +18,7 @@ struct Piece {
 
 /// How to read when the plain read was not good enough.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Choice {
+pub(crate) enum Choice {
     /// Normal read.
     Any,
     /// Mirrors: read copy number `n` of every piece.
@@ -73,6 +74,7 @@ fn coalesce(items: impl Iterator<Item = (usize, u64, usize, usize)>) -> Vec<Run>
 impl Array {
     /// Read `buf.len()` bytes at logical `addr`.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> ArrayResult<()> {
+        self.sync.foreground.fetch_add(1, Ordering::Relaxed);
         let (region, offset) = self.region(addr, buf.len())?;
         self.read_region(&region, offset, buf, Choice::Any)
     }
@@ -106,6 +108,7 @@ impl Array {
 
     /// Write `data` at logical `addr` to every copy, or with parity.
     pub fn write(&self, addr: u64, data: &[u8]) -> ArrayResult<()> {
+        self.sync.foreground.fetch_add(1, Ordering::Relaxed);
         let (region, offset) = self.region(addr, data.len())?;
         self.write_region(&region, offset, data)
     }
@@ -122,7 +125,7 @@ impl Array {
         self.ensure_writable()
     }
 
-    fn read_region(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+    pub(crate) fn read_region(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
         if is_mirror(region.geometry.level) {
             self.read_mirror(region, offset, buf, choice)
         } else {
@@ -138,8 +141,8 @@ impl Array {
             let mut plan = Vec::with_capacity(pieces.len());
             for p in &pieces {
                 let target = match choice {
-                    Choice::Copy(n) => p.map.targets.get(n).filter(|t| !self.is_failed(t.member)),
-                    _ => p.map.targets.iter().find(|t| !self.is_failed(t.member)),
+                    Choice::Copy(n) => p.map.targets.get(n).filter(|t| self.readable(t.member, region, t.offset)),
+                    _ => p.map.targets.iter().find(|t| self.readable(t.member, region, t.offset)),
                 };
                 let Some(t) = target else {
                     return Err(ArrayError::Failed(format!(
@@ -185,7 +188,7 @@ impl Array {
         let mut degraded = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
             let t = p.map.targets[0];
-            if self.is_failed(t.member) || Some(t.member) == suspect {
+            if !self.readable(t.member, region, t.offset) || Some(t.member) == suspect {
                 degraded.push(i);
             } else {
                 direct.push(i);
@@ -237,12 +240,12 @@ impl Array {
         self.reconstruct_locked(region, stripe, lo, len, suspect)
     }
 
-    fn stripe_slots(&self, region: &Region, stripe: u64) -> Vec<usize> {
+    pub(crate) fn stripe_slots(&self, region: &Region, stripe: u64) -> Vec<usize> {
         let sm = region.geometry.stripe_members(stripe);
         sm.data.iter().copied().chain(sm.p).chain(sm.q).collect()
     }
 
-    fn reconstruct_locked(
+    pub(crate) fn reconstruct_locked(
         &self,
         region: &Region,
         stripe: u64,
@@ -252,10 +255,11 @@ impl Array {
     ) -> ArrayResult<Vec<Vec<u8>>> {
         let geometry = region.geometry;
         let members = self.stripe_slots(region, stripe);
-        let at = region.base + stripe * geometry.chunk + lo as u64;
+        let within = stripe * geometry.chunk + lo as u64;
+        let at = region.base + within;
         for _ in 0..=self.slots.len() {
             let missing: Vec<usize> = (0..members.len())
-                .filter(|&i| self.is_failed(members[i]) || Some(members[i]) == suspect)
+                .filter(|&i| !self.readable(members[i], region, within + len as u64 - 1) || Some(members[i]) == suspect)
                 .collect();
             if missing.len() > geometry.tolerance() {
                 return Err(ArrayError::Failed(format!(
@@ -391,7 +395,8 @@ impl Array {
         self.ensure_writable()?;
         let touched = new.iter().filter(|n| n.is_some()).count();
         let full = new.iter().filter(|n| n.is_some_and(covers)).count();
-        let degraded = members.iter().any(|&m| self.is_failed(m));
+        let last = stripe * geometry.chunk + hi as u64 - 1;
+        let degraded = members.iter().any(|&m| !self.readable(m, region, last));
 
         let mut blocks: Vec<Vec<u8>>;
         if !degraded && touched + nparity < k - full {

@@ -10,6 +10,8 @@
 mod assemble;
 mod create;
 mod io;
+mod lifecycle;
+mod scrub;
 mod resync;
 mod state;
 mod stripe_lock;
@@ -17,14 +19,15 @@ mod worker;
 
 pub use assemble::{assemble, assemble_paths, open_members, AssembleOptions};
 pub use create::{create, create_paths, CreateSpec};
+pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};
 
 use crate::geometry::{Geometry, GeometryError, Level};
 use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{GroupProfile, Superblock, SuperblockError};
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -59,13 +62,50 @@ pub enum ArrayError {
 
 pub type ArrayResult<T> = Result<T, ArrayError>;
 
-/// One member slot of an assembled array.
-pub(crate) struct Slot {
+/// The device currently in a slot.
+pub(crate) struct SlotDev {
     pub member: Option<Arc<dyn Member>>,
     pub name: String,
     pub uuid: Uuid,
-    /// Set once the member has failed or was missing at assembly.
+}
+
+/// Error counts of one slot, as `raidfs detail` shows them.
+#[derive(Default)]
+pub(crate) struct ErrorCounters {
+    pub read: AtomicU64,
+    pub write: AtomicU64,
+    pub checksum: AtomicU64,
+}
+
+/// One member slot of an assembled array.
+pub(crate) struct Slot {
+    pub dev: RwLock<SlotDev>,
+    /// Set once the member has failed, was removed, or was missing at assembly.
     pub failed: AtomicBool,
+    /// Member offsets below this hold valid data: u64::MAX when in sync,
+    /// the recovery position while the slot is being rebuilt.
+    pub valid_below: AtomicU64,
+    pub errors: ErrorCounters,
+}
+
+impl Slot {
+    pub fn new(member: Option<Arc<dyn Member>>, name: String, uuid: Uuid) -> Slot {
+        let failed = member.is_none();
+        Slot {
+            dev: RwLock::new(SlotDev { member, name, uuid }),
+            failed: AtomicBool::new(failed),
+            valid_below: AtomicU64::new(u64::MAX),
+            errors: ErrorCounters::default(),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.dev.read().name.clone()
+    }
+
+    pub fn member(&self) -> Option<Arc<dyn Member>> {
+        self.dev.read().member.clone()
+    }
 }
 
 /// An assembled, running array.
@@ -83,6 +123,7 @@ pub struct Array {
     pub(crate) parity: &'static Parity,
     /// Set when more members failed than some group's geometry tolerates.
     pub(crate) broken: AtomicBool,
+    pub(crate) sync: lifecycle::SyncState,
 }
 
 /// The data geometry a superblock describes.
@@ -109,7 +150,7 @@ impl Array {
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
-            .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member.clone() })
+            .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member() })
             .collect();
         let pool = worker::WorkerPool::new(&members, 2)
             .map_err(|e| ArrayError::Refused(format!("cannot start member workers: {e}")))?;
@@ -123,6 +164,7 @@ impl Array {
             locks: stripe_lock::StripeLocks::new(1024),
             parity,
             broken: AtomicBool::new(false),
+            sync: lifecycle::SyncState::default(),
         };
         array.check_tolerance();
         Ok(array)
@@ -153,12 +195,26 @@ impl Array {
         (0..self.slots.len()).filter(|&i| self.is_failed(i)).collect()
     }
 
+    /// Whether some slot cannot serve reads everywhere (failed, missing or
+    /// still being rebuilt).
     pub fn is_degraded(&self) -> bool {
-        !self.failed_slots().is_empty()
+        !self.unreadable_slots().is_empty()
     }
 
     pub(crate) fn is_failed(&self, slot: usize) -> bool {
         self.slots[slot].failed.load(Ordering::Acquire)
+    }
+
+    /// Whether `slot` can serve a read at region-relative `offset` of `region`.
+    pub(crate) fn readable(&self, slot: usize, region: &Region, offset: u64) -> bool {
+        !self.is_failed(slot) && region.base + offset < self.slots[slot].valid_below.load(Ordering::Acquire)
+    }
+
+    /// Slots that cannot serve reads everywhere (failed, missing or rebuilding).
+    pub(crate) fn unreadable_slots(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.is_failed(i) || self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX)
+            .collect()
     }
 
     /// Capacity in logical bytes of a group with `profile`.
@@ -195,7 +251,7 @@ impl Array {
 
     /// Re-evaluate whether every allocated group can still be served.
     pub(crate) fn check_tolerance(&self) {
-        let failed = self.failed_slots();
+        let failed = self.unreadable_slots();
         let ok_data = self.geometry_survives(&self.data_geometry, &failed);
         let ok_meta = self.geometry_survives(&self.meta_geometry, &failed);
         if !(ok_data && ok_meta) {
@@ -220,7 +276,7 @@ impl Array {
     pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {
         if self.broken.load(Ordering::Acquire) {
             let names: Vec<String> =
-                self.failed_slots().iter().map(|&i| self.slots[i].name.clone()).collect();
+                self.failed_slots().iter().map(|&i| self.slots[i].name()).collect();
             return Err(ArrayError::Failed(names.join(", ")));
         }
         Ok(())

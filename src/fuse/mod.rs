@@ -101,10 +101,12 @@ impl MountHandle {
 
     /// Whether our filesystem is still the one mounted at the mount point.
     pub fn is_mounted(&self) -> bool {
-        match (&self.device, mounts::mount_at(&self.mount_point)) {
-            (Some(device), Ok(Some(entry))) => &entry.device == device,
-            _ => false,
-        }
+        self.unmounter().is_mounted()
+    }
+
+    /// A handle another thread (a signal handler) can use to end the mount.
+    pub fn unmounter(&self) -> Unmounter {
+        Unmounter { mount_point: self.mount_point.clone(), device: self.device.clone() }
     }
 
     /// Unmount and wait until the filesystem is closed. If the mount is busy
@@ -122,21 +124,7 @@ impl MountHandle {
     }
 
     fn unmount_now(&mut self) -> Result<(), MountError> {
-        if !self.is_mounted() {
-            return Ok(());
-        }
-        let path = self.mount_point.clone();
-        match mounts::unmount(&path, false) {
-            Ok(()) => Ok(()),
-            Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
-                warn!(
-                    "{} is busy; detaching it, it closes when its last file does",
-                    path.display()
-                );
-                mounts::unmount(&path, true).map_err(|source| MountError::Unmount { path, source })
-            }
-            Err(source) => Err(MountError::Unmount { path, source }),
-        }
+        self.unmounter().unmount()
     }
 
     fn wait_inner(&mut self) -> Result<(), MountError> {
@@ -165,6 +153,40 @@ impl Drop for MountHandle {
         }
         if let Err(err) = self.wait_inner() {
             warn!("{err}");
+        }
+    }
+}
+
+/// Ends one mount from any thread; never touches a filesystem that someone
+/// else mounted on the same directory since.
+#[derive(Clone, Debug)]
+pub struct Unmounter {
+    mount_point: PathBuf,
+    device: Option<String>,
+}
+
+impl Unmounter {
+    pub fn is_mounted(&self) -> bool {
+        match (&self.device, mounts::mount_at(&self.mount_point)) {
+            (Some(device), Ok(Some(entry))) => &entry.device == device,
+            _ => false,
+        }
+    }
+
+    /// Unmount; if busy, detach (the session then ends when the last open
+    /// file is closed). Nothing to do if it is no longer mounted.
+    pub fn unmount(&self) -> Result<(), MountError> {
+        if !self.is_mounted() {
+            return Ok(());
+        }
+        let path = self.mount_point.clone();
+        match mounts::unmount(&path, false) {
+            Ok(()) => Ok(()),
+            Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
+                warn!("{} is busy; detaching it, it closes when its last file does", path.display());
+                mounts::unmount(&path, true).map_err(|source| MountError::Unmount { path, source })
+            }
+            Err(source) => Err(MountError::Unmount { path, source }),
         }
     }
 }

@@ -5,12 +5,14 @@
 //! Storage is reached only through [`BlockStore`], implemented by the array
 //! engine and by [`store::MemStore`] for tests.
 
+pub mod array_store;
 pub mod store;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+pub use array_store::{format_array, ArrayStore};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
 
 /// Errors of the filesystem layer. The FUSE adapter maps each to an errno in

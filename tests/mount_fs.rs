@@ -40,7 +40,10 @@ fn files_and_directories_through_std_fs() {
     assert!(!file.exists());
     assert_eq!(fs::read(mnt.join("dir/moved.txt")).unwrap(), b"hello, raid");
 
-    let mut names: Vec<_> = fs::read_dir(mnt.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let mut names: Vec<_> = fs::read_dir(mnt.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     names.sort();
     assert_eq!(names, vec!["dir"]);
 
@@ -65,10 +68,14 @@ fn large_directory_lists_every_entry_once() {
     for i in 0..count {
         File::create(mnt.join(&format!("entry-with-a-longish-name-{i:04}"))).unwrap();
     }
-    let mut names: Vec<String> =
-        fs::read_dir(mnt.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = fs::read_dir(mnt.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     names.sort();
-    let expected: Vec<String> = (0..count).map(|i| format!("entry-with-a-longish-name-{i:04}")).collect();
+    let expected: Vec<String> = (0..count)
+        .map(|i| format!("entry-with-a-longish-name-{i:04}"))
+        .collect();
     assert_eq!(names, expected);
     // readdirplus gave the kernel attributes: stat of each agrees.
     for entry in fs::read_dir(mnt.path()).unwrap().take(5) {
@@ -85,9 +92,15 @@ fn symlinks_hard_links_and_rename_flags() {
     let mnt = mount_mem(&MountConfig::default());
     fs::write(mnt.join("target"), b"data").unwrap();
     std::os::unix::fs::symlink("target", mnt.join("link")).unwrap();
-    assert_eq!(fs::read_link(mnt.join("link")).unwrap(), Path::new("target"));
+    assert_eq!(
+        fs::read_link(mnt.join("link")).unwrap(),
+        Path::new("target")
+    );
     assert_eq!(fs::read(mnt.join("link")).unwrap(), b"data");
-    assert!(fs::symlink_metadata(mnt.join("link")).unwrap().file_type().is_symlink());
+    assert!(fs::symlink_metadata(mnt.join("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
 
     fs::hard_link(mnt.join("target"), mnt.join("hard")).unwrap();
     let a = fs::metadata(mnt.join("target")).unwrap();
@@ -103,10 +116,19 @@ fn symlinks_hard_links_and_rename_flags() {
     let (from, to) = (cstr(&mnt.join("hard")), cstr(&mnt.join("other")));
     // SAFETY: valid NUL-terminated paths relative to AT_FDCWD.
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
     };
     assert_eq!(rc, -1);
-    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EEXIST)
+    );
     assert_eq!(fs::read(mnt.join("other")).unwrap(), b"x");
 }
 
@@ -123,14 +145,42 @@ fn extended_attributes_follow_the_size_probe_protocol() {
     let value = b"ultramarine";
     // SAFETY: all pointers are valid for the lengths given.
     unsafe {
-        assert_eq!(libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0), 0);
+        assert_eq!(
+            libc::setxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0
+            ),
+            0
+        );
         // Size probe, then a too-small buffer, then the value.
-        assert_eq!(libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0), value.len() as isize);
+        assert_eq!(
+            libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0),
+            value.len() as isize
+        );
         let mut small = [0u8; 4];
-        assert_eq!(libc::getxattr(path.as_ptr(), name.as_ptr(), small.as_mut_ptr().cast(), small.len()), -1);
-        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ERANGE));
+        assert_eq!(
+            libc::getxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                small.as_mut_ptr().cast(),
+                small.len()
+            ),
+            -1
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ERANGE)
+        );
         let mut buf = [0u8; 64];
-        let n = libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        let n = libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        );
         assert_eq!(&buf[..n as usize], value);
 
         let list_len = libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0);
@@ -140,8 +190,19 @@ fn extended_attributes_follow_the_size_probe_protocol() {
         assert_eq!(&list[..n as usize], b"user.colour\0");
 
         assert_eq!(libc::removexattr(path.as_ptr(), name.as_ptr()), 0);
-        assert_eq!(libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()), -1);
-        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENODATA));
+        assert_eq!(
+            libc::getxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len()
+            ),
+            -1
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENODATA)
+        );
     }
 }
 
@@ -184,15 +245,27 @@ fn o_direct_large_aligned_writes_and_reads() {
         *b = (i * 7 % 251) as u8;
     }
     let file = mnt.join("direct.bin");
-    let mut w = OpenOptions::new().create(true).write(true).custom_flags(libc::O_DIRECT).open(&file).unwrap();
+    let mut w = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file)
+        .unwrap();
     w.write_all(out.as_mut()).unwrap();
     w.sync_all().unwrap();
     drop(w);
 
     let mut back = Aligned::new(len);
-    let mut r = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&file).unwrap();
+    let mut r = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file)
+        .unwrap();
     r.read_exact(back.as_mut()).unwrap();
-    assert!(out.as_mut() == back.as_mut(), "O_DIRECT read differs from what was written");
+    assert!(
+        out.as_mut() == back.as_mut(),
+        "O_DIRECT read differs from what was written"
+    );
     // An unaligned offset within the file reads correctly through the page cache too.
     let mut plain = File::open(&file).unwrap();
     plain.seek(SeekFrom::Start(12345)).unwrap();
@@ -212,7 +285,12 @@ fn fsync_fdatasync_and_o_sync_writes() {
     f.sync_data().unwrap();
     f.sync_all().unwrap();
     drop(f);
-    let mut s = OpenOptions::new().create(true).write(true).custom_flags(libc::O_SYNC).open(mnt.join("osync")).unwrap();
+    let mut s = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .custom_flags(libc::O_SYNC)
+        .open(mnt.join("osync"))
+        .unwrap();
     s.write_all(b"durable").unwrap();
     drop(s);
     assert_eq!(fs::read(mnt.join("osync")).unwrap(), b"durable");
@@ -226,7 +304,12 @@ fn fallocate_and_statfs() {
         return;
     }
     let mnt = mount_mem(&MountConfig::default());
-    let f = OpenOptions::new().create(true).read(true).write(true).open(mnt.join("prealloc")).unwrap();
+    let f = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .open(mnt.join("prealloc"))
+        .unwrap();
     use std::os::fd::AsRawFd;
     // SAFETY: f is an open file descriptor.
     assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) }, 0);
@@ -237,7 +320,12 @@ fn fallocate_and_statfs() {
     // SAFETY: st is a valid out pointer and path a valid C string.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut st) }, 0);
-    assert!(st.f_blocks > 0 && st.f_bfree <= st.f_blocks, "statfs: {} of {}", st.f_bfree, st.f_blocks);
+    assert!(
+        st.f_blocks > 0 && st.f_bfree <= st.f_blocks,
+        "statfs: {} of {}",
+        st.f_bfree,
+        st.f_blocks
+    );
     assert!(st.f_bsize > 0);
 }
 
@@ -253,5 +341,8 @@ fn data_survives_unmount_and_remount() {
     mnt.unmount().expect("clean unmount");
 
     let again = mount_store(store, &MountConfig::default());
-    assert_eq!(fs::read(again.join("keep/file")).unwrap(), vec![42u8; 300_000]);
+    assert_eq!(
+        fs::read(again.join("keep/file")).unwrap(),
+        vec![42u8; 300_000]
+    );
 }

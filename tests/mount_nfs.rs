@@ -26,7 +26,11 @@ struct FileHandle {
 
 fn name_to_handle(path: &Path) -> FileHandle {
     let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
-    let mut handle = FileHandle { handle_bytes: MAX_HANDLE_SZ as u32, handle_type: 0, f_handle: [0; MAX_HANDLE_SZ] };
+    let mut handle = FileHandle {
+        handle_bytes: MAX_HANDLE_SZ as u32,
+        handle_type: 0,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
     let mut mount_id: libc::c_int = 0;
     // SAFETY: handle has room for MAX_HANDLE_SZ bytes as declared in handle_bytes.
     let rc = unsafe {
@@ -39,14 +43,29 @@ fn name_to_handle(path: &Path) -> FileHandle {
             0,
         )
     };
-    assert_eq!(rc, 0, "name_to_handle_at({}): {}", path.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "name_to_handle_at({}): {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
     handle
 }
 
-fn open_by_handle(mount_fd: &File, handle: &mut FileHandle, flags: i32) -> std::io::Result<OwnedFd> {
+fn open_by_handle(
+    mount_fd: &File,
+    handle: &mut FileHandle,
+    flags: i32,
+) -> std::io::Result<OwnedFd> {
     // SAFETY: handle is a valid file_handle filled by name_to_handle_at.
     let fd = unsafe {
-        libc::syscall(libc::SYS_open_by_handle_at, mount_fd.as_raw_fd(), handle as *mut FileHandle, flags)
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            handle as *mut FileHandle,
+            flags,
+        )
     } as i32;
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
@@ -75,15 +94,20 @@ fn handles_of_a_file_and_a_directory_survive_cache_eviction() {
     let mount_fd = File::open(mnt.path()).unwrap();
     drop_caches();
 
-    let fd = open_by_handle(&mount_fd, &mut file_handle, libc::O_RDONLY).expect("open_by_handle_at(file)");
+    let fd = open_by_handle(&mount_fd, &mut file_handle, libc::O_RDONLY)
+        .expect("open_by_handle_at(file)");
     let mut file = File::from(fd);
     assert_eq!(file.metadata().unwrap().ino(), file_ino);
     let mut text = String::new();
     file.read_to_string(&mut text).unwrap();
     assert_eq!(text, "exported");
 
-    let fd = open_by_handle(&mount_fd, &mut dir_handle, libc::O_RDONLY | libc::O_DIRECTORY)
-        .expect("open_by_handle_at(dir)");
+    let fd = open_by_handle(
+        &mount_fd,
+        &mut dir_handle,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+    )
+    .expect("open_by_handle_at(dir)");
     let dir = File::from(fd);
     assert_eq!(dir.metadata().unwrap().ino(), dir_ino);
     drop((file, dir, mount_fd));
@@ -100,6 +124,7 @@ fn handle_of_a_deleted_file_is_stale() {
     fs::remove_file(mnt.join("gone")).unwrap();
     let mount_fd = File::open(mnt.path()).unwrap();
     drop_caches();
-    let err = open_by_handle(&mount_fd, &mut handle, libc::O_RDONLY).expect_err("deleted file must not open");
+    let err = open_by_handle(&mount_fd, &mut handle, libc::O_RDONLY)
+        .expect_err("deleted file must not open");
     assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "{err}");
 }

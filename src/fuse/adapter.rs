@@ -196,12 +196,16 @@ impl Filesystem for RaidFuse {
         *self.unmounted.lock() = Some(outcome);
     }
 
+    /// Path walks never send "." or ".." (the VFS resolves them); they come
+    /// from NFS export: "." asks for an inode by number (of any kind), so it
+    /// is answered from the inode itself; ".." asks for a directory's parent.
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let attr = try_reply!(
-            "lookup",
-            reply,
+        let result = if name.as_bytes() == b"." {
+            self.fs.getattr(parent.0)
+        } else {
             self.fs.lookup(&self.caller(req), parent.0, name)
-        );
+        };
+        let attr = try_reply!("lookup", reply, result);
         self.entry(&attr, reply);
     }
 

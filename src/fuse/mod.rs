@@ -106,7 +106,10 @@ impl MountHandle {
 
     /// A handle another thread (a signal handler) can use to end the mount.
     pub fn unmounter(&self) -> Unmounter {
-        Unmounter { mount_point: self.mount_point.clone(), device: self.device.clone() }
+        Unmounter {
+            mount_point: self.mount_point.clone(),
+            device: self.device.clone(),
+        }
     }
 
     /// Unmount and wait until the filesystem is closed. If the mount is busy
@@ -183,7 +186,10 @@ impl Unmounter {
         match mounts::unmount(&path, false) {
             Ok(()) => Ok(()),
             Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
-                warn!("{} is busy; detaching it, it closes when its last file does", path.display());
+                warn!(
+                    "{} is busy; detaching it, it closes when its last file does",
+                    path.display()
+                );
                 mounts::unmount(&path, true).map_err(|source| MountError::Unmount { path, source })
             }
             Err(source) => Err(MountError::Unmount { path, source }),

@@ -81,10 +81,15 @@ pub fn mem_store() -> Arc<MemStore> {
 
 /// Open the filesystem on `store` and mount it on a new temporary directory.
 pub fn mount_store(store: Arc<MemStore>, config: &MountConfig) -> MountGuard {
-    let fs = Arc::new(FileSystem::open(store, FsOptions::default()).expect("open MemStore filesystem"));
+    let fs =
+        Arc::new(FileSystem::open(store, FsOptions::default()).expect("open MemStore filesystem"));
     let dir = tempfile::tempdir().expect("temp dir");
     let handle = fuse::mount(fs.clone(), dir.path(), config).expect("mount");
-    MountGuard { handle: Some(handle), fs, dir }
+    MountGuard {
+        handle: Some(handle),
+        fs,
+        dir,
+    }
 }
 
 pub fn mount_mem(config: &MountConfig) -> MountGuard {

@@ -12,7 +12,7 @@ pub mod registry;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::fuse::{mounts, FS_TYPE};
+use crate::fuse::{is_raidfs_mount, mounts};
 use daemon::MountPlan;
 
 #[derive(clap::Args)]
@@ -99,7 +99,7 @@ fn check_mount_point(path: &Path) -> Result<PathBuf, String> {
             .flatten()
             .filter(|r| r.is_alive());
         match daemon {
-            None if entry.fs_type == FS_TYPE => {
+            None if is_raidfs_mount(&entry) => {
                 eprintln!("raidfs: {shown}: clearing a stale raidfs mount whose daemon has exited");
                 mounts::unmount(&absolute, true)
                     .map_err(|e| format!("clearing the stale mount on {shown}: {e}"))?;
@@ -174,7 +174,7 @@ fn umount(args: &UmountArgs) -> Result<(), String> {
     let entry = mounts::mount_at(&path)
         .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?
         .ok_or_else(|| format!("{shown} is not mounted"))?;
-    if entry.fs_type != FS_TYPE {
+    if !is_raidfs_mount(&entry) {
         return Err(format!(
             "{shown} is not a raidfs mount (it is {})",
             entry.fs_type

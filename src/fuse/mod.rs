@@ -41,8 +41,6 @@ pub struct MountConfig {
     pub writeback_cache: bool,
     /// Threads serving requests.
     pub threads: usize,
-    /// Shown as the mount's source in /proc/mounts.
-    pub fs_name: String,
 }
 
 impl Default for MountConfig {
@@ -59,13 +57,19 @@ impl Default for MountConfig {
             kernel_cache: false,
             writeback_cache: false,
             threads: cores.clamp(4, 16),
-            fs_name: "raidfs".to_string(),
         }
     }
 }
 
-/// The fs type the kernel shows for raidfs mounts (`fuse.` + subtype).
-pub const FS_TYPE: &str = "fuse.raidfs";
+/// The source name raidfs mounts carry in /proc/mounts (the FUSE fsname).
+pub const FS_NAME: &str = "raidfs";
+
+/// Whether a mount table entry is a raidfs mount: a FUSE mount (shown as
+/// `fuse`, or `fuse.raidfs` when mounted through a helper that sets the
+/// subtype) whose source is [`FS_NAME`].
+pub fn is_raidfs_mount(entry: &mounts::MountEntry) -> bool {
+    (entry.fs_type == "fuse" || entry.fs_type == "fuse.raidfs") && entry.source == FS_NAME
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
@@ -266,7 +270,7 @@ fn check_mount_point(path: &Path) -> Result<PathBuf, MountError> {
 
 fn fuser_config(config: &MountConfig) -> Config {
     let mut options = vec![
-        MountOption::FSName(config.fs_name.clone()),
+        MountOption::FSName(FS_NAME.to_string()),
         MountOption::Subtype("raidfs".to_string()),
         if config.read_only {
             MountOption::RO

@@ -283,7 +283,9 @@ fn start_signal_thread(stop: Arc<StopSignal>) -> std::io::Result<()> {
 }
 
 fn init_logger() {
-    let env = env_logger::Env::default().default_filter_or("info");
+    // fuser warns when its own unmount finds the mount already gone, which
+    // is the normal end of a session here.
+    let env = env_logger::Env::default().default_filter_or("info,fuser::mnt=error");
     // A second init (tests running several mounts) is harmless.
     let _ = env_logger::Builder::from_env(env)
         .format_timestamp_millis()

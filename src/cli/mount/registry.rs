@@ -119,12 +119,23 @@ pub fn remove(mount_point: &Path) {
     let _ = std::fs::remove_file(state_path(mount_point));
 }
 
-/// Start time of process `pid` (field 22 of /proc/PID/stat), if it exists.
+/// Start time of process `pid` (field 22 of /proc/PID/stat), if it exists
+/// and is running: a zombie (exited, not yet reaped, which is what a killed
+/// daemon stays as under a PID 1 that does not reap) counts as gone.
 pub fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat)
+}
+
+fn parse_stat(stat: &str) -> Option<u64> {
     // The command name (field 2) may contain spaces and parentheses.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    // Field 22 overall; `state` was field 3.
+    fields.nth(18)?.parse().ok()
 }
 
 impl DaemonRecord {
@@ -213,6 +224,14 @@ mod tests {
         );
         assert_eq!(parse(&text, Path::new("/mnt/x")), Some(rec));
         assert_eq!(parse("garbage\n", Path::new("/mnt/x")), None);
+    }
+
+    #[test]
+    fn zombies_are_not_alive() {
+        let running = "12 (raid fs) S 1 12 12 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 4242 0 0";
+        assert_eq!(parse_stat(running), Some(4242));
+        let zombie = running.replace(") S ", ") Z ");
+        assert_eq!(parse_stat(&zombie), None);
     }
 
     #[test]

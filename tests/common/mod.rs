@@ -95,3 +95,36 @@ pub fn mount_store(store: Arc<MemStore>, config: &MountConfig) -> MountGuard {
 pub fn mount_mem(config: &MountConfig) -> MountGuard {
     mount_store(mem_store(), config)
 }
+
+/// A `raidfs mount` daemon's mount point. Drop detaches the mount and waits
+/// for the daemon to exit, whatever state the test left it in.
+pub struct DaemonGuard {
+    pub mount_point: PathBuf,
+}
+
+impl DaemonGuard {
+    pub fn new(mount_point: &Path) -> DaemonGuard {
+        DaemonGuard {
+            mount_point: mount_point.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let pid = raidfs::cli::mount::daemon_pid(&self.mount_point);
+        detach(&self.mount_point);
+        if let Some(pid) = pid {
+            let record = raidfs::cli::mount::registry::read(&self.mount_point)
+                .ok()
+                .flatten();
+            let exited = record
+                .map(|r| r.wait_for_exit(std::time::Duration::from_secs(30)))
+                .unwrap_or(true);
+            if !exited {
+                // SAFETY: kill with a pid we recorded; the daemon is ours.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}

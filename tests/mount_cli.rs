@@ -253,3 +253,51 @@ fn sigterm_unmounts_and_closes_cleanly() {
     assert!(!is_mounted(&mnt));
     assert_eq!(setup.member_state(), "clean");
 }
+
+#[test]
+fn plain_umount_closes_cleanly() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    assert!(ok(&setup.mount("mnt")));
+    fs::write(mnt.join("x"), b"x").unwrap();
+    let record = registry::read(&mnt).unwrap().expect("daemon record");
+    mounts::unmount(&mnt, false).expect("umount(2)");
+    assert!(record.wait_for_exit(Duration::from_secs(30)));
+    assert!(
+        registry::read(&mnt).unwrap().is_none(),
+        "the daemon did not finish cleanly"
+    );
+    assert_eq!(setup.member_state(), "clean");
+}
+
+#[test]
+fn auto_unmount_clears_the_mount_of_a_killed_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    let out = raidfs(
+        &["mount", "-o", "auto_unmount", "m0", "m1", "m2", "mnt"],
+        setup.dir.path(),
+    );
+    assert!(ok(&out));
+    let record = registry::read(&mnt).unwrap().expect("daemon record");
+    // SAFETY: the pid is the daemon this test started.
+    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
+    assert!(record.wait_for_exit(Duration::from_secs(10)));
+    // The watcher detaches the dead mount; wait for it by its own exit.
+    let watcher_gone = (0..500).any(|_| {
+        let mounted = is_mounted(&mnt);
+        if mounted {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        !mounted
+    });
+    assert!(watcher_gone, "the dead mount was not cleared");
+}

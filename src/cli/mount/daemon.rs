@@ -116,6 +116,18 @@ fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
 
 /// Assemble, open, mount, report, serve; then close cleanly.
 fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
+    // Forked first: no thread may exist yet. Held open until we exit.
+    let _watcher_pipe = if plan.options.auto_unmount {
+        match start_unmount_watcher(&plan.mount_point) {
+            Ok(pipe) => Some(pipe),
+            Err(e) => {
+                report(Err(format!("auto_unmount: cannot start the watcher: {e}")));
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
     let stop = Arc::new(StopSignal::default());
     if let Err(e) = start_signal_thread(stop.clone()) {
         report(Err(format!("cannot set up signal handling: {e}")));
@@ -280,6 +292,50 @@ fn start_signal_thread(stop: Arc<StopSignal>) -> std::io::Result<()> {
             }
         })?;
     Ok(())
+}
+
+/// `auto_unmount`: a small child process that waits for this daemon to die
+/// (its end of a pipe reaches EOF) and, if the daemon did not finish
+/// cleanly (its state record is still there) and a raidfs mount is still
+/// on the mount point, detaches it so the directory does not stay dead.
+/// Returns the write end, which this process must keep open.
+fn start_unmount_watcher(mount_point: &Path) -> std::io::Result<OwnedFd> {
+    let (read_end, write_end) = pipe()?;
+    // SAFETY: called before this process starts any thread.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => {
+            drop(write_end);
+            // SAFETY: keep only stdio and our pipe (moved to fd 3): the
+            // daemon's other descriptors (the report pipe) must not stay open here.
+            unsafe {
+                if read_end.as_raw_fd() != 3 {
+                    libc::dup2(read_end.as_raw_fd(), 3);
+                }
+                libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+                libc::setsid();
+            }
+            std::mem::forget(read_end);
+            // SAFETY: fd 3 is the pipe's read end, owned here alone.
+            let mut pipe = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(3) });
+            let mut sink = Vec::new();
+            let _ = pipe.read_to_end(&mut sink);
+            let crashed = matches!(registry::read(mount_point), Ok(Some(_)));
+            let still_mounted = matches!(fuse::mounts::mount_at(mount_point), Ok(Some(e)) if fuse::is_raidfs_mount(&e));
+            if crashed && still_mounted {
+                let _ = fuse::mounts::unmount(mount_point, true);
+                eprintln!(
+                    "raidfs: the daemon died; detached {}",
+                    mount_point.display()
+                );
+            }
+            std::process::exit(0)
+        }
+        _ => {
+            drop(read_end);
+            Ok(write_end)
+        }
+    }
 }
 
 fn init_logger() {

@@ -11,6 +11,8 @@ pub struct MountOptions {
     pub fuse: MountConfig,
     /// Assemble a dirty, degraded parity array anyway.
     pub force: bool,
+    /// Clear the mount if the daemon dies without unmounting.
+    pub auto_unmount: bool,
     pub log: Option<PathBuf>,
     /// Parity kernel to use instead of the benchmarked choice.
     pub parity: Option<String>,
@@ -21,13 +23,15 @@ impl Default for MountOptions {
         MountOptions {
             fuse: MountConfig::default(),
             force: false,
+            auto_unmount: false,
             log: None,
             parity: None,
         }
     }
 }
 
-pub const KNOWN_OPTIONS: &str = "ro, rw, allow_other, default_permissions, force, kernel_cache, \
+pub const KNOWN_OPTIONS: &str =
+    "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
     writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH, parity=KERNEL";
 
 /// Parse every `-o` argument (each a comma-separated list) in order; later
@@ -50,6 +54,7 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             ("allow_other", None) => opts.fuse.allow_other = true,
             ("default_permissions", None) => opts.fuse.default_permissions = true,
             ("force", None) => opts.force = true,
+            ("auto_unmount", None) => opts.auto_unmount = true,
             ("kernel_cache", None) => opts.fuse.kernel_cache = true,
             ("writeback_cache", None) => opts.fuse.writeback_cache = true,
             ("attr_timeout", Some(v)) => opts.fuse.attr_timeout = seconds(key, v)?,

@@ -291,13 +291,13 @@ fn auto_unmount_clears_the_mount_of_a_killed_daemon() {
     // SAFETY: the pid is the daemon this test started.
     assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
     assert!(record.wait_for_exit(Duration::from_secs(10)));
-    // The watcher detaches the dead mount; wait for it by its own exit.
-    let watcher_gone = (0..500).any(|_| {
-        let mounted = is_mounted(&mnt);
-        if mounted {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        !mounted
-    });
-    assert!(watcher_gone, "the dead mount was not cleared");
+    // The watcher detaches the dead mount, then exits.
+    let watcher_pid = record.watcher.expect("watcher recorded");
+    let watcher = registry::DaemonRecord {
+        pid: watcher_pid,
+        start_time: registry::process_start_time(watcher_pid).unwrap_or(0),
+        ..record.clone()
+    };
+    assert!(watcher.wait_for_exit(Duration::from_secs(10)));
+    assert!(!is_mounted(&mnt), "the dead mount was not cleared");
 }

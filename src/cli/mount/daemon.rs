@@ -117,16 +117,16 @@ fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
 /// Assemble, open, mount, report, serve; then close cleanly.
 fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     // Forked first: no thread may exist yet. Held open until we exit.
-    let _watcher_pipe = if plan.options.auto_unmount {
+    let (_watcher_pipe, watcher) = if plan.options.auto_unmount {
         match start_unmount_watcher(&plan.mount_point) {
-            Ok(pipe) => Some(pipe),
+            Ok((pipe, pid)) => (Some(pipe), Some(pid)),
             Err(e) => {
                 report(Err(format!("auto_unmount: cannot start the watcher: {e}")));
                 return 1;
             }
         }
     } else {
-        None
+        (None, None)
     };
     let stop = Arc::new(StopSignal::default());
     if let Err(e) = start_signal_thread(stop.clone()) {
@@ -185,7 +185,10 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             return 1;
         }
     };
-    let record = DaemonRecord::for_self(&plan.mount_point, Some(plan.log.clone()));
+    let record = DaemonRecord {
+        watcher,
+        ..DaemonRecord::for_self(&plan.mount_point, Some(plan.log.clone()))
+    };
     if let Err(e) = registry::write(&record) {
         warn!("cannot record the daemon's state ({e}); `raidfs umount` will not wait for it");
     }
@@ -298,8 +301,8 @@ fn start_signal_thread(stop: Arc<StopSignal>) -> std::io::Result<()> {
 /// (its end of a pipe reaches EOF) and, if the daemon did not finish
 /// cleanly (its state record is still there) and a raidfs mount is still
 /// on the mount point, detaches it so the directory does not stay dead.
-/// Returns the write end, which this process must keep open.
-fn start_unmount_watcher(mount_point: &Path) -> std::io::Result<OwnedFd> {
+/// Returns the write end, which this process must keep open, and the pid.
+fn start_unmount_watcher(mount_point: &Path) -> std::io::Result<(OwnedFd, u32)> {
     let (read_end, write_end) = pipe()?;
     // SAFETY: called before this process starts any thread.
     match unsafe { libc::fork() } {
@@ -331,9 +334,9 @@ fn start_unmount_watcher(mount_point: &Path) -> std::io::Result<OwnedFd> {
             }
             std::process::exit(0)
         }
-        _ => {
+        watcher => {
             drop(read_end);
-            Ok(write_end)
+            Ok((write_end, watcher as u32))
         }
     }
 }

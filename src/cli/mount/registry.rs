@@ -16,6 +16,8 @@ pub struct DaemonRecord {
     pub start_time: u64,
     pub mount_point: PathBuf,
     pub log: Option<PathBuf>,
+    /// The `auto_unmount` watcher process, if any.
+    pub watcher: Option<u32>,
     /// Set by a daemon that failed to close the filesystem cleanly.
     pub error: Option<String>,
 }
@@ -75,6 +77,9 @@ pub fn write(record: &DaemonRecord) -> io::Result<()> {
     if let Some(log) = &record.log {
         text.push_str(&format!("log={}\n", log.display()));
     }
+    if let Some(watcher) = record.watcher {
+        text.push_str(&format!("watcher={watcher}\n"));
+    }
     if let Some(error) = &record.error {
         text.push_str(&format!("error={}\n", error.replace('\n', " ")));
     }
@@ -101,6 +106,7 @@ fn parse(text: &str, mount_point: &Path) -> Option<DaemonRecord> {
         start_time: 0,
         mount_point: mount_point.to_path_buf(),
         log: None,
+        watcher: None,
         error: None,
     };
     for line in text.lines() {
@@ -109,6 +115,7 @@ fn parse(text: &str, mount_point: &Path) -> Option<DaemonRecord> {
             Some(("start_time", v)) => record.start_time = v.parse().ok()?,
             Some(("log", v)) => record.log = Some(PathBuf::from(v)),
             Some(("error", v)) => record.error = Some(v.to_string()),
+            Some(("watcher", v)) => record.watcher = v.parse().ok(),
             _ => {}
         }
     }
@@ -147,6 +154,7 @@ impl DaemonRecord {
             start_time: process_start_time(pid).unwrap_or(0),
             mount_point: mount_point.to_path_buf(),
             log,
+            watcher: None,
             error: None,
         }
     }
@@ -217,10 +225,11 @@ mod tests {
             start_time: 777,
             mount_point: PathBuf::from("/mnt/x"),
             log: Some(PathBuf::from("/var/log/raidfs/x.log")),
+            watcher: Some(43),
             error: Some("boom".into()),
         };
         let text = format!(
-            "pid=42\nstart_time=777\nmount_point=/mnt/x\nlog=/var/log/raidfs/x.log\nerror=boom\n"
+            "pid=42\nstart_time=777\nmount_point=/mnt/x\nlog=/var/log/raidfs/x.log\nwatcher=43\nerror=boom\n"
         );
         assert_eq!(parse(&text, Path::new("/mnt/x")), Some(rec));
         assert_eq!(parse("garbage\n", Path::new("/mnt/x")), None);

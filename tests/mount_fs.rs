@@ -306,6 +306,7 @@ fn fallocate_and_statfs() {
     let mnt = mount_mem(&MountConfig::default());
     let f = OpenOptions::new()
         .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
         .open(mnt.join("prealloc"))

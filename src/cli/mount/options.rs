@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::fuse::MountConfig;
 
 /// Everything `-o` can set.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct MountOptions {
     pub fuse: MountConfig,
     /// Assemble a dirty, degraded parity array anyway.
@@ -16,18 +16,6 @@ pub struct MountOptions {
     pub log: Option<PathBuf>,
     /// Parity kernel to use instead of the benchmarked choice.
     pub parity: Option<String>,
-}
-
-impl Default for MountOptions {
-    fn default() -> Self {
-        MountOptions {
-            fuse: MountConfig::default(),
-            force: false,
-            auto_unmount: false,
-            log: None,
-            parity: None,
-        }
-    }
 }
 
 pub const KNOWN_OPTIONS: &str =

@@ -228,10 +228,8 @@ mod tests {
             watcher: Some(43),
             error: Some("boom".into()),
         };
-        let text = format!(
-            "pid=42\nstart_time=777\nmount_point=/mnt/x\nlog=/var/log/raidfs/x.log\nwatcher=43\nerror=boom\n"
-        );
-        assert_eq!(parse(&text, Path::new("/mnt/x")), Some(rec));
+        let text = "pid=42\nstart_time=777\nmount_point=/mnt/x\nlog=/var/log/raidfs/x.log\nwatcher=43\nerror=boom\n";
+        assert_eq!(parse(text, Path::new("/mnt/x")), Some(rec));
         assert_eq!(parse("garbage\n", Path::new("/mnt/x")), None);
     }
 

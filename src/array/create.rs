@@ -34,7 +34,25 @@ impl CreateSpec {
         CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 64 * 1024, copies: 2, name: String::new() }
     }
 
+    /// Fewest members `create` accepts for the level: what gives the level
+    /// its meaning (md needs --force below these too).
+    pub fn min_members(&self) -> usize {
+        match self.level {
+            Level::Raid0 | Level::Raid1 => 2,
+            Level::Raid5 => 3,
+            Level::Raid6 => 4,
+            Level::Raid10 => self.copies.max(2),
+        }
+    }
+
     fn geometry(&self, members: usize) -> ArrayResult<Geometry> {
+        if members < self.min_members() {
+            return Err(ArrayError::Refused(format!(
+                "too few members: {} needs at least {}, got {members}",
+                self.level,
+                self.min_members()
+            )));
+        }
         let copies = match self.level {
             Level::Raid1 => members,
             Level::Raid10 => self.copies,

@@ -19,7 +19,7 @@ pub use assemble::{assemble, assemble_paths, open_members, AssembleOptions};
 pub use create::{create, create_paths, CreateSpec};
 pub use state::{ArrayStatus, MemberStatus};
 
-use crate::geometry::{Geometry, GeometryError, Layout, Level};
+use crate::geometry::{Geometry, GeometryError, Level};
 use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{GroupProfile, Superblock, SuperblockError};
@@ -85,15 +85,6 @@ pub struct Array {
     pub(crate) broken: AtomicBool,
 }
 
-/// Geometry of metadata groups: mirrored on min(3, members) members.
-pub fn metadata_geometry(members: usize, chunk: u64) -> Result<Geometry, GeometryError> {
-    if members <= 3 {
-        Geometry::new(Level::Raid1, members, chunk, members, Layout::LeftSymmetric)
-    } else {
-        Geometry::new(Level::Raid10, members, chunk, 3, Layout::LeftSymmetric)
-    }
-}
-
 /// The data geometry a superblock describes.
 pub fn data_geometry(sb: &Superblock) -> Result<Geometry, GeometryError> {
     Geometry::new(sb.level, sb.members as usize, sb.chunk, sb.copies as usize, sb.layout)
@@ -106,7 +97,6 @@ pub(crate) struct Region {
     pub geometry: Geometry,
     /// Member offset of the group's region.
     pub base: u64,
-    pub capacity: u64,
 }
 
 impl Array {
@@ -116,7 +106,7 @@ impl Array {
         parity: &'static Parity,
     ) -> ArrayResult<Array> {
         let data_geometry = data_geometry(&sb)?;
-        let meta_geometry = metadata_geometry(sb.members as usize, sb.chunk)?;
+        let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
             .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member.clone() })
@@ -200,7 +190,7 @@ impl Array {
             return Err(ArrayError::OutOfRange(addr));
         }
         let base = data_offset + group as u64 * group_size;
-        Ok((Region { group, geometry, base, capacity }, offset))
+        Ok((Region { group, geometry, base }, offset))
     }
 
     /// Re-evaluate whether every allocated group can still be served.

@@ -1,8 +1,229 @@
-//! `raidfs bench`.
+//! `raidfs bench`: every parity kernel this CPU runs (or the one named),
+//! timed on generation (XOR 4+1, P+Q 4+2) and two-data-block recovery at
+//! 4 KiB, 64 KiB and 1 MiB chunks in cache, and at 64 KiB chunks cycling
+//! through a 256 MiB working set ("cold"), plus the kernels `select` chooses.
+//! Rates are GB/s (10^9 bytes) of data blocks processed.
+
+use std::time::{Duration, Instant};
+
+use crate::parity::{kernels, Parity};
 
 #[derive(clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Print the results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Benchmark only this kernel (e.g. avx2x4; see the table for names).
+    #[arg(long, value_name = "NAME")]
+    pub kernel: Option<String>,
+}
 
-pub fn run(_args: BenchArgs) -> i32 {
-    super::fail("not yet built")
+const DATA_BLOCKS: usize = 4;
+const HOT_CHUNKS: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
+const COLD_CHUNK: usize = 64 << 10;
+const COLD_SET: usize = 256 << 20;
+const HOT_TIME: Duration = Duration::from_millis(80);
+const COLD_TIME: Duration = Duration::from_millis(160);
+
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Xor,
+    Pq,
+    Recover,
+}
+
+impl Op {
+    const ALL: [Op; 3] = [Op::Xor, Op::Pq, Op::Recover];
+    fn label(self) -> &'static str {
+        match self {
+            Op::Xor => "xor 4+1",
+            Op::Pq => "pq 4+2",
+            Op::Recover => "recover 2 data",
+        }
+    }
+    fn key(self) -> &'static str {
+        match self {
+            Op::Xor => "xor_gen",
+            Op::Pq => "pq_gen",
+            Op::Recover => "recover_2data",
+        }
+    }
+}
+
+/// Stripes of DATA_BLOCKS data chunks, P and Q, back to back in one buffer.
+struct Stripes {
+    bytes: Vec<u8>,
+    chunk: usize,
+}
+
+impl Stripes {
+    fn new(chunk: usize, total: usize) -> Stripes {
+        let stripe = (DATA_BLOCKS + 2) * chunk;
+        let count = (total / stripe).max(1);
+        let mut bytes = vec![0u8; count * stripe];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for word in bytes.chunks_exact_mut(8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            word.copy_from_slice(&seed.to_le_bytes());
+        }
+        Stripes { bytes, chunk }
+    }
+    fn count(&self) -> usize {
+        self.bytes.len() / ((DATA_BLOCKS + 2) * self.chunk)
+    }
+    /// Runs `op` once on stripe `i`.
+    fn run(&mut self, parity: &Parity, op: Op, i: usize) {
+        let stripe_len = (DATA_BLOCKS + 2) * self.chunk;
+        let stripe = &mut self.bytes[i * stripe_len..(i + 1) * stripe_len];
+        let mut blocks: Vec<&mut [u8]> = stripe.chunks_exact_mut(self.chunk).collect();
+        match op {
+            Op::Recover => parity.raid6_recover(&mut blocks, &[0, 1]),
+            Op::Xor | Op::Pq => {
+                let (data, parity_blocks) = blocks.split_at_mut(DATA_BLOCKS);
+                let data: Vec<&[u8]> = data.iter().map(|d| &**d).collect();
+                let (p, q) = parity_blocks.split_at_mut(1);
+                if op == Op::Xor {
+                    parity.xor_gen(&data, p[0]);
+                } else {
+                    parity.pq_gen(&data, p[0], q[0]);
+                }
+            }
+        }
+    }
+    /// GB/s of data over about `time`, cycling through every stripe.
+    fn rate(&mut self, parity: &Parity, op: Op, time: Duration) -> f64 {
+        self.run(parity, op, 0);
+        let count = self.count();
+        let start = Instant::now();
+        let mut runs = 0usize;
+        while start.elapsed() < time {
+            // Enough runs between clock reads that the clock costs nothing.
+            for _ in 0..8 {
+                self.run(parity, op, runs % count);
+                runs += 1;
+            }
+        }
+        (runs * DATA_BLOCKS * self.chunk) as f64 / start.elapsed().as_secs_f64() / 1e9
+    }
+}
+
+struct Row {
+    kernel: String,
+    op: Op,
+    /// GB/s at each of HOT_CHUNKS, then cold.
+    rates: Vec<f64>,
+}
+
+pub fn run(args: BenchArgs) -> i32 {
+    let chosen = match Parity::select(None) {
+        Ok(parity) => parity,
+        Err(e) => return super::fail(e),
+    };
+    let names: Vec<String> = match &args.kernel {
+        Some(name) => vec![name.clone()],
+        None => kernels()
+            .iter()
+            .filter(|k| k.supported())
+            .map(|k| k.name().to_string())
+            .collect(),
+    };
+    let mut contenders = Vec::new();
+    for name in &names {
+        match Parity::select(Some(name)) {
+            Ok(parity) => contenders.push((name.clone(), parity)),
+            Err(e) => return super::fail(e),
+        }
+    }
+    let mut hot: Vec<Stripes> = HOT_CHUNKS.iter().map(|&c| Stripes::new(c, 0)).collect();
+    let mut cold = Stripes::new(COLD_CHUNK, COLD_SET);
+    let mut rows = Vec::new();
+    for (name, parity) in &contenders {
+        for op in Op::ALL {
+            let mut rates: Vec<f64> = hot
+                .iter_mut()
+                .map(|s| s.rate(parity, op, HOT_TIME))
+                .collect();
+            rates.push(cold.rate(parity, op, COLD_TIME));
+            rows.push(Row {
+                kernel: name.clone(),
+                op,
+                rates,
+            });
+        }
+    }
+    if args.json {
+        print_json(&chosen, &rows)
+    } else {
+        print_table(&chosen, &rows);
+        0
+    }
+}
+
+fn print_table(chosen: &Parity, rows: &[Row]) {
+    println!("parity kernels, GB/s of data ({DATA_BLOCKS} data blocks; cold = 64 KiB chunks cycling through 256 MiB)");
+    println!(
+        "{:<12} {:<15} {:>8} {:>8} {:>8} {:>12}",
+        "kernel", "operation", "4 KiB", "64 KiB", "1 MiB", "cold 64 KiB"
+    );
+    for row in rows {
+        let kernel = if row.op == Op::Xor {
+            row.kernel.as_str()
+        } else {
+            ""
+        };
+        println!(
+            "{:<12} {:<15} {:>8.1} {:>8.1} {:>8.1} {:>12.1}",
+            kernel,
+            row.op.label(),
+            row.rates[0],
+            row.rates[1],
+            row.rates[2],
+            row.rates[3]
+        );
+    }
+    println!();
+    println!("start-up selection (what a mount logs):");
+    for line in chosen.report() {
+        println!("  {line}");
+    }
+    let (gen, recover) = chosen.chosen();
+    println!(
+        "chosen: xor {}, generation {gen}, recovery {recover}",
+        chosen.chosen_xor()
+    );
+}
+
+fn print_json(chosen: &Parity, rows: &[Row]) -> i32 {
+    let (gen, recover) = chosen.chosen();
+    let results: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|row| {
+            serde_json::json!({
+                "kernel": row.kernel,
+                "operation": row.op.key(),
+                "gb_per_s": {
+                    "4KiB": row.rates[0],
+                    "64KiB": row.rates[1],
+                    "1MiB": row.rates[2],
+                    "cold_64KiB": row.rates[3],
+                },
+            })
+        })
+        .collect();
+    let document = serde_json::json!({
+        "data_blocks": DATA_BLOCKS,
+        "unit": "GB/s of data blocks (1e9 bytes/s)",
+        "chosen": { "xor": chosen.chosen_xor(), "gen": gen, "recover": recover },
+        "report": chosen.report(),
+        "results": results,
+    });
+    match serde_json::to_string_pretty(&document) {
+        Ok(text) => {
+            println!("{text}");
+            0
+        }
+        Err(e) => super::fail(format!("cannot format the results as JSON: {e}")),
+    }
 }

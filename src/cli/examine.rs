@@ -108,7 +108,7 @@ fn print_text(e: &Examined, sb: &Superblock) {
     println!("        Version : {}", e.version);
     println!("     Array UUID : {}", e.array_uuid);
     println!("           Name : {}", if e.name.is_empty() { "(none)" } else { &e.name });
-    println!("  Creation Time : {}", e.ctime);
+    println!("  Creation Time : {}", utc(e.ctime));
     println!("     Raid Level : {}", e.level);
     println!("   Raid Devices : {}", e.raid_devices);
     if sb.level == crate::geometry::Level::Raid10 {
@@ -119,7 +119,7 @@ fn print_text(e: &Examined, sb: &Superblock) {
     println!("    Data Offset : {} bytes", e.data_offset);
     println!("         Groups : {} of {} bytes ({} metadata, {} data allocated)", e.groups_total, e.group_size, e.groups_metadata, e.groups_data);
     println!("    Device UUID : {}", e.member_uuid);
-    println!("    Update Time : {}", e.utime);
+    println!("    Update Time : {}", utc(e.utime));
     println!("       Checksum : copy 0 {}, copy 1 {}", e.checksum[0], e.checksum[1]);
     println!("         Events : {}", e.events);
     println!("         Layout : {}", e.layout);
@@ -130,6 +130,22 @@ fn print_text(e: &Examined, sb: &Superblock) {
     println!("    Device Role : {}", e.role);
     println!("    Array State : {states} ('A' == active, '.' == missing, 'F' == faulty, 'R' == rebuilding)");
     println!("          State : {}", e.state);
+}
+
+/// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC` (civil-from-days).
+fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 pub fn run(args: ExamineArgs) -> i32 {

@@ -343,7 +343,9 @@ impl FaultyMember {
             None => Ok(()),
             Some(why) => {
                 failed.fetch_add(1, Ordering::Relaxed);
-                let place = range.map(|r| format!(" at offset {}", r.start)).unwrap_or_default();
+                let place = range
+                    .map(|r| format!(" at offset {}", r.start))
+                    .unwrap_or_default();
                 Err(io::Error::other(format!(
                     "{}: injected {} fault{place} ({why})",
                     self.shared.inner.name(),
@@ -356,7 +358,10 @@ impl FaultyMember {
 
 impl Member for FaultyMember {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.admit(Op::Read, Some(offset..offset.saturating_add(buf.len() as u64)))?;
+        self.admit(
+            Op::Read,
+            Some(offset..offset.saturating_add(buf.len() as u64)),
+        )?;
         self.shared.inner.read_at(buf, offset)?;
         let c = &self.shared.counters;
         c.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
@@ -364,7 +369,10 @@ impl Member for FaultyMember {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.admit(Op::Write, Some(offset..offset.saturating_add(buf.len() as u64)))?;
+        self.admit(
+            Op::Write,
+            Some(offset..offset.saturating_add(buf.len() as u64)),
+        )?;
         let inner = &self.shared.inner;
         if self.shared.track_crash.load(Ordering::SeqCst) {
             let mut unsynced = self.shared.unsynced.lock();
@@ -380,7 +388,8 @@ impl Member for FaultyMember {
             inner.write_at(buf, offset)?;
         }
         let c = &self.shared.counters;
-        c.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        c.bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 

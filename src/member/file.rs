@@ -122,10 +122,7 @@ impl FileMember {
         } else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: not a regular file or block device",
-                    path.display()
-                ),
+                format!("{}: not a regular file or block device", path.display()),
             ));
         };
         if options.direct && len % DIRECT_ALIGN as u64 != 0 {
@@ -244,7 +241,10 @@ impl FileMember {
         }
         if tail_partial && (last_block != first_block || !head_partial) {
             let tail = len - DIRECT_ALIGN;
-            self.pread_exact(&mut bounce.as_mut_slice()[tail..], end - DIRECT_ALIGN as u64)?;
+            self.pread_exact(
+                &mut bounce.as_mut_slice()[tail..],
+                end - DIRECT_ALIGN as u64,
+            )?;
         }
         bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
         self.pwrite_all(bounce.as_slice(), start)
@@ -268,6 +268,12 @@ impl FileMember {
         stripes.sort_unstable();
         stripes.dedup();
         stripes.iter().map(|&s| self.rmw_locks[s].lock()).collect()
+    }
+}
+
+impl AsRawFd for FileMember {
+    fn as_raw_fd(&self) -> std::os::unix::io::RawFd {
+        self.file.as_raw_fd()
     }
 }
 

@@ -114,6 +114,14 @@ impl Drop for DaemonGuard {
     fn drop(&mut self) {
         let pid = raidfs::cli::mount::daemon_pid(&self.mount_point);
         detach(&self.mount_point);
+        // A daemon that was killed leaves its record behind.
+        let leftover = raidfs::cli::mount::registry::read(&self.mount_point)
+            .ok()
+            .flatten();
+        if pid.is_none() && leftover.is_some() {
+            let path = raidfs::cli::mount::registry::state_path(&self.mount_point);
+            let _ = std::fs::remove_file(path);
+        }
         if let Some(pid) = pid {
             let record = raidfs::cli::mount::registry::read(&self.mount_point)
                 .ok()

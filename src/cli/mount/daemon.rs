@@ -325,6 +325,9 @@ fn start_unmount_watcher(mount_point: &Path) -> std::io::Result<(OwnedFd, u32)> 
             let _ = pipe.read_to_end(&mut sink);
             let crashed = matches!(registry::read(mount_point), Ok(Some(_)));
             let still_mounted = matches!(fuse::mounts::mount_at(mount_point), Ok(Some(e)) if fuse::is_raidfs_mount(&e));
+            if crashed {
+                registry::remove(mount_point);
+            }
             if crashed && still_mounted {
                 let _ = fuse::mounts::unmount(mount_point, true);
                 eprintln!(

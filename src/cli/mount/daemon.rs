@@ -157,11 +157,28 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             return 1;
         }
     };
+    for line in array.parity().report() {
+        info!("{line}");
+    }
+    let status = array.status();
+    info!(
+        "array {} ({}, {} members {}, events {}, {})",
+        status.uuid,
+        status.level,
+        status.members.len(),
+        status.map,
+        status.events,
+        status.state
+    );
+    for m in status.members.iter().filter(|m| m.state != "active") {
+        warn!("array is degraded: slot {} ({}) is {}", m.slot, m.name, m.state);
+    }
     if !read_only {
         if let Err(e) = array.mark_dirty() {
             report(Err(format!("cannot mark the array in use: {e}")));
             return 1;
         }
+        array.start_background();
     }
     let fs_opts = FsOptions {
         read_only,

@@ -22,8 +22,11 @@ const DATA_BLOCKS: usize = 4;
 const HOT_CHUNKS: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
 const COLD_CHUNK: usize = 64 << 10;
 const COLD_SET: usize = 256 << 20;
-const HOT_TIME: Duration = Duration::from_millis(80);
-const COLD_TIME: Duration = Duration::from_millis(160);
+/// Each cell is the best of WINDOWS timed windows: on a shared machine a
+/// window can lose the CPU, the best one rarely does.
+const WINDOWS: usize = 3;
+const HOT_TIME: Duration = Duration::from_millis(25);
+const COLD_TIME: Duration = Duration::from_millis(50);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Op {
@@ -92,6 +95,13 @@ impl Stripes {
             }
         }
     }
+    /// The best GB/s of data over WINDOWS windows of `time`.
+    fn best_rate(&mut self, parity: &Parity, op: Op, time: Duration) -> f64 {
+        (0..WINDOWS)
+            .map(|_| self.rate(parity, op, time))
+            .fold(0.0, f64::max)
+    }
+
     /// GB/s of data over about `time`, cycling through every stripe.
     fn rate(&mut self, parity: &Parity, op: Op, time: Duration) -> f64 {
         self.run(parity, op, 0);
@@ -143,9 +153,9 @@ pub fn run(args: BenchArgs) -> i32 {
         for op in Op::ALL {
             let mut rates: Vec<f64> = hot
                 .iter_mut()
-                .map(|s| s.rate(parity, op, HOT_TIME))
+                .map(|s| s.best_rate(parity, op, HOT_TIME))
                 .collect();
-            rates.push(cold.rate(parity, op, COLD_TIME));
+            rates.push(cold.best_rate(parity, op, COLD_TIME));
             rows.push(Row {
                 kernel: name.clone(),
                 op,
@@ -154,17 +164,23 @@ pub fn run(args: BenchArgs) -> i32 {
         }
     }
     if args.json {
-        print_json(&chosen, &rows)
+        match json(&chosen, &rows) {
+            Ok(text) => emit(&text),
+            Err(e) => super::fail(format!("cannot format the results as JSON: {e}")),
+        }
     } else {
-        print_table(&chosen, &rows);
-        0
+        emit(&table(&chosen, &rows))
     }
 }
 
-fn print_table(chosen: &Parity, rows: &[Row]) {
-    println!("parity kernels, GB/s of data ({DATA_BLOCKS} data blocks; cold = 64 KiB chunks cycling through 256 MiB)");
-    println!(
-        "{:<12} {:<15} {:>8} {:>8} {:>8} {:>12}",
+fn table(chosen: &Parity, rows: &[Row]) -> String {
+    let mut out = String::new();
+    out += &format!(
+        "parity kernels, GB/s of data ({DATA_BLOCKS} data blocks; best of {WINDOWS} windows; \
+         cold = 64 KiB chunks cycling through 256 MiB)\n"
+    );
+    out += &format!(
+        "{:<12} {:<15} {:>8} {:>8} {:>8} {:>12}\n",
         "kernel", "operation", "4 KiB", "64 KiB", "1 MiB", "cold 64 KiB"
     );
     for row in rows {
@@ -173,8 +189,8 @@ fn print_table(chosen: &Parity, rows: &[Row]) {
         } else {
             ""
         };
-        println!(
-            "{:<12} {:<15} {:>8.1} {:>8.1} {:>8.1} {:>12.1}",
+        out += &format!(
+            "{:<12} {:<15} {:>8.1} {:>8.1} {:>8.1} {:>12.1}\n",
             kernel,
             row.op.label(),
             row.rates[0],
@@ -183,19 +199,19 @@ fn print_table(chosen: &Parity, rows: &[Row]) {
             row.rates[3]
         );
     }
-    println!();
-    println!("start-up selection (what a mount logs):");
+    out += "\nstart-up selection (what a mount logs):\n";
     for line in chosen.report() {
-        println!("  {line}");
+        out += &format!("  {line}\n");
     }
     let (gen, recover) = chosen.chosen();
-    println!(
-        "chosen: xor {}, generation {gen}, recovery {recover}",
+    out += &format!(
+        "chosen: xor {}, generation {gen}, recovery {recover}\n",
         chosen.chosen_xor()
     );
+    out
 }
 
-fn print_json(chosen: &Parity, rows: &[Row]) -> i32 {
+fn json(chosen: &Parity, rows: &[Row]) -> Result<String, serde_json::Error> {
     let (gen, recover) = chosen.chosen();
     let results: Vec<serde_json::Value> = rows
         .iter()
@@ -219,11 +235,15 @@ fn print_json(chosen: &Parity, rows: &[Row]) -> i32 {
         "report": chosen.report(),
         "results": results,
     });
-    match serde_json::to_string_pretty(&document) {
-        Ok(text) => {
-            println!("{text}");
-            0
-        }
-        Err(e) => super::fail(format!("cannot format the results as JSON: {e}")),
+    Ok(serde_json::to_string_pretty(&document)? + "\n")
+}
+
+/// Writes `text` to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) -> i32 {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => super::fail(format!("cannot write the results: {e}")),
     }
 }

@@ -22,11 +22,12 @@ const DATA_BLOCKS: usize = 4;
 const HOT_CHUNKS: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
 const COLD_CHUNK: usize = 64 << 10;
 const COLD_SET: usize = 256 << 20;
-/// Each cell is the best of WINDOWS timed windows: on a shared machine a
-/// window can lose the CPU, the best one rarely does.
-const WINDOWS: usize = 3;
-const HOT_TIME: Duration = Duration::from_millis(25);
-const COLD_TIME: Duration = Duration::from_millis(50);
+/// Each cell is the best of WINDOWS timed windows, taken in turns across all
+/// kernels: on a shared machine a window can lose the CPU, the best one
+/// rarely does.
+const WINDOWS: usize = 5;
+const HOT_TIME: Duration = Duration::from_millis(15);
+const COLD_TIME: Duration = Duration::from_millis(30);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Op {
@@ -57,6 +58,8 @@ impl Op {
 struct Stripes {
     bytes: Vec<u8>,
     chunk: usize,
+    /// The stripe the next run starts at: cycling continues across windows.
+    next: usize,
 }
 
 impl Stripes {
@@ -71,7 +74,11 @@ impl Stripes {
             seed ^= seed << 17;
             word.copy_from_slice(&seed.to_le_bytes());
         }
-        Stripes { bytes, chunk }
+        Stripes {
+            bytes,
+            chunk,
+            next: 0,
+        }
     }
     fn count(&self) -> usize {
         self.bytes.len() / ((DATA_BLOCKS + 2) * self.chunk)
@@ -95,23 +102,17 @@ impl Stripes {
             }
         }
     }
-    /// The best GB/s of data over WINDOWS windows of `time`.
-    fn best_rate(&mut self, parity: &Parity, op: Op, time: Duration) -> f64 {
-        (0..WINDOWS)
-            .map(|_| self.rate(parity, op, time))
-            .fold(0.0, f64::max)
-    }
-
     /// GB/s of data over about `time`, cycling through every stripe.
     fn rate(&mut self, parity: &Parity, op: Op, time: Duration) -> f64 {
-        self.run(parity, op, 0);
         let count = self.count();
+        self.run(parity, op, self.next % count);
         let start = Instant::now();
         let mut runs = 0usize;
         while start.elapsed() < time {
             // Enough runs between clock reads that the clock costs nothing.
             for _ in 0..8 {
-                self.run(parity, op, runs % count);
+                self.next = (self.next + 1) % count;
+                self.run(parity, op, self.next);
                 runs += 1;
             }
         }
@@ -148,19 +149,29 @@ pub fn run(args: BenchArgs) -> i32 {
     }
     let mut hot: Vec<Stripes> = HOT_CHUNKS.iter().map(|&c| Stripes::new(c, 0)).collect();
     let mut cold = Stripes::new(COLD_CHUNK, COLD_SET);
-    let mut rows = Vec::new();
-    for (name, parity) in &contenders {
-        for op in Op::ALL {
-            let mut rates: Vec<f64> = hot
-                .iter_mut()
-                .map(|s| s.best_rate(parity, op, HOT_TIME))
-                .collect();
-            rates.push(cold.best_rate(parity, op, COLD_TIME));
-            rows.push(Row {
+    let mut rows: Vec<Row> = contenders
+        .iter()
+        .flat_map(|(name, _)| {
+            Op::ALL.map(|op| Row {
                 kernel: name.clone(),
                 op,
-                rates,
-            });
+                rates: vec![0.0; HOT_CHUNKS.len() + 1],
+            })
+        })
+        .collect();
+    // Windows outermost: a burst from a neighbour then costs every kernel one
+    // window rather than one kernel all of its windows.
+    for _ in 0..WINDOWS {
+        let mut row = rows.iter_mut();
+        for (_, parity) in &contenders {
+            for op in Op::ALL {
+                let Some(row) = row.next() else { continue };
+                for (slot, stripes) in hot.iter_mut().enumerate() {
+                    row.rates[slot] = row.rates[slot].max(stripes.rate(parity, op, HOT_TIME));
+                }
+                let cold_slot = HOT_CHUNKS.len();
+                row.rates[cold_slot] = row.rates[cold_slot].max(cold.rate(parity, op, COLD_TIME));
+            }
         }
     }
     if args.json {

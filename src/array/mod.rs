@@ -1,3 +1,239 @@
 //! The array engine: assembles members, maps the logical space through
 //! allocation groups and their geometry, and performs reads and writes with
 //! redundancy, degraded operation and member failure handling.
+//!
+//! Logical addresses are `(group << GROUP_SHIFT) | offset`. Group `g` occupies
+//! `[data_offset + g * group_size, +group_size)` on every member; its profile
+//! (recorded in every superblock) picks the geometry: metadata groups are
+//! mirrored on up to three members, data groups use the array's level.
+
+mod assemble;
+mod create;
+mod io;
+mod resync;
+mod state;
+mod stripe_lock;
+mod worker;
+
+pub use assemble::{assemble, assemble_paths, open_members, AssembleOptions};
+pub use create::{create, create_paths, CreateSpec};
+pub use state::{ArrayStatus, MemberStatus};
+
+use crate::geometry::{Geometry, GeometryError, Level};
+use crate::member::Member;
+use crate::parity::Parity;
+use crate::superblock::{GroupProfile, Superblock, SuperblockError};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// Bits of a logical address that hold the offset within a group.
+pub const GROUP_SHIFT: u32 = 40;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayError {
+    #[error("{0}")]
+    Superblock(#[from] SuperblockError),
+    #[error("invalid geometry: {0}")]
+    Geometry(#[from] GeometryError),
+    #[error("{path}: {source}")]
+    MemberIo { path: String, source: std::io::Error },
+    #[error("members belong to different arrays: {0}")]
+    MixedArrays(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error("too few working members: {have} of {total} present, {level} needs at least {need}")]
+    TooFewMembers { have: usize, total: usize, need: usize, level: String },
+    #[error("array is dirty and degraded: parity may be inconsistent; assemble with --force to start it anyway")]
+    DirtyDegraded,
+    #[error("address {0:#x} is outside any allocated group")]
+    OutOfRange(u64),
+    #[error("array has lost too many members ({0}); writes are refused to protect what is on disk")]
+    Failed(String),
+    #[error("no unallocated group left")]
+    NoSpace,
+    #[error("no copy or reconstruction of {0:#x} passes verification")]
+    Unrecoverable(u64),
+}
+
+pub type ArrayResult<T> = Result<T, ArrayError>;
+
+/// One member slot of an assembled array.
+pub(crate) struct Slot {
+    pub member: Option<Arc<dyn Member>>,
+    pub name: String,
+    pub uuid: Uuid,
+    /// Set once the member has failed or was missing at assembly.
+    pub failed: AtomicBool,
+}
+
+/// An assembled, running array.
+pub struct Array {
+    pub(crate) slots: Vec<Slot>,
+    /// The array-wide superblock fields (events, slot states, groups, state).
+    /// Per-member fields (member uuid, slot) are filled in when written.
+    pub(crate) sb: Mutex<Superblock>,
+    /// Serialises superblock writes so an older state never lands after a newer one.
+    pub(crate) sb_write: Mutex<()>,
+    pub(crate) data_geometry: Geometry,
+    pub(crate) meta_geometry: Geometry,
+    pub(crate) pool: worker::WorkerPool,
+    pub(crate) locks: stripe_lock::StripeLocks,
+    pub(crate) parity: &'static Parity,
+    /// Set when more members failed than some group's geometry tolerates.
+    pub(crate) broken: AtomicBool,
+}
+
+/// The data geometry a superblock describes.
+pub fn data_geometry(sb: &Superblock) -> Result<Geometry, GeometryError> {
+    Geometry::new(sb.level, sb.members as usize, sb.chunk, sb.copies as usize, sb.layout)
+}
+
+/// Where a logical address lands.
+#[derive(Clone, Copy)]
+pub(crate) struct Region {
+    pub group: u32,
+    pub geometry: Geometry,
+    /// Member offset of the group's region.
+    pub base: u64,
+}
+
+impl Array {
+    pub(crate) fn from_parts(
+        slots: Vec<Slot>,
+        sb: Superblock,
+        parity: &'static Parity,
+    ) -> ArrayResult<Array> {
+        let data_geometry = data_geometry(&sb)?;
+        let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
+        let members: Vec<Option<Arc<dyn Member>>> = slots
+            .iter()
+            .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member.clone() })
+            .collect();
+        let pool = worker::WorkerPool::new(&members, 2)
+            .map_err(|e| ArrayError::Refused(format!("cannot start member workers: {e}")))?;
+        let array = Array {
+            slots,
+            sb: Mutex::new(sb),
+            sb_write: Mutex::new(()),
+            data_geometry,
+            meta_geometry,
+            pool,
+            locks: stripe_lock::StripeLocks::new(1024),
+            parity,
+            broken: AtomicBool::new(false),
+        };
+        array.check_tolerance();
+        Ok(array)
+    }
+
+    pub fn uuid(&self) -> Uuid {
+        self.sb.lock().array_uuid
+    }
+
+    pub fn level(&self) -> Level {
+        self.data_geometry.level
+    }
+
+    pub fn data_geometry(&self) -> Geometry {
+        self.data_geometry
+    }
+
+    pub fn metadata_geometry(&self) -> Geometry {
+        self.meta_geometry
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slots that are not serving I/O (failed or missing).
+    pub fn failed_slots(&self) -> Vec<usize> {
+        (0..self.slots.len()).filter(|&i| self.is_failed(i)).collect()
+    }
+
+    pub fn is_degraded(&self) -> bool {
+        !self.failed_slots().is_empty()
+    }
+
+    pub(crate) fn is_failed(&self, slot: usize) -> bool {
+        self.slots[slot].failed.load(Ordering::Acquire)
+    }
+
+    /// Capacity in logical bytes of a group with `profile`.
+    pub fn group_capacity(&self, profile: GroupProfile) -> u64 {
+        let group_size = self.sb.lock().group_size;
+        match profile {
+            GroupProfile::Metadata => self.meta_geometry.capacity(group_size),
+            GroupProfile::Data => self.data_geometry.capacity(group_size),
+            GroupProfile::Unallocated => 0,
+        }
+    }
+
+    /// Resolve a logical address (and the length that follows it) to its group.
+    pub(crate) fn region(&self, addr: u64, len: usize) -> ArrayResult<(Region, u64)> {
+        let group = (addr >> GROUP_SHIFT) as u32;
+        let offset = addr & ((1u64 << GROUP_SHIFT) - 1);
+        let (profile, group_size, data_offset) = {
+            let sb = self.sb.lock();
+            let profile = sb.groups.get(group as usize).copied().unwrap_or(GroupProfile::Unallocated);
+            (profile, sb.group_size, sb.data_offset)
+        };
+        let geometry = match profile {
+            GroupProfile::Metadata => self.meta_geometry,
+            GroupProfile::Data => self.data_geometry,
+            GroupProfile::Unallocated => return Err(ArrayError::OutOfRange(addr)),
+        };
+        let capacity = geometry.capacity(group_size);
+        if offset.checked_add(len as u64).is_none_or(|end| end > capacity) {
+            return Err(ArrayError::OutOfRange(addr));
+        }
+        let base = data_offset + group as u64 * group_size;
+        Ok((Region { group, geometry, base }, offset))
+    }
+
+    /// Re-evaluate whether every allocated group can still be served.
+    pub(crate) fn check_tolerance(&self) {
+        let failed = self.failed_slots();
+        let ok_data = self.geometry_survives(&self.data_geometry, &failed);
+        let ok_meta = self.geometry_survives(&self.meta_geometry, &failed);
+        if !(ok_data && ok_meta) {
+            self.broken.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether every stripe of `g` still has its data with `failed` members gone.
+    fn geometry_survives(&self, g: &Geometry, failed: &[usize]) -> bool {
+        match g.level {
+            Level::Raid0 | Level::Raid5 | Level::Raid6 => failed.len() <= g.tolerance(),
+            Level::Raid1 | Level::Raid10 => {
+                // Mirrors: each logical chunk needs one surviving copy. The copy
+                // pattern repeats every `members` chunks.
+                (0..g.members as u64).all(|k| {
+                    g.map(k * g.chunk).targets.iter().any(|t| !failed.contains(&t.member))
+                })
+            }
+        }
+    }
+
+    pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {
+        if self.broken.load(Ordering::Acquire) {
+            let names: Vec<String> =
+                self.failed_slots().iter().map(|&i| self.slots[i].name.clone()).collect();
+            return Err(ArrayError::Failed(names.join(", ")));
+        }
+        Ok(())
+    }
+
+    /// Parity kernels in use.
+    pub fn parity(&self) -> &'static Parity {
+        self.parity
+    }
+}
+
+impl Drop for Array {
+    fn drop(&mut self) {
+        log::debug!("array {} released", self.sb.get_mut().array_uuid);
+    }
+}

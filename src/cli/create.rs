@@ -1,8 +1,101 @@
-//! `raidfs create`.
+//! `raidfs create`: write a new array (and an empty filesystem) onto members.
+
+use crate::array::{create_paths, CreateSpec};
+use crate::geometry::{Layout, Level};
+use std::path::PathBuf;
 
 #[derive(clap::Args)]
-pub struct CreateArgs {}
+pub struct CreateArgs {
+    /// RAID level: 0, 1, 5, 6 or 10.
+    #[arg(short, long, value_parser = parse_level)]
+    pub level: Level,
+    /// Chunk size, e.g. 64K, 512K, 1M.
+    #[arg(short, long, default_value = "64K", value_parser = parse_size)]
+    pub chunk: u64,
+    /// Size of image files that do not exist yet (sparse), e.g. 256M, 10G.
+    #[arg(short, long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// RAID5/6 parity layout (md's names: left-symmetric, left-asymmetric,
+    /// right-symmetric, right-asymmetric).
+    #[arg(long, default_value = "left-symmetric", value_parser = parse_layout)]
+    pub layout: Layout,
+    /// RAID10 near copies.
+    #[arg(long, default_value_t = 2)]
+    pub copies: usize,
+    /// Array name (up to 32 bytes).
+    #[arg(short, long, default_value = "")]
+    pub name: String,
+    /// Overwrite members of other arrays and non-empty files.
+    #[arg(short, long)]
+    pub force: bool,
+    /// Member image files or block devices, in slot order.
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
 
-pub fn run(_args: CreateArgs) -> i32 {
-    super::fail("not yet built")
+fn parse_level(s: &str) -> Result<Level, String> {
+    Level::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_layout(s: &str) -> Result<Layout, String> {
+    Layout::parse(s).map_err(|e| e.to_string())
+}
+
+/// Parse sizes like `4096`, `64K`, `256M`, `10G`, `1T` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a size (examples: 4096, 64K, 256M, 10G)"))?;
+    let shift = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+pub fn run(args: CreateArgs) -> i32 {
+    let spec = CreateSpec {
+        level: args.level,
+        layout: args.layout,
+        chunk: args.chunk,
+        copies: args.copies,
+        name: args.name.clone(),
+    };
+    let array = match create_paths(&args.members, &spec, args.size, args.force) {
+        Ok(a) => a,
+        Err(e) => return super::fail(e),
+    };
+    let array = std::sync::Arc::new(array);
+    if let Err(e) = crate::fs::format_array(std::sync::Arc::clone(&array)) {
+        return super::fail(format!("array created but the filesystem could not be written: {e}"));
+    }
+    let status = array.status();
+    println!(
+        "raidfs: created {} array {} on {} members, {} usable",
+        status.level,
+        status.uuid,
+        status.members.len(),
+        human(array.data_capacity())
+    );
+    0
+}
+
+/// Bytes as a short human-readable figure.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }

@@ -5,12 +5,36 @@
 //! Storage is reached only through [`BlockStore`], implemented by the array
 //! engine and by [`store::MemStore`] for tests.
 
+pub mod array_store;
+mod alloc;
+mod core;
+mod dir;
+mod extent;
+pub mod fsck;
+mod inode;
+mod journal;
+mod layout;
+mod meta;
+mod ops;
+mod perm;
+mod state;
 pub mod store;
+pub mod teststore;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+pub use array_store::{format_array, ArrayStore};
+use parking_lot::Mutex;
+
+use self::core::Inner;
+use self::ops::namespace::{self, NewNode};
+use self::perm::{R_OK, W_OK, X_OK};
+
+pub use fsck::{fsck, FsckReport};
+pub use inode::BLOCK_SIZE;
+pub use ops::xattr::{XATTR_CREATE, XATTR_REPLACE};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
 
 /// Errors of the filesystem layer. The FUSE adapter maps each to an errno in
@@ -62,7 +86,7 @@ pub type FsResult<T> = Result<T, FsError>;
 /// Inode number of the root directory (as FUSE expects).
 pub const ROOT_INO: u64 = 1;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FileKind {
     File,
     Dir,
@@ -106,7 +130,11 @@ pub struct Caller {
 
 impl Caller {
     pub fn root() -> Caller {
-        Caller { uid: 0, gid: 0, groups: Vec::new() }
+        Caller {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
     }
 }
 
@@ -169,146 +197,487 @@ pub struct FsOptions {
 
 impl Default for FsOptions {
     fn default() -> Self {
-        FsOptions { read_only: false, commit_interval_secs: 5 }
+        FsOptions {
+            read_only: false,
+            commit_interval_secs: 5,
+        }
     }
 }
 
 /// A mounted filesystem. All methods take `&self` and are safe to call from
 /// many threads.
 pub struct FileSystem {
-    _store: Arc<dyn BlockStore>,
+    inner: Arc<Inner>,
+    /// Dropping the sender stops the commit thread.
+    stop_committer: Mutex<Option<crossbeam_channel::Sender<()>>>,
+}
+
+impl FsError {
+    /// The errno this error is reported as.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::Access => libc::EACCES,
+            FsError::Perm => libc::EPERM,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::NoSpace => libc::ENOSPC,
+            FsError::NoAttr => libc::ENODATA,
+            FsError::Range => libc::ERANGE,
+            FsError::TooManyLinks => libc::EMLINK,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::TooBig => libc::EFBIG,
+            FsError::Unsupported(_) => libc::EOPNOTSUPP,
+            FsError::Stale => libc::ESTALE,
+            FsError::Corrupt(_) => libc::EIO,
+            FsError::Store(StoreError::NoSpace) => libc::ENOSPC,
+            FsError::Store(StoreError::ReadOnly(_)) => libc::EROFS,
+            FsError::Store(_) => libc::EIO,
+        }
+    }
+}
+
+fn bytes(name: &OsStr) -> &[u8] {
+    use std::os::unix::ffi::OsStrExt;
+    name.as_bytes()
+}
+
+const S_IFMT: u32 = 0o170000;
+
+fn kind_from_mode(mode: u32) -> FsResult<FileKind> {
+    match mode & S_IFMT {
+        0 | 0o100000 => Ok(FileKind::File),
+        0o010000 => Ok(FileKind::Fifo),
+        0o140000 => Ok(FileKind::Socket),
+        0o020000 => Ok(FileKind::CharDev),
+        0o060000 => Ok(FileKind::BlockDev),
+        0o040000 => Err(FsError::Invalid("mknod cannot make a directory")),
+        _ => Err(FsError::Invalid("unknown file type in mode")),
+    }
 }
 
 impl FileSystem {
     /// Write an empty filesystem onto a fresh store.
     pub fn format(store: Arc<dyn BlockStore>) -> FsResult<()> {
-        let _ = store;
-        unimplemented!()
+        core::format(store.as_ref())
     }
+
     /// Open (replaying the journal) a formatted store.
     pub fn open(store: Arc<dyn BlockStore>, opts: FsOptions) -> FsResult<FileSystem> {
-        let _ = (store, opts);
-        unimplemented!()
+        let inner = Inner::open(store, opts.read_only)?;
+        let stop = if opts.read_only {
+            None
+        } else {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            core::spawn_committer(
+                Arc::downgrade(&inner),
+                Duration::from_secs(opts.commit_interval_secs.max(1)),
+                rx,
+            );
+            Some(tx)
+        };
+        Ok(FileSystem {
+            inner,
+            stop_committer: Mutex::new(stop),
+        })
     }
+
     /// Commit, flush and mark clean; the filesystem must not be used afterwards.
     pub fn unmount(&self) -> FsResult<()> {
-        unimplemented!()
+        self.stop_committer.lock().take();
+        if self.inner.is_read_only() {
+            return Ok(());
+        }
+        let result = self.inner.commit(true);
+        self.inner
+            .read_only
+            .store(true, std::sync::atomic::Ordering::Release);
+        result
     }
+
     /// Commit the journal and flush the store (sync(2)).
     pub fn sync_all(&self) -> FsResult<()> {
-        unimplemented!()
+        if !self.inner.is_read_only() {
+            self.inner.commit(false)?;
+        }
+        self.inner.store.flush()?;
+        Ok(())
     }
+
+    /// True once the filesystem refuses changes (opened read-only, unmounted,
+    /// or a commit failed).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.is_read_only()
+    }
+
     /// Look up `name` in `parent`; "." and ".." are answered too (NFS needs them).
     pub fn lookup(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        let _ = (caller, parent, name);
-        unimplemented!()
+        namespace::lookup(&self.inner.state.read(), caller, parent, bytes(name))
     }
+
+    /// The parent directory of directory `ino` (for NFS "..", and FUSE's
+    /// lookup of ".." on a directory handle).
+    pub fn lookup_parent(&self, ino: u64) -> FsResult<Attr> {
+        let st = self.inner.state.read();
+        let inode = st.inode(ino)?;
+        if !inode.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        Ok(st.inode(inode.parent)?.attr())
+    }
+
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
-        let _ = ino;
-        unimplemented!()
+        Ok(self.inner.state.read().inode(ino)?.attr())
     }
+
     pub fn setattr(&self, caller: &Caller, ino: u64, set: &SetAttr) -> FsResult<Attr> {
-        let _ = (caller, ino, set);
-        unimplemented!()
+        let _file = self.inner.file_lock(ino);
+        ops::attr::validate(&self.inner.state.read(), caller, ino, set)?;
+        if let Some(size) = set.size {
+            self.inner.truncate_locked(ino, size)?;
+        }
+        self.inner.mutate(|st| {
+            ops::attr::apply(st, caller, ino, set)?;
+            Ok(st.inode(ino)?.attr())
+        })
     }
+
     /// Create a regular file, device node, FIFO or socket (`mode` carries the
     /// type bits); `umask` is applied here.
-    pub fn mknod(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32, umask: u32, rdev: u32) -> FsResult<Attr> {
-        let _ = (caller, parent, name, mode, umask, rdev);
-        unimplemented!()
+    pub fn mknod(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> FsResult<Attr> {
+        let kind = kind_from_mode(mode)?;
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.inner.mutate(|st| {
+            namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind,
+                    perm,
+                    rdev,
+                    target: &[],
+                },
+            )
+        })
     }
-    pub fn mkdir(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32, umask: u32) -> FsResult<Attr> {
-        let _ = (caller, parent, name, mode, umask);
-        unimplemented!()
+
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Attr> {
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.inner.mutate(|st| {
+            namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind: FileKind::Dir,
+                    perm,
+                    rdev: 0,
+                    target: &[],
+                },
+            )
+        })
     }
-    pub fn symlink(&self, caller: &Caller, parent: u64, name: &OsStr, target: &[u8]) -> FsResult<Attr> {
-        let _ = (caller, parent, name, target);
-        unimplemented!()
+
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        target: &[u8],
+    ) -> FsResult<Attr> {
+        if target.is_empty() || target.len() > 4095 {
+            return Err(FsError::NameTooLong);
+        }
+        self.inner.mutate(|st| {
+            namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind: FileKind::Symlink,
+                    perm: 0o777,
+                    rdev: 0,
+                    target,
+                },
+            )
+        })
     }
+
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
-        let _ = ino;
-        unimplemented!()
+        let st = self.inner.state.read();
+        let inode = st.inode(ino)?;
+        if inode.kind != FileKind::Symlink {
+            return Err(FsError::Invalid("not a symlink"));
+        }
+        Ok(inode.target.clone())
     }
-    pub fn link(&self, caller: &Caller, ino: u64, new_parent: u64, new_name: &OsStr) -> FsResult<Attr> {
-        let _ = (caller, ino, new_parent, new_name);
-        unimplemented!()
+
+    pub fn link(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+    ) -> FsResult<Attr> {
+        self.inner
+            .mutate(|st| namespace::link(st, caller, ino, new_parent, bytes(new_name)))
     }
+
     pub fn unlink(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<()> {
-        let _ = (caller, parent, name);
-        unimplemented!()
+        self.inner
+            .mutate(|st| namespace::unlink(st, caller, parent, bytes(name)))
     }
+
     pub fn rmdir(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<()> {
-        let _ = (caller, parent, name);
-        unimplemented!()
+        self.inner
+            .mutate(|st| namespace::rmdir(st, caller, parent, bytes(name)))
     }
-    pub fn rename(&self, caller: &Caller, parent: u64, name: &OsStr, new_parent: u64, new_name: &OsStr, flags: RenameFlags) -> FsResult<()> {
-        let _ = (caller, parent, name, new_parent, new_name, flags);
-        unimplemented!()
+
+    pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        self.inner.mutate(|st| {
+            ops::rename::rename(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                new_parent,
+                bytes(new_name),
+                flags,
+            )
+        })
     }
+
     /// Check `access(2)` permission (`mask` of R_OK/W_OK/X_OK bits, 0 = exists).
     pub fn access(&self, caller: &Caller, ino: u64, mask: u32) -> FsResult<()> {
-        let _ = (caller, ino, mask);
-        unimplemented!()
+        let st = self.inner.state.read();
+        let inode = st.inode(ino)?;
+        if mask & W_OK != 0 && self.inner.is_read_only() {
+            return Err(FsError::ReadOnly);
+        }
+        perm::check(caller, inode, mask & (R_OK | W_OK | X_OK))
     }
+
     /// Open an existing inode (`flags` as open(2)); counts the open so an
     /// unlinked file keeps its data until the last `release`.
     pub fn open_inode(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<()> {
-        let _ = (caller, ino, flags);
-        unimplemented!()
+        let mask = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => R_OK,
+            libc::O_WRONLY => W_OK,
+            _ => R_OK | W_OK,
+        };
+        let truncate = flags & libc::O_TRUNC != 0 && mask & W_OK != 0;
+        {
+            let st = self.inner.state.read();
+            let inode = st.inode(ino)?;
+            if inode.is_dir() && mask & W_OK != 0 {
+                return Err(FsError::IsDir);
+            }
+            if mask & W_OK != 0 && self.inner.is_read_only() {
+                return Err(FsError::ReadOnly);
+            }
+            perm::check(caller, inode, mask)?;
+        }
+        if truncate && self.getattr(ino)?.kind == FileKind::File {
+            let _file = self.inner.file_lock(ino);
+            self.inner.truncate_locked(ino, 0)?;
+        }
+        let mut st = self.inner.state.write();
+        st.inode(ino)?;
+        *st.open_counts.entry(ino).or_insert(0) += 1;
+        Ok(())
     }
+
     /// Create and open a regular file.
-    pub fn create(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32, umask: u32, flags: i32) -> FsResult<Attr> {
-        let _ = (caller, parent, name, mode, umask, flags);
-        unimplemented!()
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> FsResult<Attr> {
+        let _ = flags;
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.inner.mutate(|st| {
+            let attr = namespace::create(
+                st,
+                caller,
+                parent,
+                bytes(name),
+                NewNode {
+                    kind: FileKind::File,
+                    perm,
+                    rdev: 0,
+                    target: &[],
+                },
+            )?;
+            *st.open_counts.entry(attr.ino).or_insert(0) += 1;
+            Ok(attr)
+        })
     }
+
+    /// Forget one open of `ino`; the last release of an unlinked file frees it.
     pub fn release(&self, ino: u64) -> FsResult<()> {
-        let _ = ino;
-        unimplemented!()
+        let mut st = self.inner.state.write();
+        let Some(count) = st.open_counts.get_mut(&ino) else {
+            return Ok(());
+        };
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            st.open_counts.remove(&ino);
+            let orphan = st.meta.inodes.get(&ino).is_some_and(|i| i.nlink == 0);
+            if orphan && !self.inner.is_read_only() {
+                st.free_inode(ino);
+            }
+        }
+        Ok(())
     }
+
     /// Read up to `size` bytes; holes read as zeros; short only at end of file.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
-        let _ = (ino, offset, size);
-        unimplemented!()
+        self.inner.read_data(ino, offset, size)
     }
+
     /// Write all of `data` at `offset`; returns bytes written.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        let _ = (ino, offset, data);
-        unimplemented!()
+        self.inner.write_data(None, ino, offset, data)
     }
+
+    /// As [`FileSystem::write`], on behalf of `caller`: a write by anyone but
+    /// root clears the set-user-ID and set-group-ID bits.
+    pub fn write_as(&self, caller: &Caller, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+        self.inner.write_data(Some(caller), ino, offset, data)
+    }
+
     /// Make the inode's data (and, unless `datasync`, its metadata) durable on
     /// every member that holds it before returning.
     pub fn fsync(&self, ino: u64, datasync: bool) -> FsResult<()> {
-        let _ = (ino, datasync);
-        unimplemented!()
+        let _ = datasync;
+        self.inner.state.read().inode(ino)?;
+        self.sync_all()
     }
+
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> FsResult<()> {
-        let _ = (ino, offset, len, mode);
-        unimplemented!()
+        self.inner.fallocate_data(ino, offset, len, mode)
     }
+
     /// Entries after `cookie` (0 = from the start, "." and ".." first), at most
     /// `max` of them. Cookies stay valid while entries are added and removed.
     pub fn readdir(&self, ino: u64, cookie: u64, max: usize) -> FsResult<Vec<DirEntry>> {
-        let _ = (ino, cookie, max);
-        unimplemented!()
+        let st = self.inner.state.read();
+        let inode = st.inode(ino)?;
+        let dir = st.dir(ino)?;
+        let mut out = Vec::new();
+        if cookie < dir::DOT_COOKIE && out.len() < max {
+            out.push(DirEntry {
+                ino,
+                cookie: dir::DOT_COOKIE,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+            });
+        }
+        if cookie < dir::DOTDOT_COOKIE && out.len() < max {
+            out.push(DirEntry {
+                ino: inode.parent,
+                cookie: dir::DOTDOT_COOKIE,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+            });
+        }
+        for (c, name, child) in dir.after(cookie) {
+            if out.len() >= max {
+                break;
+            }
+            let kind = st
+                .meta
+                .inodes
+                .get(&child)
+                .map_or(FileKind::File, |i| i.kind);
+            out.push(DirEntry {
+                ino: child,
+                cookie: c,
+                kind,
+                name: name.to_vec(),
+            });
+        }
+        Ok(out)
     }
-    pub fn setxattr(&self, caller: &Caller, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
-        let _ = (caller, ino, name, value, flags);
-        unimplemented!()
+
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> FsResult<()> {
+        self.inner
+            .mutate(|st| ops::xattr::set(st, caller, ino, bytes(name), value, flags))
     }
+
     pub fn getxattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<Vec<u8>> {
-        let _ = (caller, ino, name);
-        unimplemented!()
+        ops::xattr::get(&self.inner.state.read(), caller, ino, bytes(name))
     }
+
     /// Names, each NUL-terminated, concatenated (listxattr(2) format).
     pub fn listxattr(&self, caller: &Caller, ino: u64) -> FsResult<Vec<u8>> {
-        let _ = (caller, ino);
-        unimplemented!()
+        ops::xattr::list(&self.inner.state.read(), caller, ino)
     }
+
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<()> {
-        let _ = (caller, ino, name);
-        unimplemented!()
+        self.inner
+            .mutate(|st| ops::xattr::remove(st, caller, ino, bytes(name)))
     }
+
     pub fn statfs(&self) -> FsResult<StatFs> {
-        unimplemented!()
+        let (free_groups, group_capacity) = self.inner.store.free_groups();
+        let unallocated = free_groups.saturating_mul(group_capacity) / BLOCK_SIZE;
+        let st = self.inner.state.read();
+        let blocks = st.alloc.total_bytes() / BLOCK_SIZE + unallocated;
+        let bfree = st.alloc.free_bytes() / BLOCK_SIZE + unallocated;
+        let used_inodes = st.meta.inodes.len() as u64;
+        let ffree = (u32::MAX as u64).saturating_sub(used_inodes);
+        Ok(StatFs {
+            blocks,
+            bfree,
+            bavail: bfree,
+            files: used_inodes + ffree,
+            ffree,
+            bsize: BLOCK_SIZE as u32,
+            namelen: state::MAX_NAME as u32,
+            frsize: BLOCK_SIZE as u32,
+        })
     }
 }

@@ -45,12 +45,16 @@ pub enum StoreError {
     ReadOnly(String),
 }
 
+/// A checksum test a read result must pass (see [`BlockStore::read`]).
+pub type Verify<'a> = &'a dyn Fn(&[u8]) -> bool;
+
 /// Storage for the filesystem.
 pub trait BlockStore: Send + Sync {
     /// Read `buf.len()` bytes at logical `addr`. When `verify` is given, a
     /// result it rejects is retried from every other copy or reconstruction
     /// (and the bad copy rewritten); if none passes, `Unrecoverable`.
-    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError>;
+    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<Verify<'_>>)
+        -> Result<(), StoreError>;
     /// Write `data` at logical `addr` on every copy / with parity.
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError>;
     /// Durability barrier: every completed write is on stable storage on every member.
@@ -77,20 +81,35 @@ struct MemState {
 
 impl MemStore {
     pub fn new(total_groups: u32, group_capacity: u64, stripe_bytes: u64) -> MemStore {
-        MemStore { group_capacity, stripe_bytes, total_groups, state: Mutex::new(MemState { groups: Vec::new() }) }
+        MemStore {
+            group_capacity,
+            stripe_bytes,
+            total_groups,
+            state: Mutex::new(MemState { groups: Vec::new() }),
+        }
     }
 
     fn locate(addr: u64) -> (usize, usize) {
-        ((addr >> GROUP_SHIFT) as usize, (addr & ((1u64 << GROUP_SHIFT) - 1)) as usize)
+        (
+            (addr >> GROUP_SHIFT) as usize,
+            (addr & ((1u64 << GROUP_SHIFT) - 1)) as usize,
+        )
     }
 }
 
 impl BlockStore for MemStore {
-    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError> {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<Verify<'_>>,
+    ) -> Result<(), StoreError> {
         let (g, off) = Self::locate(addr);
         let st = self.state.lock();
         let (_, bytes) = st.groups.get(g).ok_or(StoreError::OutOfRange(addr))?;
-        let src = bytes.get(off..off + buf.len()).ok_or(StoreError::OutOfRange(addr))?;
+        let src = bytes
+            .get(off..off + buf.len())
+            .ok_or(StoreError::OutOfRange(addr))?;
         buf.copy_from_slice(src);
         match verify {
             Some(ok) if !ok(buf) => Err(StoreError::Unrecoverable(addr)),
@@ -102,7 +121,9 @@ impl BlockStore for MemStore {
         let (g, off) = Self::locate(addr);
         let mut st = self.state.lock();
         let (_, bytes) = st.groups.get_mut(g).ok_or(StoreError::OutOfRange(addr))?;
-        let dst = bytes.get_mut(off..off + data.len()).ok_or(StoreError::OutOfRange(addr))?;
+        let dst = bytes
+            .get_mut(off..off + data.len())
+            .ok_or(StoreError::OutOfRange(addr))?;
         dst.copy_from_slice(data);
         Ok(())
     }
@@ -112,7 +133,12 @@ impl BlockStore for MemStore {
     }
 
     fn groups(&self) -> Vec<GroupInfo> {
-        self.state.lock().groups.iter().map(|(info, _)| *info).collect()
+        self.state
+            .lock()
+            .groups
+            .iter()
+            .map(|(info, _)| *info)
+            .collect()
     }
 
     fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
@@ -126,12 +152,16 @@ impl BlockStore for MemStore {
             capacity: self.group_capacity,
             stripe_bytes: self.stripe_bytes,
         };
-        st.groups.push((info, vec![0u8; self.group_capacity as usize]));
+        st.groups
+            .push((info, vec![0u8; self.group_capacity as usize]));
         Ok(info)
     }
 
     fn free_groups(&self) -> (u64, u64) {
         let st = self.state.lock();
-        ((self.total_groups as u64).saturating_sub(st.groups.len() as u64), self.group_capacity)
+        (
+            (self.total_groups as u64).saturating_sub(st.groups.len() as u64),
+            self.group_capacity,
+        )
     }
 }

@@ -24,6 +24,10 @@ pub trait Member: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Size of the device in bytes.
     fn len(&self) -> u64;
+    /// Whether the device has no bytes at all.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Human-readable name for messages (usually the path).
     fn name(&self) -> String;
 }

@@ -1,0 +1,146 @@
+//! Assembly, by md's rules: one array UUID, the highest event count wins and
+//! older members are stale, a dirty and degraded parity array needs force,
+//! and too few members is a clear error.
+
+use super::{data_geometry, Array, ArrayError, ArrayResult, Slot};
+use crate::geometry::Level;
+use crate::member::file::{FileMember, OpenOptions};
+use crate::member::Member;
+use crate::parity::Parity;
+use crate::superblock::{ArrayState, SlotState, Superblock, SPARE_SLOT};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use uuid::Uuid;
+
+#[derive(Clone, Copy, Default)]
+pub struct AssembleOptions {
+    /// Start a dirty and degraded parity array anyway.
+    pub force: bool,
+    /// Write nothing (no superblock updates, no resync).
+    pub read_only: bool,
+    /// Parity kernels to use (default: the process-wide selection).
+    pub parity: Option<&'static Parity>,
+}
+
+/// Open a member path (image file or block device), creating a sparse image
+/// of `create_size` bytes when given.
+pub fn open_member(path: &Path, create_size: Option<u64>) -> ArrayResult<Arc<dyn Member>> {
+    let member = match create_size {
+        Some(size) => FileMember::create(path, size),
+        None => FileMember::open(path, OpenOptions::default()),
+    }
+    .map_err(|source| ArrayError::MemberIo { path: path.display().to_string(), source })?;
+    Ok(Arc::new(member))
+}
+
+/// Open every path; a path that cannot be opened is an error naming it.
+pub fn open_members(paths: &[PathBuf]) -> ArrayResult<Vec<(Arc<dyn Member>, String)>> {
+    paths
+        .iter()
+        .map(|p| Ok((open_member(p, None)?, p.display().to_string())))
+        .collect()
+}
+
+/// Assemble from paths.
+pub fn assemble_paths(paths: &[PathBuf], opts: AssembleOptions) -> ArrayResult<Array> {
+    assemble(open_members(paths)?, opts)
+}
+
+/// Assemble an array from opened members.
+pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) -> ArrayResult<Array> {
+    if members.is_empty() {
+        return Err(ArrayError::Refused("no members given".into()));
+    }
+    let mut found = Vec::with_capacity(members.len());
+    for (member, name) in members {
+        let (sb, _verdict) = Superblock::read_from(member.as_ref())?;
+        found.push((member, name, sb));
+    }
+
+    let mut by_array: BTreeMap<Uuid, Vec<&str>> = BTreeMap::new();
+    for (_, name, sb) in &found {
+        by_array.entry(sb.array_uuid).or_default().push(name);
+    }
+    if by_array.len() > 1 {
+        let parts: Vec<String> =
+            by_array.iter().map(|(uuid, names)| format!("{} belong to {uuid}", names.join(", "))).collect();
+        return Err(ArrayError::MixedArrays(parts.join("; ")));
+    }
+
+    let (spares, found): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, _, sb)| sb.slot == SPARE_SLOT);
+    for (_, name, _) in &spares {
+        log::info!("{name} is a spare; not used at assembly");
+    }
+    let newest = found.iter().map(|(_, _, sb)| sb.events).max().ok_or_else(|| {
+        ArrayError::Refused("only spares were given; no active member to assemble from".into())
+    })?;
+    let (current, stale): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, _, sb)| sb.events == newest);
+    for (_, name, sb) in &stale {
+        log::warn!(
+            "{name} is stale (events {} < {newest}) and is left out; add it back to rebuild it",
+            sb.events
+        );
+        eprintln!("raidfs: {name} is stale (events {} < {newest}) and is left out", sb.events);
+    }
+
+    let mut reference = current[0].2.clone();
+    let total = reference.members as usize;
+    let mut slots: Vec<Option<Slot>> = (0..total).map(|_| None).collect();
+    for (member, name, sb) in current {
+        let slot = sb.slot as usize;
+        if slot >= total {
+            return Err(ArrayError::Refused(format!("{name}: slot {slot} is outside the array's {total} slots")));
+        }
+        if reference.slots[slot] == SlotState::Faulty {
+            log::warn!("{name} is recorded as faulty; left out");
+            continue;
+        }
+        if let Some(other) = &slots[slot] {
+            return Err(ArrayError::Refused(format!("{name} and {} both claim slot {slot}", other.name)));
+        }
+        slots[slot] = Some(Slot { member: Some(member), name, uuid: sb.member_uuid, failed: AtomicBool::new(false) });
+    }
+
+    let mut changed = false;
+    let slots: Vec<Slot> = slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.unwrap_or_else(|| {
+                if reference.slots[i] == SlotState::Active {
+                    reference.slots[i] = SlotState::Missing;
+                    changed = true;
+                }
+                Slot { member: None, name: format!("missing (slot {i})"), uuid: Uuid::nil(), failed: AtomicBool::new(true) }
+            })
+        })
+        .collect();
+
+    let geometry = data_geometry(&reference)?;
+    let present = slots.iter().filter(|s| s.member.is_some()).count();
+    let need = total - geometry.tolerance().min(total);
+    let degraded = present < total;
+    if degraded && reference.state == ArrayState::Dirty && matches!(reference.level, Level::Raid5 | Level::Raid6) && !opts.force {
+        return Err(ArrayError::DirtyDegraded);
+    }
+    for s in slots.iter().filter(|s| s.member.is_none()) {
+        log::warn!("array {} is degraded: {}", reference.array_uuid, s.name);
+    }
+    if changed && !opts.read_only {
+        reference.events += 1;
+    }
+    let parity = opts.parity.unwrap_or_else(Parity::global);
+    let array = Array::from_parts(slots, reference, parity)?;
+    if array.broken.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(ArrayError::TooFewMembers { have: present, total, need, level: geometry.level.to_string() });
+    }
+    if changed && !opts.read_only {
+        array.write_superblocks()?;
+    }
+    if array.is_dirty() && !degraded && !opts.read_only {
+        array.resync()?;
+    }
+    Ok(array)
+}

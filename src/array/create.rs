@@ -1,0 +1,201 @@
+//! Creating an array: validate every member first (so bad input modifies
+//! nothing), then write fresh superblocks.
+
+use super::assemble::open_member;
+use super::state::now_secs;
+use super::{Array, ArrayError, ArrayResult, Slot};
+use crate::geometry::{Geometry, Layout, Level};
+use crate::member::Member;
+use crate::parity::Parity;
+use crate::superblock::{
+    ArrayState, GroupProfile, SlotState, Superblock, SuperblockError, DEFAULT_DATA_OFFSET, FORMAT_VERSION,
+    MAX_GROUPS, MAX_MEMBERS,
+};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// What to create.
+#[derive(Clone, Debug)]
+pub struct CreateSpec {
+    pub level: Level,
+    pub layout: Layout,
+    /// Chunk size in bytes.
+    pub chunk: u64,
+    /// RAID10 copies (RAID1 always uses one copy per member).
+    pub copies: usize,
+    pub name: String,
+}
+
+impl CreateSpec {
+    pub fn new(level: Level) -> CreateSpec {
+        CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 64 * 1024, copies: 2, name: String::new() }
+    }
+
+    /// Fewest members `create` accepts for the level: what gives the level
+    /// its meaning (md needs --force below these too).
+    pub fn min_members(&self) -> usize {
+        match self.level {
+            Level::Raid0 | Level::Raid1 => 2,
+            Level::Raid5 => 3,
+            Level::Raid6 => 4,
+            Level::Raid10 => self.copies.max(2),
+        }
+    }
+
+    fn geometry(&self, members: usize) -> ArrayResult<Geometry> {
+        if members < self.min_members() {
+            return Err(ArrayError::Refused(format!(
+                "too few members: {} needs at least {}, got {members}",
+                self.level,
+                self.min_members()
+            )));
+        }
+        let copies = match self.level {
+            Level::Raid1 => members,
+            Level::Raid10 => self.copies,
+            _ => 1,
+        };
+        Ok(Geometry::new(self.level, members, self.chunk, copies, self.layout)?)
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Bytes of each member one allocation group takes: about 1/64 of the data
+/// area, between 8 MiB and 1 GiB, a whole number of chunks, and never so small
+/// that the table overflows.
+fn choose_group_size(data_area: u64, chunk: u64) -> u64 {
+    let unit = chunk.max(MIB);
+    let round_up = |v: u64| v.div_ceil(unit) * unit;
+    let target = (data_area / 64).clamp(8 * MIB, 1024 * MIB);
+    let at_least_for_table = data_area.div_ceil(MAX_GROUPS as u64);
+    round_up(target.max(at_least_for_table))
+}
+
+/// Write a new array onto `members` (slot order). Nothing is validated here
+/// beyond the geometry: callers check ownership first (see [`create_paths`]).
+pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> ArrayResult<Array> {
+    if members.len() > MAX_MEMBERS {
+        return Err(ArrayError::Refused(format!("too many members: {} (at most {MAX_MEMBERS})", members.len())));
+    }
+    let geometry = spec.geometry(members.len())?;
+    let smallest = members.iter().map(|(m, _)| m.len()).min().unwrap_or(0);
+    let data_area = smallest.saturating_sub(DEFAULT_DATA_OFFSET);
+    let group_size = choose_group_size(data_area, geometry.chunk);
+    let groups = (data_area / group_size) as usize;
+    if groups < 2 {
+        return Err(ArrayError::Refused(format!(
+            "members are too small: each needs at least {} MiB (the smallest has {} MiB)",
+            (DEFAULT_DATA_OFFSET + 2 * group_size) / MIB,
+            smallest / MIB
+        )));
+    }
+    let now = now_secs();
+    let mut name = spec.name.clone();
+    while name.len() > 32 {
+        name.pop();
+    }
+    let sb = Superblock {
+        version: FORMAT_VERSION,
+        array_uuid: Uuid::new_v4(),
+        member_uuid: Uuid::nil(),
+        name,
+        slot: 0,
+        level: geometry.level,
+        layout: geometry.layout,
+        chunk: geometry.chunk,
+        members: members.len() as u32,
+        copies: geometry.copies as u32,
+        data_offset: DEFAULT_DATA_OFFSET,
+        data_size: groups as u64 * group_size,
+        group_size,
+        events: 1,
+        state: ArrayState::Clean,
+        recovery_offset: u64::MAX,
+        features: 0,
+        ctime: now,
+        utime: now,
+        slots: vec![SlotState::Active; members.len()],
+        groups: vec![GroupProfile::Unallocated; groups],
+    };
+    let slots = members
+        .into_iter()
+        .map(|(member, name)| Slot { member: Some(member), name, uuid: Uuid::new_v4(), failed: AtomicBool::new(false) })
+        .collect();
+    let array = Array::from_parts(slots, sb, Parity::global())?;
+    array.write_superblocks()?;
+    if array.is_degraded() {
+        return Err(ArrayError::Refused("a member failed while the array was being created".into()));
+    }
+    Ok(array)
+}
+
+/// Why an existing path may not become a member without `--force`.
+fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
+    let io_err = |source| ArrayError::MemberIo { path: path.display().to_string(), source };
+    let meta = std::fs::symlink_metadata(path).map_err(io_err)?;
+    if meta.file_type().is_symlink() {
+        return Err(ArrayError::Refused(format!("{}: is a symbolic link; give the real path", path.display())));
+    }
+    let mut head = vec![0u8; DEFAULT_DATA_OFFSET as usize];
+    let mut file = std::fs::File::open(path).map_err(io_err)?;
+    let mut got = 0;
+    while got < head.len() {
+        match file.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err(e)),
+        }
+    }
+    head.truncate(got);
+    let name = path.display().to_string();
+    match Superblock::decode(&head[..head.len().min(crate::superblock::SUPERBLOCK_SIZE)], &name) {
+        Ok(sb) => return Ok(Some(format!("{name} is a member of array {} (slot {})", sb.array_uuid, sb.slot))),
+        Err(SuperblockError::NotMember(_)) => {}
+        Err(_) => return Ok(Some(format!("{name} holds a damaged raidfs superblock"))),
+    }
+    if head.iter().any(|&b| b != 0) {
+        return Ok(Some(format!("{name} is a non-empty file that is not a raidfs member")));
+    }
+    Ok(None)
+}
+
+/// `raidfs create`: check every path, create missing image files of `size`,
+/// then create the array. Bad input is reported before anything is written.
+pub fn create_paths(paths: &[PathBuf], spec: &CreateSpec, size: Option<u64>, force: bool) -> ArrayResult<Array> {
+    spec.geometry(paths.len())?;
+    let mut seen = std::collections::HashSet::new();
+    let mut to_create = Vec::new();
+    for path in paths {
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+        if !seen.insert(key) {
+            return Err(ArrayError::Refused(format!("{} is named twice", path.display())));
+        }
+        if std::fs::symlink_metadata(path).is_err() {
+            if size.is_none() {
+                return Err(ArrayError::Refused(format!(
+                    "{} does not exist; give --size to create it as a sparse image",
+                    path.display()
+                )));
+            }
+            to_create.push(path.clone());
+            continue;
+        }
+        if let Some(problem) = ownership_problem(path)? {
+            if !force {
+                return Err(ArrayError::Refused(format!("{problem}; use --force to overwrite it")));
+            }
+            log::warn!("{problem}; overwriting (--force)");
+        }
+    }
+    let mut members = Vec::with_capacity(paths.len());
+    for path in paths {
+        let create_size = if to_create.contains(path) { size } else { None };
+        members.push((open_member(path, create_size)?, path.display().to_string()));
+    }
+    create(members, spec)
+}

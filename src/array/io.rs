@@ -1,0 +1,479 @@
+//! Reads and writes of logical ranges: mirror and parity paths, degraded
+//! reads by reconstruction, read-modify-write versus reconstruct-write, and
+//! member failure on I/O errors.
+
+use super::worker::Op;
+use super::{Array, ArrayError, ArrayResult, Region};
+use crate::geometry::{Level, Mapping};
+use std::sync::Arc;
+
+/// The part of a request that falls in one chunk.
+struct Piece {
+    /// Offset within the caller's buffer.
+    buf_off: usize,
+    len: usize,
+    map: Mapping,
+}
+
+/// How to read when the plain read was not good enough.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    /// Normal read.
+    Any,
+    /// Mirrors: read copy number `n` of every piece.
+    Copy(usize),
+    /// Parity levels: treat this member as failed and reconstruct its chunks.
+    Suspect(usize),
+}
+
+fn is_mirror(level: Level) -> bool {
+    matches!(level, Level::Raid1 | Level::Raid10)
+}
+
+fn split(region: &Region, offset: u64, len: usize) -> Vec<Piece> {
+    let chunk = region.geometry.chunk;
+    let mut pieces = Vec::new();
+    let mut done = 0usize;
+    while done < len {
+        let logical = offset + done as u64;
+        let in_chunk = logical % chunk;
+        let n = ((chunk - in_chunk) as usize).min(len - done);
+        pieces.push(Piece { buf_off: done, len: n, map: region.geometry.map(logical) });
+        done += n;
+    }
+    pieces
+}
+
+/// A member read or write covering one or more pieces.
+struct Run {
+    slot: usize,
+    member_offset: u64,
+    len: usize,
+    /// (offset in the run, offset in the caller's buffer, length)
+    parts: Vec<(usize, usize, usize)>,
+}
+
+/// Merge consecutive pieces that land contiguously on the same member.
+fn coalesce(items: impl Iterator<Item = (usize, u64, usize, usize)>) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for (slot, member_offset, buf_off, len) in items {
+        if let Some(last) = runs.iter_mut().rev().find(|r| r.slot == slot) {
+            let (_, last_buf, last_len) = last.parts[last.parts.len() - 1];
+            if last.member_offset + last.len as u64 == member_offset && last_buf + last_len == buf_off {
+                last.parts.push((last.len, buf_off, len));
+                last.len += len;
+                continue;
+            }
+        }
+        runs.push(Run { slot, member_offset, len, parts: vec![(0, buf_off, len)] });
+    }
+    runs
+}
+
+impl Array {
+    /// Read `buf.len()` bytes at logical `addr`.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> ArrayResult<()> {
+        let (region, offset) = self.region(addr, buf.len())?;
+        self.read_region(&region, offset, buf, Choice::Any)
+    }
+
+    /// Read and check with `verify`; when it fails, try every other copy (or
+    /// every member as the suspect for parity levels), and rewrite the range
+    /// from the first version that passes.
+    pub fn read_verified(&self, addr: u64, buf: &mut [u8], verify: &dyn Fn(&[u8]) -> bool) -> ArrayResult<()> {
+        let (region, offset) = self.region(addr, buf.len())?;
+        self.read_region(&region, offset, buf, Choice::Any)?;
+        if verify(buf) {
+            return Ok(());
+        }
+        let geometry = region.geometry;
+        let choices: Vec<Choice> = match geometry.level {
+            Level::Raid1 | Level::Raid10 => (0..geometry.copies).map(Choice::Copy).collect(),
+            Level::Raid5 | Level::Raid6 => (0..geometry.members).map(Choice::Suspect).collect(),
+            Level::Raid0 => Vec::new(),
+        };
+        for choice in choices {
+            if self.read_region(&region, offset, buf, choice).is_ok() && verify(buf) {
+                log::warn!("repaired {} bytes at {addr:#x} that failed verification", buf.len());
+                if let Err(e) = self.write_region(&region, offset, buf) {
+                    log::error!("could not rewrite repaired range at {addr:#x}: {e}");
+                }
+                return Ok(());
+            }
+        }
+        Err(ArrayError::Unrecoverable(addr))
+    }
+
+    /// Write `data` at logical `addr` to every copy, or with parity.
+    pub fn write(&self, addr: u64, data: &[u8]) -> ArrayResult<()> {
+        let (region, offset) = self.region(addr, data.len())?;
+        self.write_region(&region, offset, data)
+    }
+
+    /// Make every completed write durable on every working member.
+    pub fn flush(&self) -> ArrayResult<()> {
+        let slots: Vec<usize> = (0..self.slots.len()).filter(|&s| !self.is_failed(s)).collect();
+        let outcomes = self.pool.run(slots.iter().map(|&s| (s, Op::Sync)).collect());
+        for (slot, outcome) in slots.into_iter().zip(outcomes) {
+            if let Err(e) = outcome {
+                self.fail_member(slot, &format!("sync failed: {e}"));
+            }
+        }
+        self.ensure_writable()
+    }
+
+    fn read_region(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+        if is_mirror(region.geometry.level) {
+            self.read_mirror(region, offset, buf, choice)
+        } else {
+            self.read_striped(region, offset, buf, choice)
+        }
+    }
+
+    fn read_mirror(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+        let pieces = split(region, offset, buf.len());
+        // Each round either succeeds or fails at least one more member, so
+        // this ends after at most `members` rounds.
+        for _ in 0..=self.slots.len() {
+            let mut plan = Vec::with_capacity(pieces.len());
+            for p in &pieces {
+                let target = match choice {
+                    Choice::Copy(n) => p.map.targets.get(n).filter(|t| !self.is_failed(t.member)),
+                    _ => p.map.targets.iter().find(|t| !self.is_failed(t.member)),
+                };
+                let Some(t) = target else {
+                    return Err(ArrayError::Failed(format!(
+                        "no working copy of logical {:#x} in group {}",
+                        offset + p.buf_off as u64,
+                        region.group
+                    )));
+                };
+                plan.push((t.member, region.base + t.offset, p.buf_off, p.len));
+            }
+            let runs = coalesce(plan.into_iter());
+            let outcomes = self.pool.run(
+                runs.iter().map(|r| (r.slot, Op::Read { offset: r.member_offset, len: r.len })).collect(),
+            );
+            let mut retry = false;
+            for (run, outcome) in runs.iter().zip(outcomes) {
+                match outcome {
+                    Ok(bytes) => {
+                        for &(run_off, buf_off, len) in &run.parts {
+                            buf[buf_off..buf_off + len].copy_from_slice(&bytes[run_off..run_off + len]);
+                        }
+                    }
+                    Err(e) => {
+                        self.fail_member(run.slot, &format!("read failed: {e}"));
+                        retry = true;
+                    }
+                }
+            }
+            if !retry {
+                return Ok(());
+            }
+        }
+        Err(ArrayError::Failed("mirror read kept failing".into()))
+    }
+
+    fn read_striped(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+        let pieces = split(region, offset, buf.len());
+        let suspect = match choice {
+            Choice::Suspect(m) => Some(m),
+            _ => None,
+        };
+        let mut direct = Vec::new();
+        let mut degraded = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            let t = p.map.targets[0];
+            if self.is_failed(t.member) || Some(t.member) == suspect {
+                degraded.push(i);
+            } else {
+                direct.push(i);
+            }
+        }
+        let runs = coalesce(direct.iter().map(|&i| {
+            let p = &pieces[i];
+            (p.map.targets[0].member, region.base + p.map.targets[0].offset, p.buf_off, p.len)
+        }));
+        let outcomes = self.pool.run(
+            runs.iter().map(|r| (r.slot, Op::Read { offset: r.member_offset, len: r.len })).collect(),
+        );
+        for (run, outcome) in runs.iter().zip(outcomes) {
+            match outcome {
+                Ok(bytes) => {
+                    for &(run_off, buf_off, len) in &run.parts {
+                        buf[buf_off..buf_off + len].copy_from_slice(&bytes[run_off..run_off + len]);
+                    }
+                }
+                Err(e) => {
+                    self.fail_member(run.slot, &format!("read failed: {e}"));
+                    for &(_, buf_off, _) in &run.parts {
+                        degraded.extend(pieces.iter().position(|p| p.buf_off == buf_off));
+                    }
+                }
+            }
+        }
+        for i in degraded {
+            let p = &pieces[i];
+            let lo = p.map.offset_in_chunk as usize;
+            let blocks = self.reconstruct(region, p.map.stripe, lo, p.len, suspect)?;
+            buf[p.buf_off..p.buf_off + p.len].copy_from_slice(&blocks[p.map.data_index]);
+        }
+        Ok(())
+    }
+
+    /// Read every block (data, then P, then Q) of `stripe` over
+    /// `[lo, lo + len)` within the chunk, rebuilding those on failed members
+    /// (and on `suspect`) from the others.
+    fn reconstruct(
+        &self,
+        region: &Region,
+        stripe: u64,
+        lo: usize,
+        len: usize,
+        suspect: Option<usize>,
+    ) -> ArrayResult<Vec<Vec<u8>>> {
+        let _guard = self.locks.lock_all(region.group, [stripe]);
+        self.reconstruct_locked(region, stripe, lo, len, suspect)
+    }
+
+    fn stripe_slots(&self, region: &Region, stripe: u64) -> Vec<usize> {
+        let sm = region.geometry.stripe_members(stripe);
+        sm.data.iter().copied().chain(sm.p).chain(sm.q).collect()
+    }
+
+    fn reconstruct_locked(
+        &self,
+        region: &Region,
+        stripe: u64,
+        lo: usize,
+        len: usize,
+        suspect: Option<usize>,
+    ) -> ArrayResult<Vec<Vec<u8>>> {
+        let geometry = region.geometry;
+        let members = self.stripe_slots(region, stripe);
+        let at = region.base + stripe * geometry.chunk + lo as u64;
+        for _ in 0..=self.slots.len() {
+            let missing: Vec<usize> = (0..members.len())
+                .filter(|&i| self.is_failed(members[i]) || Some(members[i]) == suspect)
+                .collect();
+            if missing.len() > geometry.tolerance() {
+                return Err(ArrayError::Failed(format!(
+                    "stripe {stripe} of group {} has {} unreadable members",
+                    region.group,
+                    missing.len()
+                )));
+            }
+            let present: Vec<usize> = (0..members.len()).filter(|i| !missing.contains(i)).collect();
+            let outcomes =
+                self.pool.run(present.iter().map(|&i| (members[i], Op::Read { offset: at, len })).collect());
+            let mut blocks: Vec<Vec<u8>> = vec![Vec::new(); members.len()];
+            let mut retry = false;
+            for (&i, outcome) in present.iter().zip(outcomes) {
+                match outcome {
+                    Ok(bytes) => blocks[i] = bytes,
+                    Err(e) => {
+                        self.fail_member(members[i], &format!("read failed: {e}"));
+                        retry = true;
+                    }
+                }
+            }
+            if retry {
+                continue;
+            }
+            for &i in &missing {
+                blocks[i] = vec![0u8; len];
+            }
+            self.recover(geometry.level, &mut blocks, &missing);
+            return Ok(blocks);
+        }
+        Err(ArrayError::Failed(format!("stripe {stripe} kept failing")))
+    }
+
+    /// Rebuild `missing` blocks (indices into data.., P, Q) in place.
+    fn recover(&self, level: Level, blocks: &mut [Vec<u8>], missing: &[usize]) {
+        if missing.is_empty() {
+            return;
+        }
+        match level {
+            Level::Raid5 => {
+                let m = missing[0];
+                let (others, target) = split_out(blocks, m);
+                self.parity.xor_gen(&others, target);
+            }
+            Level::Raid6 => {
+                let mut refs: Vec<&mut [u8]> = blocks.iter_mut().map(|b| b.as_mut_slice()).collect();
+                self.parity.raid6_recover(&mut refs, missing);
+            }
+            Level::Raid0 | Level::Raid1 | Level::Raid10 => {}
+        }
+    }
+
+    pub(crate) fn write_region(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
+        self.ensure_writable()?;
+        match region.geometry.level {
+            Level::Raid1 | Level::Raid10 | Level::Raid0 => self.write_plain(region, offset, data),
+            Level::Raid5 | Level::Raid6 => {
+                let pieces = split(region, offset, data.len());
+                let mut start = 0;
+                while start < pieces.len() {
+                    let stripe = pieces[start].map.stripe;
+                    let end = pieces[start..].iter().position(|p| p.map.stripe != stripe).map_or(pieces.len(), |n| start + n);
+                    self.write_stripe(region, &pieces[start..end], data)?;
+                    start = end;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Mirrors and RAID0: every piece to every working target.
+    fn write_plain(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
+        let pieces = split(region, offset, data.len());
+        let _guard = self.locks.lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+        let shared: Arc<[u8]> = Arc::from(data);
+        let mut plan = Vec::new();
+        for p in &pieces {
+            for t in p.map.targets.iter().filter(|t| !self.is_failed(t.member)) {
+                plan.push((t.member, region.base + t.offset, p.buf_off, p.len));
+            }
+        }
+        let runs = coalesce(plan.into_iter());
+        let jobs = runs
+            .iter()
+            .map(|r| {
+                // `coalesce` only merges parts contiguous in the caller's buffer.
+                let first = r.parts[0].1;
+                (r.slot, Op::Write { offset: r.member_offset, data: Arc::clone(&shared), range: first..first + r.len })
+            })
+            .collect();
+        let outcomes = self.pool.run(jobs);
+        for (run, outcome) in runs.iter().zip(outcomes) {
+            if let Err(e) = outcome {
+                self.fail_member(run.slot, &format!("write failed: {e}"));
+            }
+        }
+        // Every piece must have reached at least one working copy.
+        for p in &pieces {
+            if p.map.targets.iter().all(|t| self.is_failed(t.member)) {
+                return Err(ArrayError::Failed(format!("no working copy for group {} offset {:#x}", region.group, offset + p.buf_off as u64)));
+            }
+        }
+        self.ensure_writable()
+    }
+
+    /// One parity stripe: full-stripe write, read-modify-write or
+    /// reconstruct-write, whichever reads least; degraded stripes always
+    /// reconstruct.
+    fn write_stripe(&self, region: &Region, pieces: &[Piece], data: &[u8]) -> ArrayResult<()> {
+        let geometry = region.geometry;
+        let stripe = pieces[0].map.stripe;
+        let k = geometry.data_chunks();
+        let lo = pieces.iter().map(|p| p.map.offset_in_chunk as usize).min().unwrap_or(0);
+        let hi = pieces.iter().map(|p| p.map.offset_in_chunk as usize + p.len).max().unwrap_or(0);
+        let width = hi - lo;
+        let members = self.stripe_slots(region, stripe);
+        let nparity = members.len() - k;
+        let at = region.base + stripe * geometry.chunk + lo as u64;
+
+        // new[i]: the piece written to data chunk i, if any.
+        let mut new: Vec<Option<&Piece>> = vec![None; k];
+        for p in pieces {
+            new[p.map.data_index] = Some(p);
+        }
+        let covers = |p: &Piece| p.map.offset_in_chunk as usize == lo && p.len == width;
+        let overlay = |block: &mut [u8], p: &Piece| {
+            let from = p.map.offset_in_chunk as usize - lo;
+            block[from..from + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
+        };
+
+        let _guard = self.locks.lock_all(region.group, [stripe]);
+        self.ensure_writable()?;
+        let touched = new.iter().filter(|n| n.is_some()).count();
+        let full = new.iter().filter(|n| n.is_some_and(covers)).count();
+        let degraded = members.iter().any(|&m| self.is_failed(m));
+
+        let mut blocks: Vec<Vec<u8>>;
+        if !degraded && touched + nparity < k - full {
+            // Read-modify-write: old data of touched chunks and old parity.
+            let wanted: Vec<usize> = (0..k).filter(|&i| new[i].is_some()).chain(k..members.len()).collect();
+            let outcomes = self.pool.run(wanted.iter().map(|&i| (members[i], Op::Read { offset: at, len: width })).collect());
+            blocks = vec![Vec::new(); members.len()];
+            let mut failed = false;
+            for (&i, outcome) in wanted.iter().zip(outcomes) {
+                match outcome {
+                    Ok(b) => blocks[i] = b,
+                    Err(e) => {
+                        self.fail_member(members[i], &format!("read failed: {e}"));
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                drop(_guard);
+                return self.write_stripe(region, pieces, data);
+            }
+            let (data_blocks, parity_blocks) = blocks.split_at_mut(k);
+            for i in 0..k {
+                let Some(p) = new[i] else { continue };
+                let mut updated = data_blocks[i].clone();
+                overlay(&mut updated, p);
+                let mut delta = data_blocks[i].clone();
+                self.parity.xor_into(&mut delta, &updated);
+                match parity_blocks {
+                    [pp] => self.parity.xor_into(pp, &delta),
+                    [pp, qq] => self.parity.pq_update(i, &delta, pp, qq),
+                    _ => {}
+                }
+                data_blocks[i] = updated;
+            }
+        } else {
+            // Reconstruct-write: the whole stripe window, rebuilt where needed.
+            let must_read = (0..k).any(|i| !new[i].is_some_and(covers));
+            blocks = if must_read {
+                self.reconstruct_locked(region, stripe, lo, width, None)?
+            } else {
+                vec![vec![0u8; width]; members.len()]
+            };
+            for i in 0..k {
+                if let Some(p) = new[i] {
+                    overlay(&mut blocks[i], p);
+                }
+            }
+            let (data_blocks, parity_blocks) = blocks.split_at_mut(k);
+            let refs: Vec<&[u8]> = data_blocks.iter().map(|b| b.as_slice()).collect();
+            match parity_blocks {
+                [pp] => self.parity.xor_gen(&refs, pp),
+                [pp, qq] => self.parity.pq_gen(&refs, pp, qq),
+                _ => {}
+            }
+        }
+
+        // Write touched data chunks and the parity, on working members.
+        let targets: Vec<usize> = (0..members.len())
+            .filter(|&i| (i >= k || new[i].is_some()) && !self.is_failed(members[i]))
+            .collect();
+        let jobs = targets
+            .iter()
+            .map(|&i| {
+                let bytes: Arc<[u8]> = Arc::from(std::mem::take(&mut blocks[i]));
+                let len = bytes.len();
+                (members[i], Op::Write { offset: at, data: bytes, range: 0..len })
+            })
+            .collect();
+        for (&i, outcome) in targets.iter().zip(self.pool.run(jobs)) {
+            if let Err(e) = outcome {
+                self.fail_member(members[i], &format!("write failed: {e}"));
+            }
+        }
+        self.ensure_writable()
+    }
+}
+
+/// Split `blocks` into the others (shared) and block `m` (mutable).
+fn split_out(blocks: &mut [Vec<u8>], m: usize) -> (Vec<&[u8]>, &mut [u8]) {
+    let (before, rest) = blocks.split_at_mut(m);
+    let (target, after) = rest.split_at_mut(1);
+    let others = before.iter().chain(after.iter()).map(|b| b.as_slice()).collect();
+    (others, target[0].as_mut_slice())
+}

@@ -1,0 +1,230 @@
+//! Array state kept in the superblocks: event counter, clean/dirty, slot
+//! states, the group table; member failure; and the status report.
+
+use super::{Array, ArrayError, ArrayResult};
+use crate::superblock::{ArrayState, GroupProfile, SlotState, Superblock};
+use serde::Serialize;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// One member as the array sees it now.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberStatus {
+    pub slot: usize,
+    pub name: String,
+    pub uuid: String,
+    /// "active", "faulty" or "missing".
+    pub state: String,
+}
+
+/// A snapshot of the array, for logs, `examine` and `status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ArrayStatus {
+    pub uuid: String,
+    pub name: String,
+    pub level: String,
+    pub layout: String,
+    pub chunk: u64,
+    pub members: Vec<MemberStatus>,
+    pub events: u64,
+    pub state: String,
+    pub degraded: bool,
+    pub groups_allocated: usize,
+    pub groups_total: usize,
+    /// `[UU_U]`, as /proc/mdstat shows it.
+    pub map: String,
+}
+
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Array {
+    /// Write the current superblock to every working member (copy 0, sync,
+    /// copy 1, sync). A member that cannot take it is failed.
+    pub(crate) fn write_superblocks(&self) -> ArrayResult<()> {
+        let _serial = self.sb_write.lock();
+        let template = {
+            let mut sb = self.sb.lock();
+            sb.utime = now_secs();
+            sb.clone()
+        };
+        let mut failures = Vec::new();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..self.slots.len())
+                .filter(|&i| !self.is_failed(i))
+                .filter_map(|i| {
+                    let member = self.slots[i].member.clone()?;
+                    let mut sb: Superblock = template.clone();
+                    sb.member_uuid = self.slots[i].uuid;
+                    sb.slot = i as u32;
+                    Some((i, scope.spawn(move || sb.write_to(member.as_ref()))))
+                })
+                .collect();
+            for (i, h) in handles {
+                match h.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => failures.push((i, e.to_string())),
+                    Err(_) => failures.push((i, "superblock writer panicked".to_string())),
+                }
+            }
+        });
+        drop(_serial);
+        for (slot, why) in failures {
+            self.fail_member(slot, &format!("superblock write failed: {why}"));
+        }
+        Ok(())
+    }
+
+    /// Write every working member's superblock again (heals a damaged copy).
+    pub fn rewrite_superblocks(&self) -> ArrayResult<()> {
+        self.sb.lock().events += 1;
+        self.write_superblocks()
+    }
+
+    /// Take a member out of service after an I/O error: it is marked faulty
+    /// in the other members' superblocks (with a new event count, so a later
+    /// assembly knows it is stale) and the array goes on degraded.
+    pub(crate) fn fail_member(&self, slot: usize, why: &str) {
+        if self.slots[slot].failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        log::error!("raidfs: member {} (slot {slot}) failed: {why}", self.slots[slot].name);
+        {
+            let mut sb = self.sb.lock();
+            sb.slots[slot] = SlotState::Faulty;
+            sb.events += 1;
+        }
+        self.check_tolerance();
+        if self.broken.load(Ordering::Acquire) {
+            log::error!("raidfs: too many members lost; the array no longer accepts writes");
+        } else {
+            log::warn!("raidfs: array continues degraded without {}", self.slots[slot].name);
+        }
+        // Failures while recording this one fail those members in turn.
+        let _ = self.write_superblocks();
+    }
+
+    /// Fail a member on request (`raidfs fail`, tests).
+    pub fn fail(&self, slot: usize) -> ArrayResult<()> {
+        if slot >= self.slots.len() {
+            return Err(ArrayError::Refused(format!("no member slot {slot}")));
+        }
+        self.fail_member(slot, "failed by request");
+        Ok(())
+    }
+
+    fn set_state(&self, state: ArrayState) -> ArrayResult<()> {
+        {
+            let mut sb = self.sb.lock();
+            if sb.state == state {
+                return Ok(());
+            }
+            sb.state = state;
+            sb.events += 1;
+        }
+        self.write_superblocks()?;
+        if state == ArrayState::Dirty {
+            self.ensure_writable()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Before the first write: writes may now be in flight.
+    pub fn mark_dirty(&self) -> ArrayResult<()> {
+        self.set_state(ArrayState::Dirty)
+    }
+
+    /// After the last write and a flush: every stripe is consistent.
+    pub fn mark_clean(&self) -> ArrayResult<()> {
+        self.flush()?;
+        self.set_state(ArrayState::Clean)
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        self.sb.lock().state == ArrayState::Dirty
+    }
+
+    /// Allocated groups as (index, profile).
+    pub fn groups(&self) -> Vec<(u32, GroupProfile)> {
+        let sb = self.sb.lock();
+        sb.groups
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| **p != GroupProfile::Unallocated)
+            .map(|(i, p)| (i as u32, *p))
+            .collect()
+    }
+
+    /// Groups not yet allocated.
+    pub fn free_group_count(&self) -> usize {
+        self.sb.lock().groups.iter().filter(|p| **p == GroupProfile::Unallocated).count()
+    }
+
+    /// Allocate the lowest unallocated group with `profile`, durably.
+    pub fn allocate_group(&self, profile: GroupProfile) -> ArrayResult<u32> {
+        self.ensure_writable()?;
+        let index = {
+            let mut sb = self.sb.lock();
+            let Some(i) = sb.groups.iter().position(|p| *p == GroupProfile::Unallocated) else {
+                return Err(ArrayError::NoSpace);
+            };
+            sb.groups[i] = profile;
+            sb.events += 1;
+            i as u32
+        };
+        self.write_superblocks()?;
+        self.ensure_writable()?;
+        Ok(index)
+    }
+
+    /// Logical bytes available for file data if every group held data.
+    pub fn data_capacity(&self) -> u64 {
+        self.group_capacity(GroupProfile::Data) * self.sb.lock().groups.len() as u64
+    }
+
+    /// A copy of the array-wide superblock fields.
+    pub fn superblock(&self) -> Superblock {
+        self.sb.lock().clone()
+    }
+
+    pub fn status(&self) -> ArrayStatus {
+        let sb = self.sb.lock().clone();
+        let members: Vec<MemberStatus> = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| MemberStatus {
+                slot: i,
+                name: s.name.clone(),
+                uuid: s.uuid.to_string(),
+                state: if s.member.is_none() {
+                    "missing".into()
+                } else if s.failed.load(Ordering::Acquire) {
+                    "faulty".into()
+                } else {
+                    "active".into()
+                },
+            })
+            .collect();
+        let map: String = members.iter().map(|m| if m.state == "active" { 'U' } else { '_' }).collect();
+        ArrayStatus {
+            uuid: sb.array_uuid.to_string(),
+            name: sb.name.clone(),
+            level: self.data_geometry.level.to_string(),
+            layout: sb.layout.to_string(),
+            chunk: sb.chunk,
+            degraded: members.iter().any(|m| m.state != "active"),
+            members,
+            events: sb.events,
+            state: match sb.state {
+                ArrayState::Clean => "clean".into(),
+                ArrayState::Dirty => "active (dirty)".into(),
+            },
+            groups_allocated: sb.groups.iter().filter(|p| **p != GroupProfile::Unallocated).count(),
+            groups_total: sb.groups.len(),
+            map: format!("[{map}]"),
+        }
+    }
+}

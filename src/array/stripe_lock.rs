@@ -1,0 +1,37 @@
+//! Stripe locks: writers to one stripe are serialised (parity must be computed
+//! from a stable stripe, and mirror copies must not interleave), while writers
+//! to different stripes proceed in parallel.
+//!
+//! A fixed table of mutexes is indexed by a hash of (group, stripe); a
+//! collision only costs some parallelism. Multi-stripe operations lock in
+//! ascending table order, so two of them can never deadlock.
+
+use parking_lot::{Mutex, MutexGuard};
+
+pub struct StripeLocks {
+    table: Vec<Mutex<()>>,
+}
+
+pub struct StripeGuards<'a> {
+    _guards: Vec<MutexGuard<'a, ()>>,
+}
+
+impl StripeLocks {
+    pub fn new(size: usize) -> StripeLocks {
+        StripeLocks { table: (0..size.max(1)).map(|_| Mutex::new(())).collect() }
+    }
+
+    fn index(&self, group: u32, stripe: u64) -> usize {
+        // Fibonacci hashing spreads consecutive stripes over the table.
+        let key = (stripe ^ ((group as u64) << 44)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (key >> 32) as usize % self.table.len()
+    }
+
+    /// Lock every stripe in `stripes` of `group`.
+    pub fn lock_all(&self, group: u32, stripes: impl IntoIterator<Item = u64>) -> StripeGuards<'_> {
+        let mut idx: Vec<usize> = stripes.into_iter().map(|s| self.index(group, s)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        StripeGuards { _guards: idx.into_iter().map(|i| self.table[i].lock()).collect() }
+    }
+}

@@ -1,0 +1,200 @@
+//! Free-space allocator for Data groups: a free-extent map per group, built at
+//! open from every file's extents (so it is never persisted and cannot drift).
+//! Prefers continuing a file contiguously, then stripe-aligned runs for large
+//! requests, so big sequential writes become full-stripe writes.
+
+use std::collections::BTreeMap;
+
+use super::extent::Extent;
+use super::inode::BLOCK_SIZE;
+use super::store::{group_addr, GroupInfo, GROUP_SHIFT};
+
+#[derive(Debug)]
+struct GroupFree {
+    info: GroupInfo,
+    /// offset in group → length
+    free: BTreeMap<u64, u64>,
+    free_bytes: u64,
+    usable: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Allocator {
+    groups: BTreeMap<u32, GroupFree>,
+}
+
+fn split(addr: u64) -> (u32, u64) {
+    (
+        (addr >> GROUP_SHIFT) as u32,
+        addr & ((1u64 << GROUP_SHIFT) - 1),
+    )
+}
+
+fn round_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+impl Allocator {
+    pub fn add_group(&mut self, info: GroupInfo) {
+        let usable = info.capacity / BLOCK_SIZE * BLOCK_SIZE;
+        let mut free = BTreeMap::new();
+        if usable > 0 {
+            free.insert(0, usable);
+        }
+        self.groups.insert(
+            info.index,
+            GroupFree {
+                info,
+                free,
+                free_bytes: usable,
+                usable,
+            },
+        );
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.groups.values().map(|g| g.free_bytes).sum()
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.groups.values().map(|g| g.usable).sum()
+    }
+
+    /// Mark `ext` used while building from extents; `Err` says why it cannot be
+    /// (outside a Data group, or overlapping something already used).
+    pub fn mark_used(&mut self, ext: Extent) -> Result<(), String> {
+        let (g, off) = split(ext.addr);
+        let group = self
+            .groups
+            .get_mut(&g)
+            .ok_or_else(|| format!("extent {:#x}+{} is not in a Data group", ext.addr, ext.len))?;
+        let end = off + ext.len;
+        let (&fstart, &flen) = group
+            .free
+            .range(..=off)
+            .next_back()
+            .ok_or_else(|| format!("extent {:#x}+{} overlaps used space", ext.addr, ext.len))?;
+        if fstart + flen < end || ext.len == 0 || off % BLOCK_SIZE != 0 || ext.len % BLOCK_SIZE != 0
+        {
+            return Err(format!(
+                "extent {:#x}+{} overlaps used space or is misaligned",
+                ext.addr, ext.len
+            ));
+        }
+        group.free.remove(&fstart);
+        if fstart < off {
+            group.free.insert(fstart, off - fstart);
+        }
+        if end < fstart + flen {
+            group.free.insert(end, fstart + flen - end);
+        }
+        group.free_bytes -= ext.len;
+        Ok(())
+    }
+
+    /// Allocate up to `len` bytes (a block multiple) as one contiguous run.
+    /// Tries the `hint` address first, then a run that holds everything
+    /// (aligned to `stripe_bytes` when `len` is at least a stripe), then the
+    /// largest free run. `None` when every group is full.
+    pub fn allocate(&mut self, len: u64, hint: Option<u64>) -> Option<Extent> {
+        if let Some(h) = hint {
+            if let Some(ext) = self.take_at(h, len) {
+                return Some(ext);
+            }
+        }
+        let mut best: Option<(u32, u64, u64)> = None;
+        for (&gi, group) in &self.groups {
+            let stripe = group.info.stripe_bytes;
+            let align = if stripe >= BLOCK_SIZE && stripe % BLOCK_SIZE == 0 && len >= stripe {
+                stripe
+            } else {
+                BLOCK_SIZE
+            };
+            for (&start, &flen) in &group.free {
+                let aligned = round_up(start, align);
+                if aligned + len <= start + flen {
+                    return self.take_at(group_addr(gi, aligned), len);
+                }
+                if best.map_or(true, |(_, _, blen)| flen > blen) {
+                    best = Some((gi, start, flen));
+                }
+            }
+        }
+        let (gi, start, flen) = best?;
+        self.take_at(group_addr(gi, start), len.min(flen))
+    }
+
+    /// Take `[addr, addr+len)` or as much of it as is free from `addr` on.
+    fn take_at(&mut self, addr: u64, len: u64) -> Option<Extent> {
+        let (g, off) = split(addr);
+        let group = self.groups.get_mut(&g)?;
+        let (&fstart, &flen) = group.free.range(..=off).next_back()?;
+        if fstart + flen <= off {
+            return None;
+        }
+        let take = len.min(fstart + flen - off);
+        group.free.remove(&fstart);
+        if fstart < off {
+            group.free.insert(fstart, off - fstart);
+        }
+        if off + take < fstart + flen {
+            group.free.insert(off + take, fstart + flen - off - take);
+        }
+        group.free_bytes -= take;
+        Some(Extent { addr, len: take })
+    }
+
+    pub fn free(&mut self, ext: Extent) {
+        let (g, mut off) = split(ext.addr);
+        let Some(group) = self.groups.get_mut(&g) else {
+            return;
+        };
+        let mut len = ext.len;
+        group.free_bytes += len;
+        if let Some((&ps, &pl)) = group.free.range(..off).next_back() {
+            if ps + pl == off {
+                group.free.remove(&ps);
+                off = ps;
+                len += pl;
+            }
+        }
+        if let Some(nl) = group.free.remove(&(off + len)) {
+            len += nl;
+        }
+        group.free.insert(off, len);
+    }
+
+    /// (group, free runs) for fsck's accounting check.
+    pub fn free_runs(&self) -> Vec<(u32, u64, u64)> {
+        self.groups
+            .iter()
+            .flat_map(|(&g, gf)| gf.free.iter().map(move |(&s, &l)| (g, s, l)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::store::GroupKind;
+
+    #[test]
+    fn aligned_allocation_and_merge_on_free() {
+        let mut a = Allocator::default();
+        a.add_group(GroupInfo {
+            index: 1,
+            kind: GroupKind::Data,
+            capacity: 1 << 20,
+            stripe_bytes: 65536,
+        });
+        let small = a.allocate(4096, None).unwrap();
+        assert_eq!(small.addr, group_addr(1, 0));
+        let big = a.allocate(131072, None).unwrap();
+        assert_eq!(big.addr % 65536, 0);
+        assert_eq!(big.len, 131072);
+        a.free(small);
+        a.free(big);
+        assert_eq!(a.free_bytes(), 1 << 20);
+        assert_eq!(a.free_runs().len(), 1);
+    }
+}

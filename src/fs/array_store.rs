@@ -1,0 +1,88 @@
+//! The array engine as the filesystem's [`BlockStore`].
+
+use super::store::{BlockStore, GroupInfo, GroupKind, StoreError, GROUP_SHIFT};
+use super::{FileSystem, FsResult};
+use crate::array::{Array, ArrayError};
+use crate::superblock::GroupProfile;
+use std::sync::Arc;
+
+const _: () = assert!(GROUP_SHIFT == crate::array::GROUP_SHIFT);
+
+/// Wraps an assembled array.
+pub struct ArrayStore {
+    array: Arc<Array>,
+}
+
+impl ArrayStore {
+    pub fn new(array: Arc<Array>) -> ArrayStore {
+        ArrayStore { array }
+    }
+
+    pub fn array(&self) -> &Arc<Array> {
+        &self.array
+    }
+
+    fn info(&self, index: u32, profile: GroupProfile) -> Option<GroupInfo> {
+        let (kind, geometry) = match profile {
+            GroupProfile::Metadata => (GroupKind::Metadata, self.array.metadata_geometry()),
+            GroupProfile::Data => (GroupKind::Data, self.array.data_geometry()),
+            GroupProfile::Unallocated => return None,
+        };
+        Some(GroupInfo {
+            index,
+            kind,
+            capacity: self.array.group_capacity(profile),
+            stripe_bytes: geometry.stripe_bytes(),
+        })
+    }
+}
+
+fn store_error(e: ArrayError) -> StoreError {
+    match e {
+        ArrayError::OutOfRange(addr) => StoreError::OutOfRange(addr),
+        ArrayError::NoSpace => StoreError::NoSpace,
+        ArrayError::Unrecoverable(addr) => StoreError::Unrecoverable(addr),
+        ArrayError::Failed(why) => StoreError::ReadOnly(format!("array has failed: {why}")),
+        other => StoreError::Io(other.to_string()),
+    }
+}
+
+impl BlockStore for ArrayStore {
+    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError> {
+        match verify {
+            Some(v) => self.array.read_verified(addr, buf, v),
+            None => self.array.read(addr, buf),
+        }
+        .map_err(store_error)
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.array.write(addr, data).map_err(store_error)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.array.flush().map_err(store_error)
+    }
+
+    fn groups(&self) -> Vec<GroupInfo> {
+        self.array.groups().into_iter().filter_map(|(i, p)| self.info(i, p)).collect()
+    }
+
+    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
+        let profile = match kind {
+            GroupKind::Metadata => GroupProfile::Metadata,
+            GroupKind::Data => GroupProfile::Data,
+        };
+        let index = self.array.allocate_group(profile).map_err(store_error)?;
+        self.info(index, profile).ok_or(StoreError::NoSpace)
+    }
+
+    fn free_groups(&self) -> (u64, u64) {
+        (self.array.free_group_count() as u64, self.array.group_capacity(GroupProfile::Data))
+    }
+}
+
+/// Write an empty filesystem onto a freshly created array.
+pub fn format_array(array: Arc<Array>) -> FsResult<()> {
+    FileSystem::format(Arc::new(ArrayStore::new(array)))
+}

@@ -1,0 +1,310 @@
+//! The mounted filesystem's engine: loading (checkpoint + replay), the
+//! commit path (ordered: data flushed, then the record, then flushed), the
+//! periodic commit thread, and the lock helpers operations run under.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+
+use super::alloc::Allocator;
+use super::inode::Inode;
+use super::journal::{read_record, read_slot, Journal};
+use super::layout::{decode, encode, plan, read_header, write_header};
+use super::meta::{CommitRecord, Meta, MetaImage};
+use super::state::State;
+use super::store::{BlockStore, GroupInfo, GroupKind};
+use super::{FileKind, FsError, FsResult, ROOT_INO};
+
+/// A batch this large is committed right away instead of waiting for the timer.
+const BATCH_LIMIT: usize = 8192;
+const FILE_LOCKS: usize = 64;
+
+pub struct Inner {
+    pub store: Arc<dyn BlockStore>,
+    pub state: RwLock<State>,
+    pub journal: Mutex<Journal>,
+    pub read_only: AtomicBool,
+    file_locks: Vec<Mutex<()>>,
+}
+
+/// What [`load`] found on the store.
+pub struct Loaded {
+    pub meta: Meta,
+    pub journal: Journal,
+    pub replayed: u64,
+    /// Non-fatal findings (a bad header copy, an invalid checkpoint slot).
+    pub notes: Vec<String>,
+}
+
+pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
+    store
+        .groups()
+        .iter()
+        .filter(|g| g.kind == GroupKind::Metadata)
+        .map(|g| g.index)
+        .min()
+        .ok_or_else(|| FsError::Corrupt("the store has no Metadata group (not formatted?)".into()))
+}
+
+pub fn format(store: &dyn BlockStore) -> FsResult<()> {
+    let existing = store
+        .groups()
+        .into_iter()
+        .filter(|g| g.kind == GroupKind::Metadata)
+        .min_by_key(|g| g.index);
+    let group = match existing {
+        Some(g) => g,
+        None => store.allocate_group(GroupKind::Metadata)?,
+    };
+    let header = plan(
+        group.index,
+        group.capacity,
+        *uuid::Uuid::new_v4().as_bytes(),
+    )?;
+    let mut meta = Meta {
+        next_ino: ROOT_INO + 1,
+        next_gen: 2,
+        ..Default::default()
+    };
+    let mut root = Inode::new(ROOT_INO, 1, FileKind::Dir, 0o755, 0, 0);
+    root.nlink = 2;
+    root.parent = ROOT_INO;
+    meta.inodes.insert(ROOT_INO, root);
+    meta.dirs.insert(ROOT_INO, Default::default());
+    let mut journal = Journal {
+        header: header.clone(),
+        meta_group: group.index,
+        seq: 0,
+        tail: 0,
+        newest_slot: 1,
+    };
+    journal.checkpoint(store, &encode(&meta.image())?)?;
+    write_header(store, group.index, &journal.header)?;
+    Ok(())
+}
+
+/// Read header, newest valid checkpoint and the journal after it.
+pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
+    let meta_group = metadata_group(store)?;
+    let (header, mut notes) = read_header(store, meta_group)?;
+    let mut best: Option<(usize, super::journal::SlotContents)> = None;
+    for (i, slot) in header.slots.iter().enumerate() {
+        match read_slot(store, &header.uuid, *slot)? {
+            Some(c) => {
+                if best.as_ref().map_or(true, |(_, b)| c.seq > b.seq) {
+                    best = Some((i, c));
+                }
+            }
+            None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
+        }
+    }
+    let (newest_slot, cp) =
+        best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
+    let image: MetaImage = decode(&cp.payload, "checkpoint")?;
+    let mut meta = Meta::from_image(image);
+    let mut journal = Journal {
+        header,
+        meta_group,
+        seq: cp.seq,
+        tail: 0,
+        newest_slot,
+    };
+    let mut replayed = 0;
+    while let Some((payload, len)) =
+        read_record(store, &journal.header, journal.tail, journal.seq + 1)?
+    {
+        let rec: CommitRecord = decode(&payload, "journal record")?;
+        meta.apply(rec);
+        journal.seq += 1;
+        journal.tail += len;
+        replayed += 1;
+    }
+    if !meta.inodes.get(&ROOT_INO).is_some_and(|r| r.is_dir()) {
+        return Err(FsError::Corrupt("root directory missing".into()));
+    }
+    Ok(Loaded {
+        meta,
+        journal,
+        replayed,
+        notes,
+    })
+}
+
+/// The allocator implied by the Data groups and every file's extents.
+pub fn build_allocator(groups: &[GroupInfo], meta: &Meta) -> (Allocator, Vec<String>) {
+    let mut alloc = Allocator::default();
+    for g in groups.iter().filter(|g| g.kind == GroupKind::Data) {
+        alloc.add_group(*g);
+    }
+    let mut problems = Vec::new();
+    let mut inos: Vec<&u64> = meta.inodes.keys().collect();
+    inos.sort();
+    for ino in inos {
+        for (off, ext) in meta.inodes[ino].extents.iter() {
+            if let Err(e) = alloc.mark_used(ext) {
+                problems.push(format!("inode {ino} offset {off}: {e}"));
+            }
+        }
+    }
+    (alloc, problems)
+}
+
+impl Inner {
+    pub fn open(store: Arc<dyn BlockStore>, read_only: bool) -> FsResult<Arc<Inner>> {
+        let loaded = load(store.as_ref())?;
+        let (alloc, problems) = build_allocator(&store.groups(), &loaded.meta);
+        if !problems.is_empty() {
+            return Err(FsError::Corrupt(format!(
+                "extent map inconsistent (run fsck): {}",
+                problems.join("; ")
+            )));
+        }
+        let state = State {
+            meta: loaded.meta,
+            alloc,
+            ..Default::default()
+        };
+        let inner = Arc::new(Inner {
+            store,
+            state: RwLock::new(state),
+            journal: Mutex::new(loaded.journal),
+            read_only: AtomicBool::new(read_only),
+            file_locks: (0..FILE_LOCKS).map(|_| Mutex::new(())).collect(),
+        });
+        if !read_only {
+            inner.free_orphans()?;
+        }
+        Ok(inner)
+    }
+
+    /// Inodes left with no name (unlinked while open before a crash or
+    /// unmount) are freed now.
+    fn free_orphans(&self) -> FsResult<()> {
+        {
+            let mut st = self.state.write();
+            let orphans: Vec<u64> = st
+                .meta
+                .inodes
+                .values()
+                .filter(|i| i.nlink == 0)
+                .map(|i| i.ino)
+                .collect();
+            for ino in orphans {
+                st.free_inode(ino);
+            }
+        }
+        self.commit(false)
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    pub fn file_lock(&self, ino: u64) -> MutexGuard<'_, ()> {
+        self.file_locks[(ino % FILE_LOCKS as u64) as usize].lock()
+    }
+
+    /// Run a metadata change under the lock; it must check everything before
+    /// changing anything, so an error leaves the state as it was.
+    pub fn mutate<T>(&self, f: impl FnOnce(&mut State) -> FsResult<T>) -> FsResult<T> {
+        if self.is_read_only() {
+            return Err(FsError::ReadOnly);
+        }
+        let (res, big) = {
+            let mut st = self.state.write();
+            let res = f(&mut st);
+            (res, st.batch.size_hint() > BATCH_LIMIT)
+        };
+        if big {
+            self.commit(false)?;
+        }
+        res
+    }
+
+    /// Make every change so far durable. With `force_checkpoint` (unmount)
+    /// the full image is written even when the log has room.
+    pub fn commit(&self, force_checkpoint: bool) -> FsResult<()> {
+        let mut journal = self.journal.lock();
+        let (payload, checkpoint, freed) = {
+            let mut st = self.state.write();
+            if st.batch.is_empty() && !force_checkpoint {
+                return Ok(());
+            }
+            let (rec, freed) = st.take_record();
+            let bytes = encode(&rec)?;
+            if !force_checkpoint && journal.fits(bytes.len()) {
+                (bytes, false, freed)
+            } else {
+                (encode(&st.meta.image())?, true, freed)
+            }
+        };
+        let result = self.store.flush().map_err(FsError::from).and_then(|()| {
+            if checkpoint {
+                journal.checkpoint(self.store.as_ref(), &payload)
+            } else {
+                journal.append(self.store.as_ref(), &payload)
+            }
+        });
+        match result {
+            Ok(()) => {
+                let mut st = self.state.write();
+                for ext in freed {
+                    st.alloc.free(ext);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The in-memory state is now ahead of what can be made
+                // durable; refuse further changes rather than diverge.
+                log::error!("journal commit failed, filesystem is now read-only: {e}");
+                self.read_only.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+
+    /// Allocate a fresh Data group into the allocator; false when none is left.
+    pub fn grow(&self, st: &mut State) -> bool {
+        match self.store.allocate_group(GroupKind::Data) {
+            Ok(info) => {
+                st.alloc.add_group(info);
+                true
+            }
+            Err(e) => {
+                log::debug!("no further data group: {e}");
+                false
+            }
+        }
+    }
+}
+
+/// Commits every `interval` until the filesystem is dropped or unmounted.
+pub fn spawn_committer(
+    inner: Weak<Inner>,
+    interval: Duration,
+    stop: crossbeam_channel::Receiver<()>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("raidfs-commit".into())
+        .spawn(move || loop {
+            match stop.recv_timeout(interval) {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let Some(inner) = inner.upgrade() else { return };
+                    if inner.is_read_only() {
+                        continue;
+                    }
+                    if let Err(e) = inner.commit(false) {
+                        log::error!("periodic commit failed: {e}");
+                    }
+                }
+                _ => return,
+            }
+        });
+    if let Err(e) = spawned {
+        log::error!(
+            "cannot start the commit thread ({e}); commits happen only on fsync and unmount"
+        );
+    }
+}

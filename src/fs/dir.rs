@@ -1,0 +1,106 @@
+//! Directory contents: name → (inode, cookie) plus cookie → name, so lookup
+//! and insert are O(log n) and readdir can resume after any cookie even while
+//! entries come and go. Cookies come from a per-directory counter that never
+//! goes back; 1 and 2 are "." and "..".
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const DOT_COOKIE: u64 = 1;
+pub const DOTDOT_COOKIE: u64 = 2;
+pub const FIRST_COOKIE: u64 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    pub ino: u64,
+    pub cookie: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dir {
+    entries: BTreeMap<Vec<u8>, Slot>,
+    by_cookie: BTreeMap<u64, Vec<u8>>,
+    next_cookie: u64,
+}
+
+impl Default for Dir {
+    fn default() -> Self {
+        Dir {
+            entries: BTreeMap::new(),
+            by_cookie: BTreeMap::new(),
+            next_cookie: FIRST_COOKIE,
+        }
+    }
+}
+
+/// The serialized form (the cookie index is rebuilt on load).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DirImage {
+    pub next_cookie: u64,
+    pub entries: Vec<(Vec<u8>, Slot)>,
+}
+
+impl Dir {
+    pub fn get(&self, name: &[u8]) -> Option<Slot> {
+        self.entries.get(name).copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Insert (or replace) `name` with a fresh cookie; returns the cookie.
+    pub fn insert(&mut self, name: &[u8], ino: u64) -> u64 {
+        let cookie = self.next_cookie;
+        self.insert_with_cookie(name, ino, cookie);
+        cookie
+    }
+
+    /// Insert with a given cookie (journal replay); keeps the counter ahead of it.
+    pub fn insert_with_cookie(&mut self, name: &[u8], ino: u64, cookie: u64) {
+        if let Some(old) = self.entries.insert(name.to_vec(), Slot { ino, cookie }) {
+            self.by_cookie.remove(&old.cookie);
+        }
+        self.by_cookie.insert(cookie, name.to_vec());
+        self.next_cookie = self.next_cookie.max(cookie + 1);
+    }
+
+    pub fn remove(&mut self, name: &[u8]) -> Option<Slot> {
+        let slot = self.entries.remove(name)?;
+        self.by_cookie.remove(&slot.cookie);
+        Some(slot)
+    }
+
+    /// Entries with a cookie greater than `after`, in cookie order.
+    pub fn after(&self, after: u64) -> impl Iterator<Item = (u64, &[u8], u64)> + '_ {
+        let start = after.saturating_add(1).max(FIRST_COOKIE);
+        self.by_cookie
+            .range(start..)
+            .filter_map(move |(cookie, name)| {
+                self.entries
+                    .get(name)
+                    .map(|slot| (*cookie, name.as_slice(), slot.ino))
+            })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Slot)> + '_ {
+        self.entries.iter().map(|(n, s)| (n.as_slice(), *s))
+    }
+
+    pub fn image(&self) -> DirImage {
+        DirImage {
+            next_cookie: self.next_cookie,
+            entries: self.entries.iter().map(|(n, s)| (n.clone(), *s)).collect(),
+        }
+    }
+
+    pub fn from_image(img: DirImage) -> Dir {
+        let mut dir = Dir::default();
+        for (name, slot) in img.entries {
+            dir.insert_with_cookie(&name, slot.ino, slot.cookie);
+        }
+        dir.next_cookie = dir.next_cookie.max(img.next_cookie);
+        dir
+    }
+}

@@ -1,0 +1,237 @@
+//! The write-ahead log and checkpoints.
+//!
+//! A journal record is `[magic u32 | len u32 | seq u64 | payload crc u32 |
+//! header crc u32]` + payload, padded to whole blocks, appended at the log
+//! tail. Both crcs are seeded with the filesystem uuid, so records left over
+//! from an earlier format never pass. Replay accepts only consecutive
+//! sequence numbers after the checkpoint's, stopping at the first record that
+//! is missing or fails a check (a torn commit). When the log is full the whole
+//! metadata image is written to the older checkpoint slot instead and the log
+//! restarts at its beginning.
+
+use super::inode::BLOCK_SIZE;
+use super::layout::{round_up, write_header, FsHeader, Region};
+use super::store::{group_addr, BlockStore, GroupKind, StoreError};
+use super::{FsError, FsResult};
+
+const RECORD_MAGIC: u32 = 0x4c52_4652; // "RFRL"
+const CHECKPOINT_MAGIC: u32 = 0x4b43_4652; // "RFCK"
+const RECORD_HEADER: usize = 24;
+const CHECKPOINT_HEADER: usize = 32;
+
+/// Where the log and checkpoints stand.
+#[derive(Debug, Clone)]
+pub struct Journal {
+    pub header: FsHeader,
+    pub meta_group: u32,
+    /// Sequence number of the last durable record or checkpoint.
+    pub seq: u64,
+    /// Offset of the next record within the journal region.
+    pub tail: u64,
+    /// Slot holding the newest checkpoint.
+    pub newest_slot: usize,
+}
+
+fn seeded_crc(uuid: &[u8; 16], parts: &[&[u8]]) -> u32 {
+    parts
+        .iter()
+        .fold(crc32c::crc32c(uuid), |crc, p| crc32c::crc32c_append(crc, p))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+pub fn record_bytes(payload_len: usize) -> u64 {
+    round_up((RECORD_HEADER + payload_len) as u64, BLOCK_SIZE)
+}
+
+fn encode_record(uuid: &[u8; 16], seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record_bytes(payload.len()) as usize);
+    out.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&seeded_crc(uuid, &[payload]).to_le_bytes());
+    let hcrc = seeded_crc(uuid, &[&out[..20]]);
+    out.extend_from_slice(&hcrc.to_le_bytes());
+    out.extend_from_slice(payload);
+    out.resize(record_bytes(payload.len()) as usize, 0);
+    out
+}
+
+/// (len, payload crc) of a record header that is whole and has `seq`.
+fn parse_record_header(uuid: &[u8; 16], b: &[u8], seq: u64, max_len: u64) -> Option<(usize, u32)> {
+    if b.len() < RECORD_HEADER || u32_at(b, 0) != RECORD_MAGIC || u64_at(b, 8) != seq {
+        return None;
+    }
+    if seeded_crc(uuid, &[&b[..20]]) != u32_at(b, 20) {
+        return None;
+    }
+    let len = u32_at(b, 4) as usize;
+    (record_bytes(len) <= max_len).then_some((len, u32_at(b, 16)))
+}
+
+fn encode_checkpoint_header(uuid: &[u8; 16], seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(BLOCK_SIZE as usize);
+    out.extend_from_slice(&CHECKPOINT_MAGIC.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&seeded_crc(uuid, &[payload]).to_le_bytes());
+    let hcrc = seeded_crc(uuid, &[&out[..28]]);
+    out.extend_from_slice(&hcrc.to_le_bytes());
+    out.resize(BLOCK_SIZE as usize, 0);
+    out
+}
+
+/// (seq, len, payload crc) of a whole checkpoint header.
+fn parse_checkpoint_header(uuid: &[u8; 16], b: &[u8], slot_len: u64) -> Option<(u64, usize, u32)> {
+    if b.len() < CHECKPOINT_HEADER || u32_at(b, 0) != CHECKPOINT_MAGIC {
+        return None;
+    }
+    if seeded_crc(uuid, &[&b[..28]]) != u32_at(b, 28) {
+        return None;
+    }
+    let len = u64_at(b, 16);
+    (len + BLOCK_SIZE <= slot_len).then_some((u64_at(b, 8), len as usize, u32_at(b, 24)))
+}
+
+/// Read with a checksum test; `None` when no copy passes it.
+fn read_verified(
+    store: &dyn BlockStore,
+    addr: u64,
+    len: usize,
+    ok: &dyn Fn(&[u8]) -> bool,
+) -> FsResult<Option<Vec<u8>>> {
+    let mut buf = vec![0u8; len];
+    match store.read(addr, &mut buf, Some(ok)) {
+        Ok(()) => Ok(Some(buf)),
+        Err(StoreError::Unrecoverable(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A checkpoint found in a slot.
+pub struct SlotContents {
+    pub seq: u64,
+    pub payload: Vec<u8>,
+}
+
+pub fn read_slot(
+    store: &dyn BlockStore,
+    uuid: &[u8; 16],
+    slot: Region,
+) -> FsResult<Option<SlotContents>> {
+    let header_ok = |b: &[u8]| parse_checkpoint_header(uuid, b, slot.len).is_some();
+    let Some(head) = read_verified(store, slot.addr, BLOCK_SIZE as usize, &header_ok)? else {
+        return Ok(None);
+    };
+    let Some((seq, len, crc)) = parse_checkpoint_header(uuid, &head, slot.len) else {
+        return Ok(None);
+    };
+    let payload_ok = |b: &[u8]| seeded_crc(uuid, &[b]) == crc;
+    let Some(payload) = read_verified(store, slot.addr + BLOCK_SIZE, len, &payload_ok)? else {
+        return Ok(None);
+    };
+    Ok(Some(SlotContents { seq, payload }))
+}
+
+/// Read the next record (sequence `seq`) at `tail`; `None` at the end of the log.
+pub fn read_record(
+    store: &dyn BlockStore,
+    header: &FsHeader,
+    tail: u64,
+    seq: u64,
+) -> FsResult<Option<(Vec<u8>, u64)>> {
+    let uuid = &header.uuid;
+    let room = header.journal.len.saturating_sub(tail);
+    if room < BLOCK_SIZE {
+        return Ok(None);
+    }
+    let addr = header.journal.addr + tail;
+    let header_ok = |b: &[u8]| parse_record_header(uuid, b, seq, room).is_some();
+    let Some(first) = read_verified(store, addr, BLOCK_SIZE as usize, &header_ok)? else {
+        return Ok(None);
+    };
+    let Some((len, crc)) = parse_record_header(uuid, &first, seq, room) else {
+        return Ok(None);
+    };
+    let payload_ok = |b: &[u8]| seeded_crc(uuid, &[b]) == crc;
+    let Some(payload) = read_verified(store, addr + RECORD_HEADER as u64, len, &payload_ok)? else {
+        return Ok(None);
+    };
+    Ok(Some((payload, record_bytes(len))))
+}
+
+impl Journal {
+    pub fn fits(&self, payload_len: usize) -> bool {
+        self.tail + record_bytes(payload_len) <= self.header.journal.len
+    }
+
+    /// Append one record (the caller flushed data first) and make it durable.
+    pub fn append(&mut self, store: &dyn BlockStore, payload: &[u8]) -> FsResult<()> {
+        let seq = self.seq + 1;
+        let rec = encode_record(&self.header.uuid, seq, payload);
+        store.write(self.header.journal.addr + self.tail, &rec)?;
+        store.flush()?;
+        self.seq = seq;
+        self.tail += rec.len() as u64;
+        Ok(())
+    }
+
+    /// Write a full image to the older slot (moving the slots to a new
+    /// Metadata group if it does not fit), make it durable, restart the log.
+    pub fn checkpoint(&mut self, store: &dyn BlockStore, image: &[u8]) -> FsResult<()> {
+        let seq = self.seq + 1;
+        let needed = BLOCK_SIZE + image.len() as u64;
+        let mut target = 1 - self.newest_slot;
+        let mut new_header = None;
+        if needed > self.header.slots[target].len {
+            let group = store
+                .allocate_group(GroupKind::Metadata)
+                .map_err(|e| match e {
+                    StoreError::NoSpace => FsError::NoSpace,
+                    other => other.into(),
+                })?;
+            let half = group.capacity / 2 / BLOCK_SIZE * BLOCK_SIZE;
+            if needed > half {
+                return Err(FsError::NoSpace);
+            }
+            let mut h = self.header.clone();
+            h.generation += 1;
+            h.slots = [
+                Region {
+                    addr: group_addr(group.index, 0),
+                    len: half,
+                },
+                Region {
+                    addr: group_addr(group.index, half),
+                    len: half,
+                },
+            ];
+            target = 0;
+            new_header = Some(h);
+        }
+        let slot = new_header.as_ref().unwrap_or(&self.header).slots[target];
+        store.write(slot.addr + BLOCK_SIZE, image)?;
+        store.write(
+            slot.addr,
+            &encode_checkpoint_header(&self.header.uuid, seq, image),
+        )?;
+        store.flush()?;
+        if let Some(h) = new_header {
+            write_header(store, self.meta_group, &h)?;
+            self.header = h;
+        }
+        self.seq = seq;
+        self.newest_slot = target;
+        self.tail = 0;
+        Ok(())
+    }
+}

@@ -1,0 +1,362 @@
+//! File data: read, write, truncate, fallocate. Block allocation and the
+//! extent map change under the metadata lock; the data I/O itself runs
+//! outside it (only the per-file lock is held), so reads and writes of
+//! different files proceed in parallel.
+//!
+//! Invariant kept by every path: bytes of allocated blocks past the end of
+//! file are zero, so extending a file never exposes old data.
+
+use super::super::core::Inner;
+use super::super::extent::Extent;
+use super::super::inode::{Inode, Time, BLOCK_SIZE};
+use super::super::layout::round_up;
+use super::super::perm::{S_ISGID, S_ISUID};
+use super::super::state::State;
+use super::super::{Caller, FallocateMode, FileKind, FsError, FsResult};
+
+/// Largest file size (keeps offsets far from overflow).
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+const ZERO_CHUNK: u64 = 1 << 20;
+
+fn round_down(v: u64) -> u64 {
+    v / BLOCK_SIZE * BLOCK_SIZE
+}
+
+/// One block-aligned piece of a write: where it goes and whether the blocks
+/// were allocated for this call.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    file_off: u64,
+    len: u64,
+    addr: u64,
+    fresh: bool,
+}
+
+fn regular_file(inode: &Inode) -> FsResult<()> {
+    match inode.kind {
+        FileKind::File => Ok(()),
+        FileKind::Dir => Err(FsError::IsDir),
+        _ => Err(FsError::Invalid("not a regular file")),
+    }
+}
+
+impl Inner {
+    pub fn read_data(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
+        let (segments, end) = {
+            let st = self.state.read();
+            let inode = st.inode(ino)?;
+            regular_file(inode)?;
+            if offset >= inode.size || size == 0 {
+                return Ok(Vec::new());
+            }
+            let end = offset.saturating_add(size as u64).min(inode.size);
+            (inode.extents.segments(offset, end), end)
+        };
+        let mut out = vec![0u8; (end - offset) as usize];
+        for seg in segments {
+            if let Some(addr) = seg.addr {
+                let at = (seg.file_off - offset) as usize;
+                self.store
+                    .read(addr, &mut out[at..at + seg.len as usize], None)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Map `[start, end)` (block aligned), allocating the holes. With
+    /// `holes_only` the already mapped parts are left out of the result.
+    /// On NoSpace everything allocated here is given back.
+    fn plan_blocks(
+        &self,
+        ino: u64,
+        start: u64,
+        end: u64,
+        holes_only: bool,
+    ) -> FsResult<Vec<Piece>> {
+        let mut st = self.state.write();
+        let inode = st.inode(ino)?;
+        regular_file(inode)?;
+        let segments = inode.extents.segments(start, end);
+        let mut hint = inode.extents.continuation_hint(start);
+        let mut plan = Vec::new();
+        for seg in segments {
+            match seg.addr {
+                Some(addr) => {
+                    hint = Some(addr + seg.len);
+                    if !holes_only {
+                        plan.push(Piece {
+                            file_off: seg.file_off,
+                            len: seg.len,
+                            addr,
+                            fresh: false,
+                        });
+                    }
+                }
+                None => {
+                    let mut done = 0;
+                    while done < seg.len {
+                        let ext = match self.allocate(&mut st, seg.len - done, hint) {
+                            Some(ext) => ext,
+                            None => {
+                                for p in plan.iter().filter(|p| p.fresh) {
+                                    st.alloc.free(Extent {
+                                        addr: p.addr,
+                                        len: p.len,
+                                    });
+                                }
+                                return Err(FsError::NoSpace);
+                            }
+                        };
+                        plan.push(Piece {
+                            file_off: seg.file_off + done,
+                            len: ext.len,
+                            addr: ext.addr,
+                            fresh: true,
+                        });
+                        hint = Some(ext.addr + ext.len);
+                        done += ext.len;
+                    }
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    fn allocate(&self, st: &mut State, len: u64, hint: Option<u64>) -> Option<Extent> {
+        loop {
+            if let Some(ext) = st.alloc.allocate(len, hint) {
+                return Some(ext);
+            }
+            if !self.grow(st) {
+                return None;
+            }
+        }
+    }
+
+    fn give_back(&self, plan: &[Piece]) {
+        let mut st = self.state.write();
+        for p in plan.iter().filter(|p| p.fresh) {
+            st.alloc.free(Extent {
+                addr: p.addr,
+                len: p.len,
+            });
+        }
+    }
+
+    /// Record the fresh pieces in the inode and let `update` adjust it.
+    fn install(&self, ino: u64, plan: &[Piece], update: impl FnOnce(&mut Inode)) -> FsResult<()> {
+        let mut st = self.state.write();
+        if st.inode(ino).is_err() {
+            drop(st);
+            self.give_back(plan);
+            return Err(FsError::Stale);
+        }
+        let inode = st.inode_mut(ino)?;
+        for p in plan.iter().filter(|p| p.fresh) {
+            inode.extents.insert(p.file_off, p.addr, p.len);
+        }
+        update(inode);
+        Ok(())
+    }
+
+    fn write_pieces(&self, plan: &[Piece], offset: u64, data: &[u8]) -> FsResult<()> {
+        let end = offset + data.len() as u64;
+        for p in plan {
+            let p_end = p.file_off + p.len;
+            if p.file_off >= offset && p_end <= end {
+                let at = (p.file_off - offset) as usize;
+                self.store.write(p.addr, &data[at..at + p.len as usize])?;
+                continue;
+            }
+            let mut buf = vec![0u8; p.len as usize];
+            if !p.fresh {
+                if p.file_off < offset {
+                    self.store
+                        .read(p.addr, &mut buf[..BLOCK_SIZE as usize], None)?;
+                }
+                if p_end > end {
+                    let last = (p.len - BLOCK_SIZE) as usize;
+                    self.store
+                        .read(p.addr + last as u64, &mut buf[last..], None)?;
+                }
+            }
+            let from = offset.max(p.file_off);
+            let to = end.min(p_end);
+            buf[(from - p.file_off) as usize..(to - p.file_off) as usize]
+                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            self.store.write(p.addr, &buf)?;
+        }
+        Ok(())
+    }
+
+    pub fn write_data(
+        &self,
+        caller: Option<&Caller>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<usize> {
+        if self.is_read_only() {
+            return Err(FsError::ReadOnly);
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(FsError::TooBig)?;
+        if data.is_empty() {
+            self.state.read().inode(ino).and_then(regular_file)?;
+            return Ok(0);
+        }
+        let _file = self.file_lock(ino);
+        let plan = self.plan_blocks(ino, round_down(offset), round_up(end, BLOCK_SIZE), false)?;
+        if let Err(e) = self.write_pieces(&plan, offset, data) {
+            self.give_back(&plan);
+            return Err(e);
+        }
+        let drop_setid = caller.is_some_and(|c| c.uid != 0);
+        self.install(ino, &plan, |inode| {
+            inode.size = inode.size.max(end);
+            let now = Time::now();
+            inode.mtime = now;
+            inode.ctime = now;
+            if drop_setid {
+                inode.perm &= !S_ISUID;
+                if inode.perm & 0o010 != 0 {
+                    inode.perm &= !S_ISGID;
+                }
+            }
+        })?;
+        self.commit_if_large()?;
+        Ok(data.len())
+    }
+
+    fn commit_if_large(&self) -> FsResult<()> {
+        let big = self.state.read().batch.size_hint() > 8192;
+        if big {
+            self.commit(false)?;
+        }
+        Ok(())
+    }
+
+    fn write_zeros(&self, addr: u64, len: u64) -> FsResult<()> {
+        let chunk = vec![0u8; len.min(ZERO_CHUNK) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(ZERO_CHUNK);
+            self.store.write(addr + done, &chunk[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Zero the mapped parts of `[start, end)` of the file.
+    fn zero_range(&self, ino: u64, start: u64, end: u64) -> FsResult<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let segments = self.state.read().inode(ino)?.extents.segments(start, end);
+        for seg in segments {
+            if let Some(addr) = seg.addr {
+                self.write_zeros(addr, seg.len)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Set the size; the caller holds the file lock and checked permissions.
+    pub fn truncate_locked(&self, ino: u64, new_size: u64) -> FsResult<()> {
+        if new_size > MAX_FILE_SIZE {
+            return Err(FsError::TooBig);
+        }
+        if self.is_read_only() {
+            return Err(FsError::ReadOnly);
+        }
+        let old_size = {
+            let st = self.state.read();
+            let inode = st.inode(ino)?;
+            regular_file(inode)?;
+            inode.size
+        };
+        if new_size < old_size {
+            self.zero_range(ino, new_size, round_up(new_size, BLOCK_SIZE))?;
+        }
+        self.mutate(|st| {
+            let inode = st.inode_mut(ino)?;
+            let freed = if new_size < inode.size {
+                inode
+                    .extents
+                    .remove_range(round_up(new_size, BLOCK_SIZE), u64::MAX)
+            } else {
+                Vec::new()
+            };
+            inode.size = new_size;
+            let now = Time::now();
+            inode.mtime = now;
+            inode.ctime = now;
+            st.batch.freed.extend(freed);
+            Ok(())
+        })
+    }
+
+    pub fn fallocate_data(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> FsResult<()> {
+        if self.is_read_only() {
+            return Err(FsError::ReadOnly);
+        }
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate of zero length"));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(FsError::TooBig)?;
+        let _file = self.file_lock(ino);
+        if mode.punch_hole {
+            if !mode.keep_size {
+                return Err(FsError::Unsupported("PUNCH_HOLE without KEEP_SIZE"));
+            }
+            self.state.read().inode(ino).and_then(regular_file)?;
+            let inner_start = round_up(offset, BLOCK_SIZE);
+            let inner_end = round_down(end);
+            if inner_start >= inner_end {
+                self.zero_range(ino, offset, end)?;
+            } else {
+                self.zero_range(ino, offset, inner_start)?;
+                self.zero_range(ino, inner_end, end)?;
+            }
+            return self.mutate(|st| {
+                let inode = st.inode_mut(ino)?;
+                let freed = if inner_start < inner_end {
+                    inode.extents.remove_range(inner_start, inner_end)
+                } else {
+                    Vec::new()
+                };
+                let now = Time::now();
+                inode.mtime = now;
+                inode.ctime = now;
+                st.batch.freed.extend(freed);
+                Ok(())
+            });
+        }
+        let plan = self.plan_blocks(ino, round_down(offset), round_up(end, BLOCK_SIZE), true)?;
+        for p in &plan {
+            if let Err(e) = self.write_zeros(p.addr, p.len) {
+                self.give_back(&plan);
+                return Err(e);
+            }
+        }
+        self.install(ino, &plan, |inode| {
+            let now = Time::now();
+            if !mode.keep_size && end > inode.size {
+                inode.size = end;
+                inode.mtime = now;
+            }
+            inode.ctime = now;
+        })
+    }
+}

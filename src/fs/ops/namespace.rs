@@ -1,0 +1,171 @@
+//! Creating, finding, linking and removing names. Each function checks
+//! everything before it changes anything, so an error changes nothing.
+
+use super::super::inode::Inode;
+use super::super::perm::{self, in_group, S_ISGID, W_OK, X_OK};
+use super::super::state::{check_name, State, MAX_LINKS};
+use super::super::{Attr, Caller, FileKind, FsError, FsResult};
+
+/// What a new inode is.
+pub struct NewNode<'a> {
+    pub kind: FileKind,
+    pub perm: u16,
+    pub rdev: u32,
+    pub target: &'a [u8],
+}
+
+/// The parent as a live directory the caller may search.
+pub fn searchable_dir<'a>(st: &'a State, caller: &Caller, parent: u64) -> FsResult<&'a Inode> {
+    let dir = st.inode(parent)?;
+    if !dir.is_dir() {
+        return Err(FsError::NotDir);
+    }
+    perm::check(caller, dir, X_OK)?;
+    Ok(dir)
+}
+
+/// The parent as a live directory the caller may add to / remove from.
+pub fn writable_dir<'a>(st: &'a State, caller: &Caller, parent: u64) -> FsResult<&'a Inode> {
+    let dir = searchable_dir(st, caller, parent)?;
+    if dir.nlink == 0 {
+        return Err(FsError::NotFound);
+    }
+    perm::check(caller, dir, W_OK)?;
+    Ok(dir)
+}
+
+pub fn lookup(st: &State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult<Attr> {
+    let dir = searchable_dir(st, caller, parent)?;
+    let ino = match name {
+        b"." => parent,
+        b".." => dir.parent,
+        _ => {
+            check_name(name)?;
+            st.dir(parent)?.get(name).ok_or(FsError::NotFound)?.ino
+        }
+    };
+    Ok(st.inode(ino)?.attr())
+}
+
+pub fn create(
+    st: &mut State,
+    caller: &Caller,
+    parent: u64,
+    name: &[u8],
+    node: NewNode,
+) -> FsResult<Attr> {
+    check_name(name)?;
+    let dir = writable_dir(st, caller, parent)?;
+    if name == b"." || name == b".." || st.dir(parent)?.get(name).is_some() {
+        return Err(FsError::Exists);
+    }
+    if node.kind == FileKind::Dir && dir.nlink >= MAX_LINKS {
+        return Err(FsError::TooManyLinks);
+    }
+    let mut perm = node.perm & 0o7777;
+    let gid = if dir.perm & S_ISGID != 0 {
+        if node.kind == FileKind::Dir {
+            perm |= S_ISGID;
+        }
+        dir.gid
+    } else {
+        caller.gid
+    };
+    if node.kind != FileKind::Dir
+        && perm & S_ISGID != 0
+        && caller.uid != 0
+        && !in_group(caller, gid)
+    {
+        perm &= !S_ISGID;
+    }
+    let ino = st.new_inode(node.kind, perm, caller.uid, gid);
+    let inode = st.inode_mut(ino)?;
+    inode.rdev = node.rdev;
+    if node.kind == FileKind::Symlink {
+        inode.target = node.target.to_vec();
+        inode.size = node.target.len() as u64;
+    }
+    if node.kind == FileKind::Dir {
+        inode.nlink = 2;
+        inode.parent = parent;
+        st.inode_mut(parent)?.nlink += 1;
+    }
+    st.dir_insert(parent, name, ino)?;
+    st.touch_mc(parent);
+    Ok(st.inode(ino)?.attr())
+}
+
+pub fn link(
+    st: &mut State,
+    caller: &Caller,
+    ino: u64,
+    new_parent: u64,
+    new_name: &[u8],
+) -> FsResult<Attr> {
+    check_name(new_name)?;
+    let target = st.inode(ino)?;
+    if target.is_dir() {
+        return Err(FsError::Perm);
+    }
+    if target.nlink == 0 {
+        return Err(FsError::NotFound);
+    }
+    if target.nlink >= MAX_LINKS {
+        return Err(FsError::TooManyLinks);
+    }
+    writable_dir(st, caller, new_parent)?;
+    if new_name == b"." || new_name == b".." || st.dir(new_parent)?.get(new_name).is_some() {
+        return Err(FsError::Exists);
+    }
+    st.dir_insert(new_parent, new_name, ino)?;
+    let inode = st.inode_mut(ino)?;
+    inode.nlink += 1;
+    inode.ctime = super::super::inode::Time::now();
+    st.touch_mc(new_parent);
+    Ok(st.inode(ino)?.attr())
+}
+
+/// The entry `name` in `parent` for removal: (child inode number).
+fn removable(st: &State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult<u64> {
+    let dir = writable_dir(st, caller, parent)?;
+    let slot = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+    let child = st.inode(slot.ino)?;
+    if !perm::sticky_allows(caller, dir, child) {
+        return Err(FsError::Perm);
+    }
+    Ok(slot.ino)
+}
+
+pub fn unlink(st: &mut State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult<()> {
+    if name == b"." || name == b".." {
+        return Err(FsError::IsDir);
+    }
+    check_name(name)?;
+    let child = removable(st, caller, parent, name)?;
+    if st.inode(child)?.is_dir() {
+        return Err(FsError::IsDir);
+    }
+    st.dir_remove(parent, name);
+    st.touch_mc(parent);
+    st.drop_link(child)
+}
+
+pub fn rmdir(st: &mut State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult<()> {
+    match name {
+        b"." => return Err(FsError::Invalid("cannot remove \".\"")),
+        b".." => return Err(FsError::NotEmpty),
+        _ => check_name(name)?,
+    }
+    let child = removable(st, caller, parent, name)?;
+    if !st.inode(child)?.is_dir() {
+        return Err(FsError::NotDir);
+    }
+    if !st.dir(child)?.is_empty() {
+        return Err(FsError::NotEmpty);
+    }
+    st.dir_remove(parent, name);
+    let p = st.inode_mut(parent)?;
+    p.nlink = p.nlink.saturating_sub(1);
+    st.touch_mc(parent);
+    st.drop_link(child)
+}

@@ -1,0 +1,50 @@
+//! POSIX permission rules: owner/group/other classes with supplementary
+//! groups, root's bypass (except that exec needs some x bit), sticky
+//! directories.
+
+use super::inode::Inode;
+use super::{Caller, FileKind, FsError, FsResult};
+
+pub const R_OK: u32 = 4;
+pub const W_OK: u32 = 2;
+pub const X_OK: u32 = 1;
+pub const S_ISUID: u16 = 0o4000;
+pub const S_ISGID: u16 = 0o2000;
+pub const S_ISVTX: u16 = 0o1000;
+
+pub fn in_group(caller: &Caller, gid: u32) -> bool {
+    caller.gid == gid || caller.groups.contains(&gid)
+}
+
+pub fn may(caller: &Caller, inode: &Inode, mask: u32) -> bool {
+    if caller.uid == 0 {
+        return mask & X_OK == 0 || inode.kind == FileKind::Dir || inode.perm & 0o111 != 0;
+    }
+    let bits = if caller.uid == inode.uid {
+        inode.perm >> 6
+    } else if in_group(caller, inode.gid) {
+        inode.perm >> 3
+    } else {
+        inode.perm
+    } as u32
+        & 7;
+    bits & mask == mask
+}
+
+pub fn check(caller: &Caller, inode: &Inode, mask: u32) -> FsResult<()> {
+    if may(caller, inode, mask) {
+        Ok(())
+    } else {
+        Err(FsError::Access)
+    }
+}
+
+/// In a sticky directory only the file's owner, the directory's owner or
+/// root may remove or rename an entry.
+pub fn sticky_allows(caller: &Caller, dir: &Inode, victim: &Inode) -> bool {
+    dir.perm & S_ISVTX == 0 || caller.uid == 0 || caller.uid == dir.uid || caller.uid == victim.uid
+}
+
+pub fn is_owner_or_root(caller: &Caller, inode: &Inode) -> bool {
+    caller.uid == 0 || caller.uid == inode.uid
+}

@@ -1,0 +1,186 @@
+//! The mutable state behind the metadata lock: the metadata itself, the
+//! allocator, open counts and the batch of changes not yet journaled, with the
+//! small helpers every operation uses to change metadata *and* record it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::alloc::Allocator;
+use super::dir::Dir;
+use super::extent::Extent;
+use super::inode::{Inode, Time};
+use super::meta::{CommitRecord, DirOp, Meta};
+use super::{FileKind, FsError, FsResult};
+
+/// Changes since the last commit.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Inodes whose image must be logged (or whose deletion, if gone).
+    pub dirty: BTreeSet<u64>,
+    pub dir_ops: Vec<DirOp>,
+    /// Extents freed in this batch: reusable only once the batch is durable,
+    /// so a crash can never leave a committed file pointing at reused blocks.
+    pub freed: Vec<Extent>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.dirty.is_empty() && self.dir_ops.is_empty() && self.freed.is_empty()
+    }
+
+    pub fn size_hint(&self) -> usize {
+        self.dirty.len() + self.dir_ops.len()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct State {
+    pub meta: Meta,
+    pub alloc: Allocator,
+    pub batch: Batch,
+    pub open_counts: HashMap<u64, u32>,
+}
+
+pub const MAX_NAME: usize = 255;
+pub const MAX_LINKS: u32 = 65000;
+
+pub fn check_name(name: &[u8]) -> FsResult<()> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(FsError::Invalid("bad file name"));
+    }
+    if name.len() > MAX_NAME {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
+}
+
+impl State {
+    pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
+        self.meta.inodes.get(&ino).ok_or(FsError::Stale)
+    }
+
+    pub fn inode_mut(&mut self, ino: u64) -> FsResult<&mut Inode> {
+        self.batch.dirty.insert(ino);
+        self.meta.inodes.get_mut(&ino).ok_or(FsError::Stale)
+    }
+
+    pub fn dir(&self, ino: u64) -> FsResult<&Dir> {
+        match self.meta.dirs.get(&ino) {
+            Some(d) => Ok(d),
+            None if self.meta.inodes.contains_key(&ino) => Err(FsError::NotDir),
+            None => Err(FsError::Stale),
+        }
+    }
+
+    pub fn new_inode(&mut self, kind: FileKind, perm: u16, uid: u32, gid: u32) -> u64 {
+        let ino = self.meta.next_ino;
+        self.meta.next_ino += 1;
+        let generation = self.meta.next_gen;
+        self.meta.next_gen += 1;
+        let inode = Inode::new(ino, generation, kind, perm, uid, gid);
+        if kind == FileKind::Dir {
+            self.meta.dirs.insert(ino, Dir::default());
+        }
+        self.meta.inodes.insert(ino, inode);
+        self.batch.dirty.insert(ino);
+        ino
+    }
+
+    pub fn dir_insert(&mut self, dir: u64, name: &[u8], ino: u64) -> FsResult<()> {
+        let d = self.meta.dirs.get_mut(&dir).ok_or(FsError::NotDir)?;
+        let cookie = d.insert(name, ino);
+        self.batch.dir_ops.push(DirOp::Insert {
+            dir,
+            name: name.to_vec(),
+            ino,
+            cookie,
+        });
+        Ok(())
+    }
+
+    pub fn dir_remove(&mut self, dir: u64, name: &[u8]) {
+        if let Some(d) = self.meta.dirs.get_mut(&dir) {
+            if d.remove(name).is_some() {
+                self.batch.dir_ops.push(DirOp::Remove {
+                    dir,
+                    name: name.to_vec(),
+                });
+            }
+        }
+    }
+
+    pub fn touch_mc(&mut self, ino: u64) {
+        let now = Time::now();
+        if let Ok(i) = self.inode_mut(ino) {
+            i.mtime = now;
+            i.ctime = now;
+        }
+    }
+
+    pub fn touch_c(&mut self, ino: u64) {
+        let now = Time::now();
+        if let Ok(i) = self.inode_mut(ino) {
+            i.ctime = now;
+        }
+    }
+
+    pub fn is_open(&self, ino: u64) -> bool {
+        self.open_counts.get(&ino).is_some_and(|c| *c > 0)
+    }
+
+    /// Drop one name of `ino` (for a directory: its only name); frees the
+    /// inode when no name and no open handle is left.
+    pub fn drop_link(&mut self, ino: u64) -> FsResult<()> {
+        let inode = self.inode_mut(ino)?;
+        if inode.kind == FileKind::Dir {
+            inode.nlink = 0;
+        } else {
+            inode.nlink = inode.nlink.saturating_sub(1);
+        }
+        inode.ctime = Time::now();
+        if inode.nlink == 0 && !self.is_open(ino) {
+            self.free_inode(ino);
+        }
+        Ok(())
+    }
+
+    pub fn free_inode(&mut self, ino: u64) {
+        if let Some(mut inode) = self.meta.inodes.remove(&ino) {
+            self.batch.freed.extend(inode.extents.take_all());
+        }
+        self.meta.dirs.remove(&ino);
+        self.open_counts.remove(&ino);
+        self.batch.dirty.insert(ino);
+    }
+
+    /// Take the batch as a journal record (inode images as they are now).
+    pub fn take_record(&mut self) -> (CommitRecord, Vec<Extent>) {
+        let batch = std::mem::take(&mut self.batch);
+        let mut rec = CommitRecord {
+            next_ino: self.meta.next_ino,
+            next_gen: self.meta.next_gen,
+            dir_ops: batch.dir_ops,
+            ..Default::default()
+        };
+        for ino in batch.dirty {
+            match self.meta.inodes.get(&ino) {
+                Some(inode) => rec.puts.push(inode.clone()),
+                None => rec.deleted.push(ino),
+            }
+        }
+        (rec, batch.freed)
+    }
+
+    /// Is `ancestor` on the ".." chain from `dir` up to the root?
+    pub fn is_ancestor(&self, ancestor: u64, mut dir: u64) -> bool {
+        for _ in 0..100_000 {
+            if dir == ancestor {
+                return true;
+            }
+            match self.meta.inodes.get(&dir) {
+                Some(i) if i.parent != dir => dir = i.parent,
+                _ => return false,
+            }
+        }
+        false
+    }
+}

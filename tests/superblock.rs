@@ -1,0 +1,521 @@
+//! Superblock format: round trips, checksum coverage, the two-copy rule and
+//! field validation.
+
+use proptest::prelude::*;
+use raidfs::geometry::{Geometry, Layout, Level};
+use raidfs::member::faulty::{FaultyMember, Ops};
+use raidfs::member::memory::MemoryMember;
+use raidfs::member::Member;
+use raidfs::superblock::*;
+use uuid::Uuid;
+
+const CHUNK: u64 = 4096;
+const GROUPS: usize = 4;
+
+/// A valid superblock with a small data area (4 groups of one chunk).
+fn sample(events: u64) -> Superblock {
+    Superblock {
+        version: FORMAT_VERSION,
+        array_uuid: Uuid::from_u128(0x1234),
+        member_uuid: Uuid::from_u128(0x5678),
+        name: "tank".into(),
+        slot: 1,
+        level: Level::Raid5,
+        layout: Layout::LeftSymmetric,
+        chunk: CHUNK,
+        members: 3,
+        copies: 1,
+        data_offset: DEFAULT_DATA_OFFSET,
+        data_size: CHUNK * GROUPS as u64,
+        group_size: CHUNK,
+        events,
+        state: ArrayState::Clean,
+        recovery_offset: u64::MAX,
+        features: 0,
+        ctime: 1_700_000_000,
+        utime: 1_700_000_100,
+        slots: vec![SlotState::Active, SlotState::Active, SlotState::Faulty],
+        groups: vec![
+            GroupProfile::Metadata,
+            GroupProfile::Data,
+            GroupProfile::Unallocated,
+            GroupProfile::Data,
+        ],
+    }
+}
+
+/// A member just big enough for `sample`'s data area.
+fn member() -> MemoryMember {
+    MemoryMember::new(DEFAULT_DATA_OFFSET + CHUNK * GROUPS as u64)
+        .expect("small memory member")
+        .with_name("m0")
+}
+
+fn arb_superblock() -> impl Strategy<Value = Superblock> {
+    let level = prop_oneof![
+        Just(Level::Raid0),
+        Just(Level::Raid1),
+        Just(Level::Raid5),
+        Just(Level::Raid6),
+        Just(Level::Raid10),
+    ];
+    let layout = prop_oneof![
+        Just(Layout::LeftAsymmetric),
+        Just(Layout::RightAsymmetric),
+        Just(Layout::LeftSymmetric),
+        Just(Layout::RightSymmetric),
+    ];
+    let slot_state = prop_oneof![
+        Just(SlotState::Active),
+        Just(SlotState::Faulty),
+        Just(SlotState::Rebuilding),
+        Just(SlotState::Missing),
+    ];
+    let group = prop_oneof![
+        Just(GroupProfile::Unallocated),
+        Just(GroupProfile::Metadata),
+        Just(GroupProfile::Data),
+    ];
+    let head = (
+        level,
+        layout,
+        1u32..=MAX_MEMBERS as u32,
+        12u32..=26,
+        1u64..64,
+        "[^\u{0}]{0,8}",
+        any::<u128>(),
+        any::<u128>(),
+        any::<bool>(),
+    );
+    let counters = (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        0u64..=(1 << 30),
+        any::<u64>(),
+    );
+    (head, counters).prop_flat_map(move |(head, counters)| {
+        let (level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty) = head;
+        let copies = match level {
+            Level::Raid1 => Just(members).boxed(),
+            Level::Raid10 => (1..=members).boxed(),
+            _ => Just(1).boxed(),
+        };
+        let slot = prop_oneof![0..members, Just(SPARE_SLOT)];
+        (
+            copies,
+            slot,
+            proptest::collection::vec(slot_state.clone(), members as usize),
+            proptest::collection::vec(group.clone(), 0..=MAX_GROUPS),
+            Just((
+                level,
+                layout,
+                members,
+                chunk_shift,
+                group_chunks,
+                name,
+                au,
+                mu,
+                dirty,
+            )),
+            Just(counters),
+        )
+            .prop_map(|(copies, slot, slots, groups, head, counters)| {
+                let (level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty) = head;
+                let (events, recovery, features, ctime, utime, offset_blocks, spare) = counters;
+                let chunk = 1u64 << chunk_shift;
+                let group_size = chunk * group_chunks;
+                Superblock {
+                    version: FORMAT_VERSION,
+                    array_uuid: Uuid::from_u128(au),
+                    member_uuid: Uuid::from_u128(mu),
+                    name,
+                    slot,
+                    level,
+                    layout,
+                    chunk,
+                    members,
+                    copies,
+                    data_offset: 8192 + offset_blocks * 4096,
+                    // Any remainder below one group is allowed and kept.
+                    data_size: group_size * groups.len() as u64 + spare % group_size,
+                    group_size,
+                    events,
+                    state: if dirty {
+                        ArrayState::Dirty
+                    } else {
+                        ArrayState::Clean
+                    },
+                    recovery_offset: recovery,
+                    features,
+                    ctime,
+                    utime,
+                    slots,
+                    groups,
+                }
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn encode_decode_round_trips(sb in arb_superblock()) {
+        prop_assert_eq!(sb.validate(), Ok(()));
+        let block = sb.encode();
+        let back = Superblock::decode(&block, "m").expect("valid superblock decodes");
+        prop_assert_eq!(back, sb);
+    }
+
+    #[test]
+    fn any_corruption_of_one_byte_is_caught(
+        sb in arb_superblock(),
+        at in 0usize..SUPERBLOCK_SIZE,
+        mask in 1u8..=255,
+    ) {
+        let mut block = sb.encode();
+        block[at] ^= mask;
+        let result = Superblock::decode(&block, "m");
+        if at < MAGIC.len() {
+            prop_assert!(matches!(result, Err(SuperblockError::NotMember(_))), "{:?}", result);
+        } else {
+            prop_assert!(matches!(result, Err(SuperblockError::Corrupt { .. })), "{:?}", result);
+        }
+    }
+}
+
+#[test]
+fn every_single_flipped_byte_fails_decode() {
+    let block = sample(7).encode();
+    for at in 0..SUPERBLOCK_SIZE {
+        let mut bad = block;
+        bad[at] ^= 0xff;
+        let result = Superblock::decode(&bad, "m");
+        let expected_kind_ok = if at < MAGIC.len() {
+            matches!(result, Err(SuperblockError::NotMember(_)))
+        } else {
+            matches!(result, Err(SuperblockError::Corrupt { .. }))
+        };
+        assert!(expected_kind_ok, "byte {at}: {result:?}");
+    }
+}
+
+#[test]
+fn layout_fields_sit_where_the_format_says() {
+    let block = sample(0x0102_0304_0506_0708).encode();
+    assert_eq!(&block[0..8], &MAGIC);
+    assert_eq!(
+        u32::from_le_bytes(block[8..12].try_into().unwrap()),
+        FORMAT_VERSION
+    );
+    assert_eq!(&block[16..32], Uuid::from_u128(0x1234).as_bytes());
+    assert_eq!(&block[48..52], b"tank");
+    assert_eq!(u32::from_le_bytes(block[80..84].try_into().unwrap()), 1);
+    assert_eq!(block[84], 5, "level code");
+    assert_eq!(block[85], 2, "left-symmetric is md algorithm 2");
+    assert_eq!(
+        u64::from_le_bytes(block[128..136].try_into().unwrap()),
+        0x0102_0304_0506_0708
+    );
+    assert_eq!(u32::from_le_bytes(block[168..172].try_into().unwrap()), 4);
+    assert_eq!(&block[256..260], &[1, 1, 2, 0]);
+    assert_eq!(&block[512..517], &[1, 2, 0, 2, 0]);
+    let crc = crc32c::crc32c(&block[..4092]);
+    assert_eq!(u32::from_le_bytes(block[4092..].try_into().unwrap()), crc);
+}
+
+/// Re-seal a hand-edited block so only the edited field is wrong.
+fn reseal(block: &mut [u8; SUPERBLOCK_SIZE]) {
+    let crc = crc32c::crc32c(&block[..4092]);
+    block[4092..].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[test]
+fn unknown_version_is_reported() {
+    let mut block = sample(1).encode();
+    block[8..12].copy_from_slice(&2u32.to_le_bytes());
+    reseal(&mut block);
+    match Superblock::decode(&block, "m") {
+        Err(SuperblockError::Version { version: 2, .. }) => {}
+        other => panic!("expected Version error, got {other:?}"),
+    }
+}
+
+/// A change that breaks one rule of the format.
+type Edit = Box<dyn Fn(&mut Superblock)>;
+
+#[test]
+fn insane_fields_are_invalid() {
+    let cases: Vec<(&str, Edit)> = vec![
+        ("slot >= members", Box::new(|sb| sb.slot = 3)),
+        (
+            "zero members",
+            Box::new(|sb| {
+                sb.members = 0;
+                sb.slots.clear();
+            }),
+        ),
+        (
+            "group count mismatch",
+            Box::new(|sb| {
+                sb.groups.pop();
+            }),
+        ),
+        (
+            "chunk not a power of two",
+            Box::new(|sb| {
+                sb.chunk = 12288;
+                sb.group_size = 12288;
+                sb.data_size = 12288 * 4;
+            }),
+        ),
+        (
+            "group size not a chunk multiple",
+            Box::new(|sb| sb.group_size = 6144),
+        ),
+        ("raid5 with 2 copies", Box::new(|sb| sb.copies = 2)),
+        (
+            "data offset over the superblocks",
+            Box::new(|sb| sb.data_offset = 4096),
+        ),
+        (
+            "data offset unaligned",
+            Box::new(|sb| sb.data_offset = DEFAULT_DATA_OFFSET + 1),
+        ),
+        (
+            "slots shorter than members",
+            Box::new(|sb| {
+                sb.slots.pop();
+            }),
+        ),
+    ];
+    for (what, edit) in cases {
+        let mut sb = sample(1);
+        edit(&mut sb);
+        assert!(sb.validate().is_err(), "{what}: validate accepted it");
+        let result = Superblock::decode(&sb.encode(), "m");
+        assert!(
+            matches!(result, Err(SuperblockError::Invalid { .. })),
+            "{what}: {result:?}"
+        );
+        let m = member();
+        let err = sb
+            .write_to(&m)
+            .expect_err("write_to must refuse an invalid superblock");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{what}");
+        assert!(
+            m.snapshot()[..8192].iter().all(|&b| b == 0),
+            "{what}: wrote something"
+        );
+    }
+}
+
+#[test]
+fn spare_slot_is_valid() {
+    let mut sb = sample(1);
+    sb.slot = SPARE_SLOT;
+    assert!(sb.is_spare());
+    assert_eq!(Superblock::decode(&sb.encode(), "m").unwrap(), sb);
+}
+
+#[test]
+fn stray_table_entries_are_invalid() {
+    let mut block = sample(1).encode();
+    block[256 + 5] = 1; // slot 5 of a 3-slot array
+    reseal(&mut block);
+    assert!(matches!(
+        Superblock::decode(&block, "m"),
+        Err(SuperblockError::Invalid { .. })
+    ));
+    let mut block = sample(1).encode();
+    block[512 + 10] = 2; // group 10 of a 4-group array
+    reseal(&mut block);
+    assert!(matches!(
+        Superblock::decode(&block, "m"),
+        Err(SuperblockError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn write_then_read_returns_it_with_both_copies_good() {
+    let m = member();
+    let sb = sample(9);
+    sb.write_to(&m).unwrap();
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back, sb);
+    assert_eq!(verdict.copies, [Some(true), Some(true)]);
+    let bytes = m.snapshot();
+    assert_eq!(
+        bytes[..4096],
+        bytes[4096..8192],
+        "the two copies are identical"
+    );
+}
+
+#[test]
+fn write_to_syncs_between_the_copies() {
+    let m = FaultyMember::new(member());
+    sample(3).write_to(&m).unwrap();
+    let counts = m.counts();
+    assert_eq!((counts.writes, counts.syncs), (2, 2));
+    // Interrupted after copy 0 and its sync: copy 0 is already durable.
+    m.fail_writes_after(1);
+    assert!(sample(4).write_to(&m).is_err());
+    let image = m.crash_image().unwrap();
+    let (back, verdict) = Superblock::read_from(&image).unwrap();
+    assert_eq!(back.events, 4);
+    assert_eq!(verdict.copies, [Some(true), Some(true)]);
+}
+
+#[test]
+fn no_magic_is_not_a_member() {
+    let m = member();
+    assert!(matches!(
+        Superblock::read_from(&m),
+        Err(SuperblockError::NotMember(name)) if name == "m0"
+    ));
+}
+
+#[test]
+fn torn_copy_zero_falls_back_to_copy_one() {
+    let m = member();
+    sample(5).write_to(&m).unwrap();
+    // A crash half-way through rewriting copy 0 with a newer superblock.
+    let newer = sample(6).encode();
+    m.write_at(&newer[..2048], SB_OFFSETS[0]).unwrap();
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back.events, 5);
+    assert_eq!(verdict.copies, [Some(false), Some(true)]);
+}
+
+#[test]
+fn torn_copy_one_keeps_the_newer_copy_zero() {
+    let m = member();
+    sample(5).write_to(&m).unwrap();
+    let newer = sample(6).encode();
+    m.write_at(&newer, SB_OFFSETS[0]).unwrap();
+    m.write_at(&newer[..512], SB_OFFSETS[1]).unwrap();
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back.events, 6);
+    assert_eq!(verdict.copies, [Some(true), Some(false)]);
+}
+
+#[test]
+fn higher_events_wins_between_two_valid_copies() {
+    let m = member();
+    sample(5).write_to(&m).unwrap();
+    m.write_at(&sample(8).encode(), SB_OFFSETS[1]).unwrap();
+    assert_eq!(Superblock::read_from(&m).unwrap().0.events, 8);
+    m.write_at(&sample(9).encode(), SB_OFFSETS[0]).unwrap();
+    assert_eq!(Superblock::read_from(&m).unwrap().0.events, 9);
+}
+
+#[test]
+fn one_copy_without_magic_is_reported_as_none() {
+    let m = member();
+    sample(5).write_to(&m).unwrap();
+    m.write_at(&[0u8; SUPERBLOCK_SIZE], SB_OFFSETS[0]).unwrap();
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back.events, 5);
+    assert_eq!(verdict.copies, [None, Some(true)]);
+}
+
+#[test]
+fn both_copies_bad_is_corrupt() {
+    let m = member();
+    sample(5).write_to(&m).unwrap();
+    for offset in SB_OFFSETS {
+        m.write_at(&[0xAA], offset + 100).unwrap();
+    }
+    assert!(matches!(
+        Superblock::read_from(&m),
+        Err(SuperblockError::Corrupt { member }) if member == "m0"
+    ));
+}
+
+#[test]
+fn unreadable_copy_falls_back_and_both_unreadable_is_io() {
+    let m = FaultyMember::new(member());
+    sample(5).write_to(&m).unwrap();
+    m.fail_range(0..4096, Ops::READS);
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back.events, 5);
+    assert_eq!(verdict.copies, [Some(false), Some(true)]);
+    m.fail_range(4096..8192, Ops::READS);
+    assert!(matches!(
+        Superblock::read_from(&m),
+        Err(SuperblockError::Io(..))
+    ));
+}
+
+#[test]
+fn data_area_past_the_member_end_is_invalid() {
+    let m = MemoryMember::new(DEFAULT_DATA_OFFSET).unwrap();
+    sample(1).write_to(&m).unwrap();
+    assert!(matches!(
+        Superblock::read_from(&m),
+        Err(SuperblockError::Invalid { .. })
+    ));
+}
+
+/// A crash during a superblock update, with the disk keeping any subset of
+/// the unsynced sectors, always leaves one readable copy: old or new.
+#[test]
+fn crash_during_update_always_leaves_a_valid_copy() {
+    let mut outcomes = [0usize; 3]; // old kept, new kept, copy 0 torn
+    for seed in 0..150 {
+        let m = FaultyMember::new(member());
+        sample(5).write_to(&m).unwrap();
+        m.fail_after(0, Ops::SYNCS);
+        assert!(
+            sample(6).write_to(&m).is_err(),
+            "sync fails, so write_to does"
+        );
+        let image = m.crash_image_random(seed).unwrap();
+        let (back, verdict) = Superblock::read_from(&image)
+            .unwrap_or_else(|e| panic!("seed {seed}: no readable copy: {e}"));
+        assert!(back.events == 5 || back.events == 6, "seed {seed}");
+        assert_eq!(verdict.copies[1], Some(true), "copy 1 was never touched");
+        match (back.events, verdict.copies[0]) {
+            (5, Some(true)) => outcomes[0] += 1,
+            (6, Some(true)) => outcomes[1] += 1,
+            (5, Some(false)) => outcomes[2] += 1,
+            other => panic!("seed {seed}: unexpected outcome {other:?}"),
+        }
+    }
+    assert!(outcomes.iter().all(|&n| n > 0), "outcomes {outcomes:?}");
+}
+
+#[test]
+fn new_for_create_and_for_slot() {
+    let geometry = Geometry {
+        level: Level::Raid6,
+        members: 5,
+        chunk: 65536,
+        copies: 1,
+        layout: Layout::LeftSymmetric,
+    };
+    let sb = Superblock::new_for_create("backup", &geometry, 8 << 20, 1 << 20).unwrap();
+    assert_eq!(sb.group_count(), 8);
+    assert_eq!(sb.slots, vec![SlotState::Active; 5]);
+    assert_eq!(sb.validate(), Ok(()));
+    assert_eq!(sb.level_code(), 6);
+    let other = sb.for_slot(3);
+    assert_eq!(other.slot, 3);
+    assert_eq!(other.array_uuid, sb.array_uuid);
+    assert_ne!(other.member_uuid, sb.member_uuid);
+    assert!(Superblock::new_for_create(&"x".repeat(33), &geometry, 8 << 20, 1 << 20).is_err());
+    assert!(Superblock::new_for_create("ok", &geometry, 1 << 40, 4096).is_err());
+}
+
+#[test]
+fn serializes_to_json_for_examine() {
+    let json = serde_json::to_value(sample(5)).unwrap();
+    assert_eq!(json["events"], 5);
+    assert_eq!(json["name"], "tank");
+    assert_eq!(json["level"], "Raid5");
+    assert_eq!(json["array_uuid"], Uuid::from_u128(0x1234).to_string());
+}

@@ -343,7 +343,7 @@ impl Array {
     }
 
     /// Rebuild `missing` blocks (indices into data.., P, Q) in place.
-    fn recover(&self, level: Level, blocks: &mut [Vec<u8>], missing: &[usize]) {
+    pub(crate) fn recover(&self, level: Level, blocks: &mut [Vec<u8>], missing: &[usize]) {
         if missing.is_empty() {
             return;
         }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 /// Member bytes handled per step of background work.
-const STEP_BYTES: u64 = 1 << 20;
+const STEP_BYTES: u64 = 4 << 20;
 /// How often progress is checkpointed into the superblocks.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 /// How long a region must stay quiet before its bitmap bit is cleared.
@@ -97,6 +97,8 @@ struct Running {
     slot: Option<usize>,
     started: Instant,
     done: Arc<AtomicU64>,
+    /// `done` at the start (a resumed recovery's checkpoint).
+    resumed_at: u64,
     total: u64,
     mismatches: Arc<AtomicU64>,
     handle: Option<JoinHandle<()>>,
@@ -243,7 +245,8 @@ impl Array {
         let r = running.as_ref()?;
         let done = r.done.load(Ordering::Relaxed);
         let secs = r.started.elapsed().as_secs_f64().max(0.001);
-        let speed = (done as f64 / secs) as u64;
+        // Work a resumed run had already done before this start is not speed.
+        let speed = (done.saturating_sub(r.resumed_at) as f64 / secs) as u64;
         let eta_secs = if speed > 0 { r.total.saturating_sub(done) / speed } else { 0 };
         Some(SyncProgress {
             action: r.action,
@@ -485,7 +488,8 @@ impl Array {
                 return Err(ArrayError::Refused(format!("{} is already running", r.action)));
             }
         }
-        let done = Arc::new(AtomicU64::new(self.already_done(action, slot)));
+        let resumed_at = self.already_done(action, slot);
+        let done = Arc::new(AtomicU64::new(resumed_at));
         let mismatches = Arc::new(AtomicU64::new(0));
         let (d, m) = (Arc::clone(&done), Arc::clone(&mismatches));
         let handle = std::thread::Builder::new()
@@ -500,6 +504,7 @@ impl Array {
             slot,
             started: Instant::now(),
             done,
+            resumed_at,
             total: self.allocated_member_bytes(),
             mismatches,
             handle: Some(handle),
@@ -661,10 +666,14 @@ impl Array {
         let limit = if busy && min > 0 { Some(min) } else if max > 0 { Some(max) } else { None };
         if let Some(limit) = limit {
             let due = Duration::from_secs_f64(p.done as f64 / limit as f64);
-            let elapsed = p.started.elapsed();
-            if due > elapsed {
-                // Pacing a rate, not synchronising: wait out the surplus.
-                std::thread::sleep((due - elapsed).min(Duration::from_millis(200)));
+            // Pacing a rate, not synchronising: wait out the surplus in short
+            // naps so a stop request is seen quickly.
+            while !self.sync.stop.load(Ordering::Acquire) {
+                let elapsed = p.started.elapsed();
+                if due <= elapsed {
+                    break;
+                }
+                std::thread::sleep((due - elapsed).min(Duration::from_millis(100)));
             }
         }
         if p.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
@@ -687,6 +696,47 @@ impl Array {
         }
     }
 
+    /// Parity levels: rebuild `slot`'s chunks of stripes `[row, row + n)` with
+    /// one large read per surviving member instead of one per stripe.
+    fn reconstruct_rows(&self, region: &Region, slot: usize, row: u64, n: u64, out: &mut [u8]) -> ArrayResult<()> {
+        let geometry = region.geometry;
+        let chunk = geometry.chunk as usize;
+        let span = n as usize * chunk;
+        let at = region.base + row * geometry.chunk;
+        let end = (row + n) * geometry.chunk - 1;
+        let sources: Vec<usize> =
+            (0..self.slots.len()).filter(|&m| m != slot && self.readable(m, region, end)).collect();
+        let outcomes = self.pool.run(sources.iter().map(|&m| (m, Op::Read { offset: at, len: span })).collect());
+        let mut data: Vec<Option<Vec<u8>>> = vec![None; self.slots.len()];
+        for (&m, outcome) in sources.iter().zip(outcomes) {
+            match outcome {
+                Ok(bytes) => data[m] = Some(bytes),
+                Err(e) => {
+                    self.fail_member(m, &format!("read failed during recovery: {e}"));
+                    return Err(ArrayError::Failed(format!("slot {m} failed during recovery")));
+                }
+            }
+        }
+        for i in 0..n as usize {
+            let members = self.stripe_slots(region, row + i as u64);
+            let Some(target) = members.iter().position(|&m| m == slot) else { continue };
+            let missing: Vec<usize> = (0..members.len()).filter(|&p| data[members[p]].is_none()).collect();
+            if missing.len() > geometry.tolerance() {
+                return Err(ArrayError::Failed(format!("stripe {} cannot be rebuilt: too many members missing", row + i as u64)));
+            }
+            let mut blocks: Vec<Vec<u8>> = members
+                .iter()
+                .map(|&m| match &data[m] {
+                    Some(bytes) => bytes[i * chunk..(i + 1) * chunk].to_vec(),
+                    None => vec![0u8; chunk],
+                })
+                .collect();
+            self.recover(geometry.level, &mut blocks, &missing);
+            out[i * chunk..(i + 1) * chunk].copy_from_slice(&blocks[target]);
+        }
+        Ok(())
+    }
+
     /// Write what `slot` should hold in rows `[row, row + n)` onto it (or onto
     /// its replacement).
     fn rebuild_rows(&self, region: &Region, slot: usize, row: u64, n: u64, to_replacement: bool) -> ArrayResult<()> {
@@ -707,25 +757,22 @@ impl Array {
                 None => return Err(ArrayError::Failed("no result from member worker".into())),
             }
         } else {
-            for i in 0..n {
-                let r = row + i;
-                let out = &mut content[i as usize * chunk..(i as usize + 1) * chunk];
-                match geometry.level {
-                    Level::Raid1 | Level::Raid10 => {
-                        if let Role::Data { logical, .. } = geometry.reverse(slot, r * geometry.chunk) {
-                            self.read_region(region, logical, out, super::io::Choice::Any)?;
+            match geometry.level {
+                Level::Raid5 | Level::Raid6 => self.reconstruct_rows(region, slot, row, n, &mut content)?,
+                Level::Raid1 | Level::Raid10 => {
+                    let capacity = geometry.capacity(self.sb.lock().group_size);
+                    for i in 0..n {
+                        let out = &mut content[i as usize * chunk..(i as usize + 1) * chunk];
+                        match geometry.reverse(slot, (row + i) * geometry.chunk) {
+                            Role::Data { logical, .. } if logical < capacity => {
+                                self.read_region(region, logical, out, super::io::Choice::Any)?;
+                            }
+                            _ => {}
                         }
                     }
-                    Level::Raid5 | Level::Raid6 => {
-                        let blocks = self.reconstruct_locked(region, r, 0, chunk, Some(slot))?;
-                        let members = self.stripe_slots(region, r);
-                        if let Some(pos) = members.iter().position(|&m| m == slot) {
-                            out.copy_from_slice(&blocks[pos]);
-                        }
-                    }
-                    Level::Raid0 => {
-                        return Err(ArrayError::Refused("RAID0 has no redundancy to rebuild from".into()));
-                    }
+                }
+                Level::Raid0 => {
+                    return Err(ArrayError::Refused("RAID0 has no redundancy to rebuild from".into()));
                 }
             }
         }

@@ -18,7 +18,7 @@ mod state;
 mod stripe_lock;
 mod worker;
 
-pub use assemble::{assemble, assemble_paths, open_members, AssembleOptions};
+pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
 pub use create::{create, create_paths, CreateSpec};
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};

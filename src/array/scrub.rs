@@ -25,7 +25,10 @@ impl Array {
                 let (members, copies) = (g.members as u64, g.copies as u64);
                 // Each logical chunk is handled in the step holding its first copy.
                 let first = (row * members).div_ceil(copies);
-                let end = ((row + n) * members).div_ceil(copies);
+                // The last row may hold the first copies of a chunk whose
+                // other copies would fall outside the group: not a chunk.
+                let chunks = g.capacity(self.sb.lock().group_size) / g.chunk;
+                let end = ((row + n) * members).div_ceil(copies).min(chunks);
                 let mut bad = 0;
                 for k in first..end {
                     bad += self.scrub_mirror_chunk(region, k, repair)?;

@@ -8,6 +8,7 @@
 //! mirrored on up to three members, data groups use the array's level.
 
 mod assemble;
+pub mod balance;
 mod create;
 mod io;
 mod resync;
@@ -15,6 +16,7 @@ mod state;
 mod stripe_lock;
 mod worker;
 
+pub use balance::{MemberStats, ReadPolicy};
 pub use assemble::{assemble, assemble_paths, open_members, AssembleOptions};
 pub use create::{create, create_paths, CreateSpec};
 pub use state::{ArrayStatus, MemberStatus};
@@ -83,6 +85,8 @@ pub struct Array {
     pub(crate) parity: &'static Parity,
     /// Set when more members failed than some group's geometry tolerates.
     pub(crate) broken: AtomicBool,
+    /// Which mirror copy each read goes to, and per-member read counters.
+    pub(crate) balance: balance::Balancer,
 }
 
 /// The data geometry a superblock describes.
@@ -111,6 +115,7 @@ impl Array {
             .iter()
             .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member.clone() })
             .collect();
+        let slots_len = slots.len();
         let pool = worker::WorkerPool::new(&members, 2)
             .map_err(|e| ArrayError::Refused(format!("cannot start member workers: {e}")))?;
         let array = Array {
@@ -123,7 +128,14 @@ impl Array {
             locks: stripe_lock::StripeLocks::new(1024),
             parity,
             broken: AtomicBool::new(false),
+            balance: balance::Balancer::new(slots_len),
         };
+        for (slot, s) in array.slots.iter().enumerate() {
+            let rotational = s.member.as_ref().and_then(|m| m.rotational());
+            let rotational = rotational.or_else(|| balance::detect_rotational(std::path::Path::new(&s.name)));
+            // Unknown: assume a head, as md does without QUEUE_FLAG_NONROT.
+            array.balance.set_rotational(slot, rotational.unwrap_or(true));
+        }
         array.check_tolerance();
         Ok(array)
     }
@@ -224,6 +236,39 @@ impl Array {
             return Err(ArrayError::Failed(names.join(", ")));
         }
         Ok(())
+    }
+
+    /// The read balancing policy in use.
+    pub fn read_policy(&self) -> ReadPolicy {
+        self.balance.policy()
+    }
+
+    /// Change the read balancing policy; takes effect from the next read.
+    pub fn set_read_policy(&self, policy: ReadPolicy) {
+        self.balance.set_policy(policy);
+    }
+
+    /// Mark a member write-mostly: read from it only when no other copy is
+    /// available (md's `--write-mostly`; not recorded in the superblock).
+    pub fn set_write_mostly(&self, slot: usize, write_mostly: bool) {
+        self.balance.set_write_mostly(slot, write_mostly);
+    }
+
+    /// Override whether a member is treated as rotational (image files on
+    /// devices the kernel does not describe, or a wrong guess).
+    pub fn set_rotational(&self, slot: usize, rotational: bool) {
+        self.balance.set_rotational(slot, rotational);
+    }
+
+    /// Per-member read counters and balancing state.
+    pub fn member_stats(&self) -> Vec<MemberStats> {
+        let names: Vec<String> = self.slots.iter().map(|s| s.name.clone()).collect();
+        self.balance.stats(&names)
+    }
+
+    /// Zero the read counters and forget heads and streams (benchmarks).
+    pub fn reset_member_stats(&self) {
+        self.balance.reset();
     }
 
     /// Parity kernels in use.

@@ -50,7 +50,12 @@ pub enum ReadPolicy {
 }
 
 impl ReadPolicy {
-    pub const ALL: [ReadPolicy; 4] = [ReadPolicy::Sticky, ReadPolicy::RoundRobin, ReadPolicy::First, ReadPolicy::Legacy];
+    pub const ALL: [ReadPolicy; 4] = [
+        ReadPolicy::Sticky,
+        ReadPolicy::RoundRobin,
+        ReadPolicy::First,
+        ReadPolicy::Legacy,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -80,11 +85,22 @@ impl FromStr for ReadPolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<ReadPolicy, String> {
         let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
-        let wanted = if wanted == "roundrobin" || wanted == "rr" { "round-robin".to_string() } else { wanted };
-        ReadPolicy::ALL.iter().copied().find(|p| p.name() == wanted).ok_or_else(|| {
-            let names: Vec<&str> = ReadPolicy::ALL.iter().map(|p| p.name()).collect();
-            format!("unknown read balance policy {s:?} (choose one of {})", names.join(", "))
-        })
+        let wanted = if wanted == "roundrobin" || wanted == "rr" {
+            "round-robin".to_string()
+        } else {
+            wanted
+        };
+        ReadPolicy::ALL
+            .iter()
+            .copied()
+            .find(|p| p.name() == wanted)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ReadPolicy::ALL.iter().map(|p| p.name()).collect();
+                format!(
+                    "unknown read balance policy {s:?} (choose one of {})",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -137,8 +153,10 @@ impl HeadState {
     }
 
     fn active_streams(&self, tick: u64) -> u32 {
-        self.streams.iter().filter(|s| s.live && s.hits > 0 && tick.saturating_sub(s.last) <= ACTIVE_TICKS).count()
-            as u32
+        self.streams
+            .iter()
+            .filter(|s| s.live && s.hits > 0 && tick.saturating_sub(s.last) <= ACTIVE_TICKS)
+            .count() as u32
     }
 }
 
@@ -172,6 +190,9 @@ struct View {
     latency_ns: u64,
 }
 
+/// A candidate's rank under the sticky policy: lowest wins, compared in order.
+type Key = (u64, u64, u64, u64, u64, u64, u64);
+
 /// The read balancer of one array.
 pub struct Balancer {
     mirrors: Vec<Mirror>,
@@ -185,7 +206,10 @@ impl Balancer {
     /// A balancer for `members` slots, all rotational, policy sticky.
     pub fn new(members: usize) -> Balancer {
         let mirrors = (0..members)
-            .map(|_| Mirror { rotational: AtomicBool::new(true), ..Mirror::default() })
+            .map(|_| Mirror {
+                rotational: AtomicBool::new(true),
+                ..Mirror::default()
+            })
             .collect();
         Balancer {
             mirrors,
@@ -211,7 +235,9 @@ impl Balancer {
     }
 
     pub fn is_rotational(&self, slot: usize) -> bool {
-        self.mirrors.get(slot).is_some_and(|m| m.rotational.load(Ordering::Relaxed))
+        self.mirrors
+            .get(slot)
+            .is_some_and(|m| m.rotational.load(Ordering::Relaxed))
     }
 
     /// A write-mostly member is read only when no other copy is available.
@@ -222,7 +248,9 @@ impl Balancer {
     }
 
     fn write_mostly(&self, slot: usize) -> bool {
-        self.mirrors.get(slot).is_some_and(|m| m.write_mostly.load(Ordering::Relaxed))
+        self.mirrors
+            .get(slot)
+            .is_some_and(|m| m.write_mostly.load(Ordering::Relaxed))
     }
 
     /// The copy to read for a piece whose copies are `targets` (offsets
@@ -257,7 +285,10 @@ impl Balancer {
         failed: F,
     ) -> Option<&'a Target> {
         if let Some((slot, end)) = follow {
-            if let Some(t) = targets.iter().find(|t| t.member == slot && base + t.offset == end && !failed(slot)) {
+            if let Some(t) = targets
+                .iter()
+                .find(|t| t.member == slot && base + t.offset == end && !failed(slot))
+            {
                 return Some(t);
             }
         }
@@ -300,15 +331,27 @@ impl Balancer {
         }
     }
 
-    fn choose_sticky<'a>(&self, targets: &'a [Target], base: u64, eligible: impl Fn(&&Target) -> bool) -> Option<&'a Target> {
+    fn choose_sticky<'a>(
+        &self,
+        targets: &'a [Target],
+        base: u64,
+        eligible: impl Fn(&&Target) -> bool,
+    ) -> Option<&'a Target> {
         let tick = self.tick.load(Ordering::Relaxed);
         // md's rule: any solid-state copy makes reads spread by queue depth.
-        let all_rotational = targets.iter().filter(|t| eligible(t)).all(|t| self.is_rotational(t.member));
-        let mut best: Option<(&Target, (u64, u64, u64, u64, u64, u64, u64))> = None;
+        let all_rotational = targets
+            .iter()
+            .filter(|t| eligible(t))
+            .all(|t| self.is_rotational(t.member));
+        let mut best: Option<(&Target, Key)> = None;
         for t in targets.iter().filter(|t| eligible(t)) {
             let v = self.view(t.member, base + t.offset, tick);
-            let key = if all_rotational { rotational_key(&v) } else { solid_state_key(&v) };
-            if best.as_ref().is_none_or(|(_, k)| key < *k) {
+            let key = if all_rotational {
+                rotational_key(&v)
+            } else {
+                solid_state_key(&v)
+            };
+            if best.as_ref().map_or(true, |(_, k)| key < *k) {
                 best = Some((t, key));
             }
         }
@@ -327,7 +370,9 @@ impl Balancer {
     ) -> Option<&'a Target> {
         let mut tracker = self.legacy.lock();
         let count = targets.len();
-        let last = targets.iter().position(|t| t.member == tracker.last_used && eligible(&t));
+        let last = targets
+            .iter()
+            .position(|t| t.member == tracker.last_used && eligible(&t));
         let mut chosen = None;
         if let Some(i) = last {
             let at = base + targets[i].offset;
@@ -351,7 +396,7 @@ impl Balancer {
                     break;
                 }
                 let distance = m.state.lock().head.abs_diff(base + t.offset);
-                if nearest.is_none_or(|(_, d)| distance < d) {
+                if nearest.map_or(true, |(_, d)| distance < d) {
                     nearest = Some((i, distance));
                 }
             }
@@ -365,7 +410,9 @@ impl Balancer {
 
     /// A read of `len` bytes at member `offset` is being sent to `slot`.
     pub fn issue(&self, slot: usize, offset: u64, len: u64) {
-        let Some(m) = self.mirrors.get(slot) else { return };
+        let Some(m) = self.mirrors.get(slot) else {
+            return;
+        };
         let tick = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
         m.pending.fetch_add(1, Ordering::Relaxed);
         m.reads.fetch_add(1, Ordering::Relaxed);
@@ -392,18 +439,33 @@ impl Balancer {
             }
             None => {
                 let oldest = (0..STREAMS)
-                    .min_by_key(|&i| if state.streams[i].live { state.streams[i].last + 1 } else { 0 })
+                    .min_by_key(|&i| {
+                        if state.streams[i].live {
+                            state.streams[i].last + 1
+                        } else {
+                            0
+                        }
+                    })
                     .unwrap_or(0);
-                state.streams[oldest] = Stream { live: true, next: end, last: tick, hits: 0 };
+                state.streams[oldest] = Stream {
+                    live: true,
+                    next: end,
+                    last: tick,
+                    hits: 0,
+                };
             }
         }
     }
 
     /// A read issued to `slot` finished after `elapsed`.
     pub fn complete(&self, slot: usize, elapsed: Duration) {
-        let Some(m) = self.mirrors.get(slot) else { return };
+        let Some(m) = self.mirrors.get(slot) else {
+            return;
+        };
         // Never below zero, even if a caller completes more than it issued.
-        let _ = m.pending.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| p.checked_sub(1));
+        let _ = m
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| p.checked_sub(1));
         let sample = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let mut state = m.state.lock();
         state.latency_ns = if state.latency_ns == 0 {
@@ -454,20 +516,36 @@ impl Balancer {
 /// Rotational members: continue a stream; else a mirror serving fewer streams,
 /// idle, with the nearest head (within a factor of two counts as equally
 /// near); then fewer pending reads, lower latency, the exactly nearest head.
-fn rotational_key(v: &View) -> (u64, u64, u64, u64, u64, u64, u64) {
+fn rotational_key(v: &View) -> Key {
     if v.continues {
         return (0, v.gap, v.pending as u64, v.latency_ns, 0, 0, 0);
     }
     let busy = (v.pending > 0) as u64;
     let near = u64::from(64 - v.distance.leading_zeros());
-    (1, v.streams as u64, busy, near, v.pending as u64, v.latency_ns, v.distance)
+    (
+        1,
+        v.streams as u64,
+        busy,
+        near,
+        v.pending as u64,
+        v.latency_ns,
+        v.distance,
+    )
 }
 
 /// Solid-state members: fewest pending reads; then stay on the stream's
 /// member, fewer streams, lower latency.
-fn solid_state_key(v: &View) -> (u64, u64, u64, u64, u64, u64, u64) {
+fn solid_state_key(v: &View) -> Key {
     let moves = (!v.continues) as u64;
-    (v.pending as u64, moves, v.streams as u64, v.latency_ns, 0, 0, 0)
+    (
+        v.pending as u64,
+        moves,
+        v.streams as u64,
+        v.latency_ns,
+        0,
+        0,
+        0,
+    )
 }
 
 /// Whether the device at `path` (or, for an image file, the device holding
@@ -475,7 +553,11 @@ fn solid_state_key(v: &View) -> (u64, u64, u64, u64, u64, u64, u64) {
 pub fn detect_rotational(path: &Path) -> Option<bool> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let meta = std::fs::metadata(path).ok()?;
-    let dev = if meta.file_type().is_block_device() { meta.rdev() } else { meta.dev() };
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
+    };
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     if major == 0 {
@@ -483,12 +565,15 @@ pub fn detect_rotational(path: &Path) -> Option<bool> {
     }
     let node = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
     // A partition has no queue of its own: its disk's is one level up.
-    [node.join("queue/rotational"), node.join("../queue/rotational")]
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .and_then(|s| match s.trim() {
-            "0" => Some(false),
-            "1" => Some(true),
-            _ => None,
-        })
+    [
+        node.join("queue/rotational"),
+        node.join("../queue/rotational"),
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .and_then(|s| match s.trim() {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    })
 }

@@ -170,7 +170,10 @@ impl SimulatedDisk {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!("{}: access of {len} bytes at offset {offset} is beyond the end ({} bytes)", self.name, self.len),
+                format!(
+                    "{}: access of {len} bytes at offset {offset} is beyond the end ({} bytes)",
+                    self.name, self.len
+                ),
             )),
         }
     }
@@ -186,7 +189,10 @@ impl SimulatedDisk {
         }
         let cost = self.model.service_time(*head, offset, len as u64, self.len);
         *head = offset + len as u64;
-        self.busy_ns.fetch_add(u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.busy_ns.fetch_add(
+            u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         if let Clock::Real { scale } = self.clock {
             // The simulator's clock: the head stays held while the "disk" works,
             // which is what queues concurrent requests behind each other.
@@ -229,7 +235,9 @@ impl Member for SimulatedDisk {
             let at = offset + done as u64;
             let in_page = (at % PAGE) as usize;
             let n = (PAGE as usize - in_page).min(buf.len() - done);
-            let page = pages.entry(at / PAGE).or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
+            let page = pages
+                .entry(at / PAGE)
+                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
             page[in_page..in_page + n].copy_from_slice(&buf[done..done + n]);
             done += n;
         }

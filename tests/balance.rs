@@ -66,20 +66,46 @@ fn new_stream_goes_to_a_free_idle_mirror() {
     let b = Balancer::new(3);
     stream_on(&b, 0, 10 * MIB);
     // Mirror 0's head is nearest to the new stream, but it serves a stream.
-    let far = 20 * MIB;
-    let targets = copies(3, far);
-    assert_eq!(
-        b.choose(&targets, 0, 128 * KIB, none_failed)
-            .map(|t| t.member),
-        Some(1)
-    );
+    assert_eq!(read(&b, 3, 20 * MIB, 128 * KIB), 1);
     // Mirror 1 busy: the idle one.
     b.issue(1, 0, 4 * KIB);
-    assert_eq!(
-        b.choose(&targets, 0, 128 * KIB, none_failed)
-            .map(|t| t.member),
-        Some(2)
+    let targets = copies(3, 40 * MIB);
+    let chosen = b.choose(&targets, 0, 128 * KIB, none_failed);
+    assert_eq!(chosen.map(|t| t.member), Some(2));
+}
+
+#[test]
+fn a_placed_stream_counts_before_its_read_is_issued() {
+    let b = Balancer::new(3);
+    // Two streams start together: the second is placed before the first's
+    // read reaches the member, and must still take another mirror.
+    let first = b
+        .choose(&copies(3, 0), 0, 128 * KIB, none_failed)
+        .map(|t| t.member);
+    let second = b
+        .choose(&copies(3, 20 << 30), 0, 128 * KIB, none_failed)
+        .map(|t| t.member);
+    assert!(
+        first.is_some() && second.is_some() && first != second,
+        "{first:?} {second:?}"
     );
+}
+
+#[test]
+fn streams_that_meet_on_one_mirror_part() {
+    let b = Balancer::new(3);
+    // Both streams established on mirror 0 (as when they raced at the start).
+    stream_on(&b, 0, 10 * MIB);
+    stream_on(&b, 0, 30 << 30);
+    let moved = read(&b, 3, 10 * MIB, 128 * KIB);
+    assert_ne!(moved, 0, "one stream leaves the crowded mirror");
+    let stayed = read(&b, 3, 30 << 30, 128 * KIB);
+    assert_eq!(stayed, 0, "the other keeps it");
+    // Both now stay put.
+    for i in 1..8u64 {
+        assert_eq!(read(&b, 3, 10 * MIB + i * 128 * KIB, 128 * KIB), moved);
+        assert_eq!(read(&b, 3, (30 << 30) + i * 128 * KIB, 128 * KIB), 0);
+    }
 }
 
 #[test]

@@ -30,6 +30,8 @@ const STREAMS: usize = 4;
 const STREAM_WINDOW: u64 = 512 << 10;
 /// A stream unused for this many mirror reads (array-wide) is no longer active.
 const ACTIVE_TICKS: u64 = 1024;
+/// A placement not issued within this many mirror reads is forgotten.
+const CLAIM_TICKS: u64 = 8;
 /// Weight of a new latency sample in the moving average (1/8, as TCP's SRTT).
 const EWMA_SHIFT: u32 = 3;
 
@@ -135,6 +137,8 @@ struct Stream {
     last: u64,
     /// Reads that continued it (0: a lone read so far, not yet a stream).
     hits: u32,
+    /// Placed by the balancer but not yet issued: a new stream on its way.
+    claim: bool,
 }
 
 #[derive(Default)]
@@ -157,6 +161,28 @@ impl HeadState {
             .iter()
             .filter(|s| s.live && s.hits > 0 && tick.saturating_sub(s.last) <= ACTIVE_TICKS)
             .count() as u32
+    }
+
+    /// New streams placed here in the last few reads and not yet issued.
+    fn claims(&self, tick: u64) -> u32 {
+        self.streams
+            .iter()
+            .filter(|s| s.live && s.claim && tick.saturating_sub(s.last) <= CLAIM_TICKS)
+            .count() as u32
+    }
+
+    /// Slot for a new entry: a free one, else the least recently used.
+    fn oldest(&self) -> usize {
+        (0..STREAMS)
+            .min_by_key(|&i| {
+                let s = &self.streams[i];
+                if s.live {
+                    s.last + 1
+                } else {
+                    0
+                }
+            })
+            .unwrap_or(0)
     }
 }
 
@@ -185,9 +211,20 @@ struct View {
     /// Distance to the end of the stream it continues.
     gap: u64,
     streams: u32,
+    claims: u32,
     pending: u32,
     distance: u64,
     latency_ns: u64,
+}
+
+/// One pass of the sticky policy over the candidates: the best continuation
+/// on a mirror serving only this stream, the best continuation on a crowded
+/// mirror (two or more streams), the best mirror for a new stream.
+struct Scan<'a> {
+    own: Option<(&'a Target, Key)>,
+    crowded: Option<(&'a Target, Key)>,
+    fresh: Option<(&'a Target, Key)>,
+    any_free: bool,
 }
 
 /// A candidate's rank under the sticky policy: lowest wins, compared in order.
@@ -200,6 +237,8 @@ pub struct Balancer {
     next_robin: AtomicUsize,
     tick: AtomicU64,
     legacy: Mutex<LegacyTracker>,
+    /// Serialises the placement of new streams (not continuations).
+    placing: Mutex<()>,
 }
 
 impl Balancer {
@@ -217,6 +256,7 @@ impl Balancer {
             next_robin: AtomicUsize::new(0),
             tick: AtomicU64::new(0),
             legacy: Mutex::new(LegacyTracker::default()),
+            placing: Mutex::new(()),
         }
     }
 
@@ -325,6 +365,7 @@ impl Balancer {
             continues: stream.is_some(),
             gap: stream.map_or(0, |s| s.next.abs_diff(offset)),
             streams: state.active_streams(tick),
+            claims: state.claims(tick),
             pending: m.pending.load(Ordering::Relaxed),
             distance: state.head.abs_diff(offset),
             latency_ns: state.latency_ns,
@@ -343,19 +384,106 @@ impl Balancer {
             .iter()
             .filter(|t| eligible(t))
             .all(|t| self.is_rotational(t.member));
-        let mut best: Option<(&Target, Key)> = None;
+        if !all_rotational {
+            return self.lowest(targets, |t| {
+                eligible(t).then(|| solid_state_key(&self.view(t.member, base + t.offset, tick)))
+            });
+        }
+        let first = self.scan(targets, base, tick, &eligible);
+        if let Some((t, _)) = first.own {
+            return Some(t);
+        }
+        // Placing a new stream: one placement at a time, so two streams that
+        // start together see each other's claim and take different mirrors.
+        let _placing = self.placing.lock();
+        let scan = self.scan(targets, base, tick, &eligible);
+        if let Some((t, _)) = scan.own {
+            return Some(t);
+        }
+        let chosen = match (scan.crowded, scan.fresh) {
+            // Streams that met on one mirror part: this one moves to a mirror
+            // serving none, once; the crowded mirror forgets it so that it
+            // does not move back.
+            (Some((stuck, _)), Some((free, _))) if scan.any_free && free.member != stuck.member => {
+                self.forget_stream(stuck.member, base + stuck.offset);
+                free
+            }
+            (Some((stuck, _)), _) => return Some(stuck),
+            (None, fresh) => fresh?.0,
+        };
+        self.claim(chosen.member, base + chosen.offset, tick);
+        Some(chosen)
+    }
+
+    fn scan<'a>(
+        &self,
+        targets: &'a [Target],
+        base: u64,
+        tick: u64,
+        eligible: &impl Fn(&&Target) -> bool,
+    ) -> Scan<'a> {
+        let mut scan = Scan {
+            own: None,
+            crowded: None,
+            fresh: None,
+            any_free: false,
+        };
         for t in targets.iter().filter(|t| eligible(t)) {
             let v = self.view(t.member, base + t.offset, tick);
-            let key = if all_rotational {
-                rotational_key(&v)
-            } else {
-                solid_state_key(&v)
-            };
-            if best.as_ref().map_or(true, |(_, k)| key < *k) {
-                best = Some((t, key));
+            scan.any_free |= v.streams + v.claims == 0;
+            if v.continues {
+                let slot = if v.streams >= 2 {
+                    &mut scan.crowded
+                } else {
+                    &mut scan.own
+                };
+                keep_lowest(slot, t, continuation_key(&v));
+            }
+            keep_lowest(&mut scan.fresh, t, new_stream_key(&v));
+        }
+        scan
+    }
+
+    /// Record a new stream placed on `slot` at `offset` before its read is
+    /// issued, so that concurrent placements count it.
+    fn claim(&self, slot: usize, offset: u64, tick: u64) {
+        let mut state = self.mirrors[slot].state.lock();
+        let i = state.oldest();
+        state.streams[i] = Stream {
+            live: true,
+            next: offset,
+            last: tick,
+            hits: 0,
+            claim: true,
+        };
+    }
+
+    /// The target with the lowest key (`None` from `key`: not a candidate).
+    fn lowest<'a>(
+        &self,
+        targets: &'a [Target],
+        key: impl Fn(&&Target) -> Option<Key>,
+    ) -> Option<&'a Target> {
+        let mut best = None;
+        for t in targets {
+            if let Some(k) = key(&t) {
+                keep_lowest(&mut best, t, k);
             }
         }
         best.map(|(t, _)| t)
+    }
+
+    /// Drop the stream of `slot` that a read at `offset` would continue.
+    fn forget_stream(&self, slot: usize, offset: u64) {
+        let mut state = self.mirrors[slot].state.lock();
+        let closest = state
+            .streams
+            .iter_mut()
+            .filter(|s| s.live && s.next.abs_diff(offset) <= STREAM_WINDOW)
+            .min_by_key(|s| s.next.abs_diff(offset));
+        if let Some(s) = closest {
+            s.live = false;
+        }
     }
 
     /// md's balancer of the thread: continue the one tracked stream on the
@@ -435,23 +563,20 @@ impl Balancer {
                 let s = &mut state.streams[i];
                 s.next = s.next.max(end);
                 s.last = tick;
-                s.hits = s.hits.saturating_add(1);
+                if s.claim {
+                    s.claim = false;
+                } else {
+                    s.hits = s.hits.saturating_add(1);
+                }
             }
             None => {
-                let oldest = (0..STREAMS)
-                    .min_by_key(|&i| {
-                        if state.streams[i].live {
-                            state.streams[i].last + 1
-                        } else {
-                            0
-                        }
-                    })
-                    .unwrap_or(0);
-                state.streams[oldest] = Stream {
+                let i = state.oldest();
+                state.streams[i] = Stream {
                     live: true,
                     next: end,
                     last: tick,
                     hits: 0,
+                    claim: false,
                 };
             }
         }
@@ -513,23 +638,32 @@ impl Balancer {
     }
 }
 
-/// Rotational members: continue a stream; else a mirror serving fewer streams,
-/// idle, with the nearest head (within a factor of two counts as equally
-/// near); then fewer pending reads, lower latency, the exactly nearest head.
-fn rotational_key(v: &View) -> Key {
-    if v.continues {
-        return (0, v.gap, v.pending as u64, v.latency_ns, 0, 0, 0);
+fn keep_lowest<'a>(best: &mut Option<(&'a Target, Key)>, t: &'a Target, key: Key) {
+    if best.as_ref().map_or(true, |(_, k)| key < *k) {
+        *best = Some((t, key));
     }
+}
+
+/// Rotational members continuing a stream: the closest stream end, then
+/// fewer pending reads, lower latency.
+fn continuation_key(v: &View) -> Key {
+    (v.gap, v.pending as u64, v.latency_ns, 0, 0, 0, 0)
+}
+
+/// Rotational members for a new stream: a mirror serving fewer streams, idle,
+/// with the nearest head (within a factor of two counts as equally near);
+/// then fewer pending reads, lower latency, the exactly nearest head.
+fn new_stream_key(v: &View) -> Key {
     let busy = (v.pending > 0) as u64;
     let near = u64::from(64 - v.distance.leading_zeros());
     (
-        1,
-        v.streams as u64,
+        (v.streams + v.claims) as u64,
         busy,
         near,
         v.pending as u64,
         v.latency_ns,
         v.distance,
+        0,
     )
 }
 

@@ -18,7 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PAGE: u64 = 64 << 10;
 
@@ -96,6 +96,18 @@ pub struct DiskCounters {
     pub busy: Duration,
 }
 
+struct Head {
+    position: u64,
+    /// Real clock: when the disk finishes the work it has been given.
+    free_at: Option<Instant>,
+}
+
+/// A sequential request arriving this soon (simulated) after the previous one
+/// finished is served as if it had been queued: the drive's read-ahead into
+/// its track buffer hides the host's turnaround. It also keeps the sleeps'
+/// overshoot from adding up over a stream.
+const QUEUED_WITHIN: Duration = Duration::from_millis(5);
+
 /// A simulated disk member. Share it as `Arc<SimulatedDisk>` to keep a handle
 /// for its counters after handing it to an array.
 pub struct SimulatedDisk {
@@ -106,8 +118,8 @@ pub struct SimulatedDisk {
     rotational: bool,
     /// When off, requests cost nothing and move nothing (array creation).
     timing: AtomicBool,
-    /// The head position; held for the whole service of a request.
-    head: Mutex<u64>,
+    /// Held for the whole service of a request.
+    head: Mutex<Head>,
     pages: RwLock<HashMap<u64, Box<[u8]>>>,
     reads: AtomicU64,
     writes: AtomicU64,
@@ -124,7 +136,10 @@ impl SimulatedDisk {
             clock,
             rotational: true,
             timing: AtomicBool::new(true),
-            head: Mutex::new(0),
+            head: Mutex::new(Head {
+                position: 0,
+                free_at: None,
+            }),
             pages: RwLock::new(HashMap::new()),
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -146,7 +161,10 @@ impl SimulatedDisk {
 
     /// Put the head at `position` and zero the counters.
     pub fn reset(&self, position: u64) {
-        *self.head.lock() = position;
+        *self.head.lock() = Head {
+            position,
+            free_at: None,
+        };
         for c in [&self.reads, &self.writes, &self.seeks, &self.busy_ns] {
             c.store(0, Ordering::Relaxed);
         }
@@ -162,7 +180,7 @@ impl SimulatedDisk {
     }
 
     pub fn head(&self) -> u64 {
-        *self.head.lock()
+        self.head.lock().position
     }
 
     fn check(&self, len: usize, offset: u64) -> io::Result<()> {
@@ -184,19 +202,30 @@ impl SimulatedDisk {
             return;
         }
         let mut head = self.head.lock();
-        if *head != offset {
+        let sequential = head.position == offset;
+        if !sequential {
             self.seeks.fetch_add(1, Ordering::Relaxed);
         }
-        let cost = self.model.service_time(*head, offset, len as u64, self.len);
-        *head = offset + len as u64;
+        let cost = self
+            .model
+            .service_time(head.position, offset, len as u64, self.len);
+        head.position = offset + len as u64;
         self.busy_ns.fetch_add(
             u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
         if let Clock::Real { scale } = self.clock {
+            let scale = scale.max(0.0);
+            let now = Instant::now();
+            let start = match head.free_at {
+                Some(free) if sequential && now <= free + QUEUED_WITHIN.mul_f64(scale) => free,
+                _ => now,
+            };
+            let done = start + cost.mul_f64(scale);
+            head.free_at = Some(done);
             // The simulator's clock: the head stays held while the "disk" works,
             // which is what queues concurrent requests behind each other.
-            std::thread::sleep(cost.mul_f64(scale.max(0.0)));
+            std::thread::sleep(done.saturating_duration_since(now));
         }
     }
 }

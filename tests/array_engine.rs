@@ -2,24 +2,29 @@
 //! writes from several threads checked against a reference buffer while
 //! members fail at random points, for every level.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use raidfs::array::{assemble, create, Array, AssembleOptions, CreateSpec, GROUP_SHIFT};
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
 use raidfs::superblock::GroupProfile;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 const MEMBER_SIZE: u64 = 64 << 20;
 
 fn faulty_members(n: usize) -> Vec<FaultyMember> {
-    (0..n).map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("mem{i}")).expect("memory member")).collect()
+    (0..n)
+        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("mem{i}")).expect("memory member"))
+        .collect()
 }
 
 fn as_members(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
-    ms.iter().enumerate().map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("mem{i}"))).collect()
+    ms.iter()
+        .enumerate()
+        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("mem{i}")))
+        .collect()
 }
 
 struct Config {
@@ -31,7 +36,13 @@ struct Config {
 }
 
 fn configs() -> Vec<Config> {
-    let c = |level, members, chunk, layout, copies| Config { level, members, chunk, layout, copies };
+    let c = |level, members, chunk, layout, copies| Config {
+        level,
+        members,
+        chunk,
+        layout,
+        copies,
+    };
     vec![
         c(Level::Raid0, 3, 16 << 10, Layout::LeftSymmetric, 1),
         c(Level::Raid1, 2, 64 << 10, Layout::LeftSymmetric, 2),
@@ -49,7 +60,13 @@ fn configs() -> Vec<Config> {
 }
 
 fn make_array(cfg: &Config, ms: &[FaultyMember]) -> Array {
-    let spec = CreateSpec { level: cfg.level, layout: cfg.layout, chunk: cfg.chunk, copies: cfg.copies, name: "t".into() };
+    let spec = CreateSpec {
+        level: cfg.level,
+        layout: cfg.layout,
+        chunk: cfg.chunk,
+        copies: cfg.copies,
+        name: "t".into(),
+    };
     create(as_members(ms), &spec).expect("create")
 }
 
@@ -60,7 +77,9 @@ const THREADS: usize = 3;
 fn run_config(cfg: &Config, seed: u64) {
     let ms = faulty_members(cfg.members);
     let array = Arc::new(make_array(cfg, &ms));
-    let group = array.allocate_group(GroupProfile::Data).expect("allocate data group");
+    let group = array
+        .allocate_group(GroupProfile::Data)
+        .expect("allocate data group");
     let base = (group as u64) << GROUP_SHIFT;
     let tolerance = array.data_geometry().tolerance();
     let failures = Arc::new(AtomicUsize::new(0));
@@ -94,12 +113,19 @@ fn run_config(cfg: &Config, seed: u64) {
                     let addr = base + (start + off) as u64;
                     if rng.gen_bool(0.6) {
                         let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-                        array.write(addr, &data).unwrap_or_else(|e| panic!("write {addr:#x}+{len}: {e}"));
+                        array
+                            .write(addr, &data)
+                            .unwrap_or_else(|e| panic!("write {addr:#x}+{len}: {e}"));
                         reference[off..off + len].copy_from_slice(&data);
                     } else {
                         let mut buf = vec![0u8; len];
-                        array.read(addr, &mut buf).unwrap_or_else(|e| panic!("read {addr:#x}+{len}: {e}"));
-                        assert!(buf == reference[off..off + len], "thread {t} read mismatch at {off}+{len}");
+                        array
+                            .read(addr, &mut buf)
+                            .unwrap_or_else(|e| panic!("read {addr:#x}+{len}: {e}"));
+                        assert!(
+                            buf == reference[off..off + len],
+                            "thread {t} read mismatch at {off}+{len}"
+                        );
                     }
                 }
                 reference
@@ -112,20 +138,34 @@ fn run_config(cfg: &Config, seed: u64) {
     }
     let mut all = vec![0u8; expected.len()];
     array.read(base, &mut all).expect("final read");
-    assert!(all == expected, "{:?} x{}: final contents differ", cfg.level, cfg.members);
+    assert!(
+        all == expected,
+        "{:?} x{}: final contents differ",
+        cfg.level,
+        cfg.members
+    );
     array.flush().expect("flush");
 
     // Reassemble from the surviving members: same bytes, failed ones named missing.
     let pulled: Vec<usize> = (0..ms.len()).filter(|&i| ms[i].is_pulled()).collect();
     assert!(pulled.len() <= tolerance);
     drop(array);
-    let survivors: Vec<(Arc<dyn Member>, String)> =
-        as_members(&ms).into_iter().enumerate().filter(|(i, _)| !pulled.contains(i)).map(|(_, m)| m).collect();
+    let survivors: Vec<(Arc<dyn Member>, String)> = as_members(&ms)
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !pulled.contains(i))
+        .map(|(_, m)| m)
+        .collect();
     let array = assemble(survivors, AssembleOptions::default()).expect("reassemble degraded");
     assert_eq!(array.failed_slots(), pulled);
     let mut again = vec![0u8; expected.len()];
     array.read(base, &mut again).expect("read after reassembly");
-    assert!(again == expected, "{:?} x{}: contents differ after reassembly", cfg.level, cfg.members);
+    assert!(
+        again == expected,
+        "{:?} x{}: contents differ after reassembly",
+        cfg.level,
+        cfg.members
+    );
 }
 
 #[test]
@@ -137,7 +177,13 @@ fn random_io_with_member_failures_every_level() {
 
 #[test]
 fn raid6_survives_every_pair_of_failures() {
-    let cfg = Config { level: Level::Raid6, members: 5, chunk: 8 << 10, layout: Layout::LeftSymmetric, copies: 1 };
+    let cfg = Config {
+        level: Level::Raid6,
+        members: 5,
+        chunk: 8 << 10,
+        layout: Layout::LeftSymmetric,
+        copies: 1,
+    };
     let mut rng = StdRng::seed_from_u64(7);
     let data: Vec<u8> = (0..(400 << 10)).map(|_| rng.gen()).collect();
     for a in 0..cfg.members {
@@ -153,7 +199,9 @@ fn raid6_survives_every_pair_of_failures() {
             array.read(addr, &mut buf).expect("degraded read");
             assert!(buf == data, "pair ({a},{b}) mismatch");
             // Degraded writes keep working and read back.
-            array.write(addr + 777, &data[..50_000]).expect("degraded write");
+            array
+                .write(addr + 777, &data[..50_000])
+                .expect("degraded write");
             let mut small = vec![0u8; 50_000];
             array.read(addr + 777, &mut small).expect("read back");
             assert!(small == data[..50_000]);
@@ -163,7 +211,13 @@ fn raid6_survives_every_pair_of_failures() {
 
 #[test]
 fn past_tolerance_writes_are_refused_and_data_stays() {
-    let cfg = Config { level: Level::Raid5, members: 4, chunk: 16 << 10, layout: Layout::LeftSymmetric, copies: 1 };
+    let cfg = Config {
+        level: Level::Raid5,
+        members: 4,
+        chunk: 16 << 10,
+        layout: Layout::LeftSymmetric,
+        copies: 1,
+    };
     let ms = faulty_members(4);
     let array = make_array(&cfg, &ms);
     let g = array.allocate_group(GroupProfile::Data).expect("group");
@@ -174,7 +228,9 @@ fn past_tolerance_writes_are_refused_and_data_stays() {
     array.write(addr, &data).expect("degraded write (member 1 detected as failed)");
     assert_eq!(array.failed_slots(), vec![1]);
     ms[2].pull();
-    let err = array.write(addr, &[1u8; 4096]).expect_err("write past tolerance must fail");
+    let err = array
+        .write(addr, &[1u8; 4096])
+        .expect_err("write past tolerance must fail");
     assert!(err.to_string().contains("lost too many members"), "{err}");
     // Chunks on surviving members still read back unchanged.
     let geometry = array.data_geometry();
@@ -182,7 +238,9 @@ fn past_tolerance_writes_are_refused_and_data_stays() {
         let t = geometry.map(off).targets[0].member;
         if t == 0 || t == 3 {
             let mut b = vec![0u8; 4096];
-            array.read(addr + off, &mut b).expect("read on a surviving member");
+            array
+                .read(addr + off, &mut b)
+                .expect("read on a surviving member");
             assert!(b.iter().all(|&x| x == 0x5a));
         }
     }
@@ -190,13 +248,21 @@ fn past_tolerance_writes_are_refused_and_data_stays() {
 
 #[test]
 fn failed_member_is_stale_at_next_assembly() {
-    let cfg = Config { level: Level::Raid1, members: 3, chunk: 64 << 10, layout: Layout::LeftSymmetric, copies: 3 };
+    let cfg = Config {
+        level: Level::Raid1,
+        members: 3,
+        chunk: 64 << 10,
+        layout: Layout::LeftSymmetric,
+        copies: 3,
+    };
     let ms = faulty_members(3);
     let array = make_array(&cfg, &ms);
     let g = array.allocate_group(GroupProfile::Data).expect("group");
     let addr = (g as u64) << GROUP_SHIFT;
     ms[1].fail_writes_after(0);
-    array.write(addr, &[7u8; 8192]).expect("write with one failing copy");
+    array
+        .write(addr, &[7u8; 8192])
+        .expect("write with one failing copy");
     assert_eq!(array.failed_slots(), vec![1]);
     drop(array);
     ms[1].heal();
@@ -210,33 +276,62 @@ fn failed_member_is_stale_at_next_assembly() {
 
 #[test]
 fn assembly_rules() {
-    let cfg = Config { level: Level::Raid5, members: 3, chunk: 16 << 10, layout: Layout::LeftSymmetric, copies: 1 };
+    let cfg = Config {
+        level: Level::Raid5,
+        members: 3,
+        chunk: 16 << 10,
+        layout: Layout::LeftSymmetric,
+        copies: 1,
+    };
     let a = faulty_members(3);
     let b = faulty_members(3);
     drop(make_array(&cfg, &a));
     drop(make_array(&cfg, &b));
     // Members of two arrays.
-    let mixed = vec![as_members(&a).remove(0), as_members(&a).remove(1), as_members(&b).remove(2)];
-    let err = assemble(mixed, AssembleOptions::default()).err().expect("mixed arrays refused");
+    let mixed = vec![
+        as_members(&a).remove(0),
+        as_members(&a).remove(1),
+        as_members(&b).remove(2),
+    ];
+    let err = assemble(mixed, AssembleOptions::default())
+        .err()
+        .expect("mixed arrays refused");
     assert!(err.to_string().contains("different arrays"), "{err}");
     // Too few members.
     let one = vec![as_members(&a).remove(0)];
-    let err = assemble(one, AssembleOptions::default()).err().expect("too few refused");
+    let err = assemble(one, AssembleOptions::default())
+        .err()
+        .expect("too few refused");
     assert!(err.to_string().contains("too few"), "{err}");
     // Dirty and degraded parity array needs force.
     let array = assemble(as_members(&a), AssembleOptions::default()).expect("assemble");
     array.mark_dirty().expect("dirty");
     drop(array);
     let two: Vec<_> = as_members(&a).into_iter().take(2).collect();
-    let err = assemble(two.clone(), AssembleOptions::default()).err().expect("dirty degraded refused");
+    let err = assemble(two.clone(), AssembleOptions::default())
+        .err()
+        .expect("dirty degraded refused");
     assert!(err.to_string().contains("--force"), "{err}");
-    let forced = assemble(two, AssembleOptions { force: true, ..Default::default() }).expect("forced");
+    let forced = assemble(
+        two,
+        AssembleOptions {
+            force: true,
+            ..Default::default()
+        },
+    )
+    .expect("forced");
     assert!(forced.is_degraded());
 }
 
 #[test]
 fn verified_read_repairs_a_bad_mirror_copy() {
-    let cfg = Config { level: Level::Raid1, members: 2, chunk: 64 << 10, layout: Layout::LeftSymmetric, copies: 2 };
+    let cfg = Config {
+        level: Level::Raid1,
+        members: 2,
+        chunk: 64 << 10,
+        layout: Layout::LeftSymmetric,
+        copies: 2,
+    };
     let ms = faulty_members(2);
     let array = make_array(&cfg, &ms);
     let g = array.allocate_group(GroupProfile::Metadata).expect("group");
@@ -249,7 +344,9 @@ fn verified_read_repairs_a_bad_mirror_copy() {
     ms[0].write_at(&[9u8; 4096], member_off).expect("corrupt");
     let mut buf = vec![0u8; 4096];
     let verify = |b: &[u8]| b.iter().all(|&x| x == 3);
-    array.read_verified(addr, &mut buf, &verify).expect("verified read");
+    array
+        .read_verified(addr, &mut buf, &verify)
+        .expect("verified read");
     assert!(verify(&buf));
     let mut raw = vec![0u8; 4096];
     ms[0].read_at(&mut raw, member_off).expect("raw read");

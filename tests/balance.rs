@@ -22,8 +22,8 @@ fn copies(members: usize, offset: u64) -> Vec<Target> {
         .collect()
 }
 
-fn none_failed(_: usize) -> bool {
-    false
+fn none_failed(_: &Target) -> bool {
+    true
 }
 
 /// Choose a copy for `len` bytes at `offset`, then issue and complete it as the
@@ -130,7 +130,7 @@ fn failed_members_are_never_chosen() {
     let b = Balancer::new(3);
     stream_on(&b, 0, 10 * MIB);
     let targets = copies(3, 10 * MIB);
-    let failed0 = |s: usize| s == 0;
+    let failed0 = |t: &Target| t.member != 0;
     assert_eq!(
         b.choose(&targets, 0, 128 * KIB, failed0).map(|t| t.member),
         Some(1)
@@ -142,7 +142,7 @@ fn failed_members_are_never_chosen() {
             assert!(matches!(got, Some(1) | Some(2)), "{policy}: chose {got:?}");
         }
         assert_eq!(
-            b.choose(&targets, 0, 128 * KIB, |_| true),
+            b.choose(&targets, 0, 128 * KIB, |_: &Target| false),
             None,
             "{policy}: all failed"
         );
@@ -166,7 +166,7 @@ fn write_mostly_members_are_read_only_as_a_last_resort() {
             );
         }
         assert_eq!(
-            b.choose(&targets, 0, 128 * KIB, |s| s == 1)
+            b.choose(&targets, 0, 128 * KIB, |t: &Target| t.member != 1)
                 .map(|t| t.member),
             Some(0),
             "{policy}"

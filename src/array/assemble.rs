@@ -10,7 +10,6 @@ use crate::parity::Parity;
 use crate::superblock::{ArrayState, SlotState, Superblock, SPARE_SLOT};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -103,9 +102,14 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
             continue;
         }
         if let Some(other) = &slots[slot] {
-            return Err(ArrayError::Refused(format!("{name} and {} both claim slot {slot}", other.name)));
+            return Err(ArrayError::Refused(format!("{name} and {} both claim slot {slot}", other.name())));
         }
-        slots[slot] = Some(Slot { member: Some(member), name, uuid: sb.member_uuid, failed: AtomicBool::new(false) });
+        let s = Slot::new(Some(member), name, sb.member_uuid);
+        if reference.slots[slot] == SlotState::Rebuilding {
+            // Resume from the checkpointed position; only what lies below it is valid.
+            s.valid_below.store(sb.recovery_offset, std::sync::atomic::Ordering::Release);
+        }
+        slots[slot] = Some(s);
     }
 
     let mut changed = false;
@@ -118,20 +122,20 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
                     reference.slots[i] = SlotState::Missing;
                     changed = true;
                 }
-                Slot { member: None, name: format!("missing (slot {i})"), uuid: Uuid::nil(), failed: AtomicBool::new(true) }
+                Slot::new(None, format!("missing (slot {i})"), Uuid::nil())
             })
         })
         .collect();
 
     let geometry = data_geometry(&reference)?;
-    let present = slots.iter().filter(|s| s.member.is_some()).count();
+    let present = slots.iter().filter(|s| s.member().is_some()).count();
     let need = total - geometry.tolerance().min(total);
     let degraded = present < total;
     if degraded && reference.state == ArrayState::Dirty && matches!(reference.level, Level::Raid5 | Level::Raid6) && !opts.force {
         return Err(ArrayError::DirtyDegraded);
     }
-    for s in slots.iter().filter(|s| s.member.is_none()) {
-        log::warn!("array {} is degraded: {}", reference.array_uuid, s.name);
+    for s in slots.iter().filter(|s| s.member().is_none()) {
+        log::warn!("array {} is degraded: {}", reference.array_uuid, s.name());
     }
     if changed && !opts.read_only {
         reference.events += 1;
@@ -148,8 +152,16 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
     if changed && !opts.read_only {
         array.write_superblocks()?;
     }
-    if array.is_dirty() && !degraded && !opts.read_only {
-        array.resync()?;
+    let members: Vec<Arc<dyn Member>> = array.present_members().into_iter().map(|(_, m)| m).collect();
+    array.bitmap.load(&members);
+    if array.is_dirty() {
+        let (regions, bytes) = array.bitmap.dirty();
+        if degraded {
+            log::warn!("array was not shut down cleanly and is degraded: {regions} regions may have inconsistent redundancy");
+        } else {
+            log::info!("array was not shut down cleanly: {regions} dirty regions ({} MiB) will be resynced", bytes >> 20);
+            array.needs_resync.store(true, std::sync::atomic::Ordering::Release);
+        }
     }
     Ok(array)
 }

@@ -295,44 +295,45 @@ impl Balancer {
 
     /// The copy to read for a piece whose copies are `targets` (offsets
     /// relative to `base`), `len` bytes of the request starting there.
-    /// `failed` tells which slots cannot serve. `None`: no working copy.
-    pub fn choose<'a, F: Fn(usize) -> bool>(
+    /// `readable` tells which copies can serve (not failed, not being
+    /// rebuilt there). `None`: no readable copy.
+    pub fn choose<'a, F: Fn(&Target) -> bool>(
         &self,
         targets: &'a [Target],
         base: u64,
         len: u64,
-        failed: F,
+        readable: F,
     ) -> Option<&'a Target> {
         // Write-mostly members only when nothing else is left, as md does.
-        let readable = |t: &&Target| !failed(t.member) && t.member < self.mirrors.len();
-        let preferred = |t: &&Target| readable(t) && !self.write_mostly(t.member);
+        let usable = |t: &&Target| readable(t) && t.member < self.mirrors.len();
+        let preferred = |t: &&Target| usable(t) && !self.write_mostly(t.member);
         if targets.iter().any(|t| preferred(&t)) {
             self.choose_among(targets, base, len, preferred)
         } else {
-            self.choose_among(targets, base, len, readable)
+            self.choose_among(targets, base, len, usable)
         }
     }
 
     /// Like [`Balancer::choose`], but a piece that directly follows the
     /// previous piece of the same request on a member it has a copy on
     /// stays there, so the request is one read on that member.
-    pub(crate) fn choose_following<'a, F: Fn(usize) -> bool>(
+    pub(crate) fn choose_following<'a, F: Fn(&Target) -> bool>(
         &self,
         targets: &'a [Target],
         base: u64,
         len: u64,
         follow: Option<(usize, u64)>,
-        failed: F,
+        readable: F,
     ) -> Option<&'a Target> {
         if let Some((slot, end)) = follow {
             if let Some(t) = targets
                 .iter()
-                .find(|t| t.member == slot && base + t.offset == end && !failed(slot))
+                .find(|t| t.member == slot && base + t.offset == end && readable(t))
             {
                 return Some(t);
             }
         }
-        self.choose(targets, base, len, failed)
+        self.choose(targets, base, len, readable)
     }
 
     fn choose_among<'a>(
@@ -524,7 +525,7 @@ impl Balancer {
                     break;
                 }
                 let distance = m.state.lock().head.abs_diff(base + t.offset);
-                if nearest.map_or(true, |(_, d)| distance < d) {
+                if nearest.is_none_or(|(_, d)| distance < d) {
                     nearest = Some((i, distance));
                 }
             }
@@ -639,7 +640,7 @@ impl Balancer {
 }
 
 fn keep_lowest<'a>(best: &mut Option<(&'a Target, Key)>, t: &'a Target, key: Key) {
-    if best.as_ref().map_or(true, |(_, k)| key < *k) {
+    if best.as_ref().is_none_or(|(_, k)| key < *k) {
         *best = Some((t, key));
     }
 }

@@ -13,7 +13,6 @@ use crate::superblock::{
 };
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -123,10 +122,11 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
     };
     let slots = members
         .into_iter()
-        .map(|(member, name)| Slot { member: Some(member), name, uuid: Uuid::new_v4(), failed: AtomicBool::new(false) })
+        .map(|(member, name)| Slot::new(Some(member), name, Uuid::new_v4()))
         .collect();
     let array = Array::from_parts(slots, sb, Parity::global())?;
     array.write_superblocks()?;
+    array.write_bitmap();
     if array.is_degraded() {
         return Err(ArrayError::Refused("a member failed while the array was being created".into()));
     }

@@ -4,7 +4,8 @@
 
 use super::worker::Op;
 use super::{Array, ArrayError, ArrayResult, Region};
-use crate::geometry::{Level, Mapping};
+use crate::geometry::{Level, Mapping, Target};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The part of a request that falls in one chunk.
@@ -17,7 +18,7 @@ struct Piece {
 
 /// How to read when the plain read was not good enough.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Choice {
+pub(crate) enum Choice {
     /// Normal read.
     Any,
     /// Mirrors: read copy number `n` of every piece.
@@ -73,6 +74,7 @@ fn coalesce(items: impl Iterator<Item = (usize, u64, usize, usize)>) -> Vec<Run>
 impl Array {
     /// Read `buf.len()` bytes at logical `addr`.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> ArrayResult<()> {
+        self.sync.foreground.fetch_add(1, Ordering::Relaxed);
         let (region, offset) = self.region(addr, buf.len())?;
         self.read_region(&region, offset, buf, Choice::Any)
     }
@@ -106,6 +108,7 @@ impl Array {
 
     /// Write `data` at logical `addr` to every copy, or with parity.
     pub fn write(&self, addr: u64, data: &[u8]) -> ArrayResult<()> {
+        self.sync.foreground.fetch_add(1, Ordering::Relaxed);
         let (region, offset) = self.region(addr, data.len())?;
         self.write_region(&region, offset, data)
     }
@@ -122,7 +125,7 @@ impl Array {
         self.ensure_writable()
     }
 
-    fn read_region(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+    pub(crate) fn read_region(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
         if is_mirror(region.geometry.level) {
             self.read_mirror(region, offset, buf, choice)
         } else {
@@ -139,10 +142,11 @@ impl Array {
             let mut follow: Option<(usize, u64)> = None;
             for p in &pieces {
                 let target = match choice {
-                    Choice::Copy(n) => p.map.targets.get(n).filter(|t| !self.is_failed(t.member)),
+                    Choice::Copy(n) => p.map.targets.get(n).filter(|t| self.readable(t.member, region, t.offset)),
                     _ => {
                         let rest = (buf.len() - p.buf_off) as u64;
-                        self.balance.choose_following(&p.map.targets, region.base, rest, follow, |s| self.is_failed(s))
+                        let readable = |t: &Target| self.readable(t.member, region, t.offset);
+                        self.balance.choose_following(&p.map.targets, region.base, rest, follow, readable)
                     }
                 };
                 let Some(t) = target else {
@@ -194,7 +198,7 @@ impl Array {
         let mut degraded = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
             let t = p.map.targets[0];
-            if self.is_failed(t.member) || Some(t.member) == suspect {
+            if !self.readable(t.member, region, t.offset) || Some(t.member) == suspect {
                 degraded.push(i);
             } else {
                 direct.push(i);
@@ -246,12 +250,12 @@ impl Array {
         self.reconstruct_locked(region, stripe, lo, len, suspect)
     }
 
-    fn stripe_slots(&self, region: &Region, stripe: u64) -> Vec<usize> {
+    pub(crate) fn stripe_slots(&self, region: &Region, stripe: u64) -> Vec<usize> {
         let sm = region.geometry.stripe_members(stripe);
         sm.data.iter().copied().chain(sm.p).chain(sm.q).collect()
     }
 
-    fn reconstruct_locked(
+    pub(crate) fn reconstruct_locked(
         &self,
         region: &Region,
         stripe: u64,
@@ -261,10 +265,11 @@ impl Array {
     ) -> ArrayResult<Vec<Vec<u8>>> {
         let geometry = region.geometry;
         let members = self.stripe_slots(region, stripe);
-        let at = region.base + stripe * geometry.chunk + lo as u64;
+        let within = stripe * geometry.chunk + lo as u64;
+        let at = region.base + within;
         for _ in 0..=self.slots.len() {
             let missing: Vec<usize> = (0..members.len())
-                .filter(|&i| self.is_failed(members[i]) || Some(members[i]) == suspect)
+                .filter(|&i| !self.readable(members[i], region, within + len as u64 - 1) || Some(members[i]) == suspect)
                 .collect();
             if missing.len() > geometry.tolerance() {
                 return Err(ArrayError::Failed(format!(
@@ -320,6 +325,50 @@ impl Array {
 
     pub(crate) fn write_region(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
         self.ensure_writable()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (start, end) = member_span(region, offset, data.len());
+        if let Some(blocks) = self.bitmap.begin_write(start, end) {
+            if let Err(e) = self.mark_dirty_regions(&blocks) {
+                self.bitmap.end_write(start, end);
+                return Err(e);
+            }
+        }
+        let result = self.write_unmarked(region, offset, data);
+        self.bitmap.end_write(start, end);
+        result
+    }
+
+    /// Make newly set bitmap bits durable on every working member before the
+    /// write they cover starts.
+    fn mark_dirty_regions(&self, blocks: &[usize]) -> ArrayResult<()> {
+        let _serial = self.bitmap.write_guard();
+        let contents = self.bitmap.blocks(blocks);
+        let slots: Vec<usize> = (0..self.slots.len()).filter(|&s| !self.is_failed(s)).collect();
+        let mut jobs = Vec::new();
+        for &slot in &slots {
+            for (offset, block) in &contents {
+                let data: Arc<[u8]> = Arc::from(block.as_slice());
+                jobs.push((slot, Op::Write { offset: *offset, range: 0..data.len(), data }));
+            }
+        }
+        let per_slot = contents.len();
+        for (i, outcome) in self.pool.run(jobs).into_iter().enumerate() {
+            if let Err(e) = outcome {
+                self.fail_member(slots[i / per_slot.max(1)], &format!("bitmap write failed: {e}"));
+            }
+        }
+        let live: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
+        for (slot, outcome) in live.iter().zip(self.pool.run(live.iter().map(|&s| (s, Op::Sync)).collect())) {
+            if let Err(e) = outcome {
+                self.fail_member(*slot, &format!("bitmap sync failed: {e}"));
+            }
+        }
+        self.ensure_writable()
+    }
+
+    fn write_unmarked(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
         match region.geometry.level {
             Level::Raid1 | Level::Raid10 | Level::Raid0 => self.write_plain(region, offset, data),
             Level::Raid5 | Level::Raid6 => {
@@ -400,7 +449,8 @@ impl Array {
         self.ensure_writable()?;
         let touched = new.iter().filter(|n| n.is_some()).count();
         let full = new.iter().filter(|n| n.is_some_and(covers)).count();
-        let degraded = members.iter().any(|&m| self.is_failed(m));
+        let last = stripe * geometry.chunk + hi as u64 - 1;
+        let degraded = members.iter().any(|&m| !self.readable(m, region, last));
 
         let mut blocks: Vec<Vec<u8>>;
         if !degraded && touched + nparity < k - full {
@@ -477,6 +527,17 @@ impl Array {
         }
         self.ensure_writable()
     }
+}
+
+/// Member offsets (absolute) that a write of `len` bytes at region offset
+/// `offset` touches on some member, whole chunks, parity included.
+fn member_span(region: &Region, offset: u64, len: usize) -> (u64, u64) {
+    let g = &region.geometry;
+    let first = g.map(offset);
+    let last = g.map(offset + len as u64 - 1);
+    let lo = first.targets.iter().map(|t| t.offset).min().unwrap_or(0) / g.chunk * g.chunk;
+    let hi = (last.targets.iter().map(|t| t.offset).max().unwrap_or(0) / g.chunk + 1) * g.chunk;
+    (region.base + lo, region.base + hi)
 }
 
 /// Split `blocks` into the others (shared) and block `m` (mutable).

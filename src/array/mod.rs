@@ -9,9 +9,11 @@
 
 mod assemble;
 pub mod balance;
+mod bitmap;
 mod create;
 mod io;
-mod resync;
+mod lifecycle;
+mod scrub;
 mod state;
 mod stripe_lock;
 mod worker;
@@ -19,14 +21,15 @@ mod worker;
 pub use balance::{MemberStats, ReadPolicy};
 pub use assemble::{assemble, assemble_paths, open_members, AssembleOptions};
 pub use create::{create, create_paths, CreateSpec};
+pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};
 
 use crate::geometry::{Geometry, GeometryError, Level};
 use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{GroupProfile, Superblock, SuperblockError};
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -61,13 +64,50 @@ pub enum ArrayError {
 
 pub type ArrayResult<T> = Result<T, ArrayError>;
 
-/// One member slot of an assembled array.
-pub(crate) struct Slot {
+/// The device currently in a slot.
+pub(crate) struct SlotDev {
     pub member: Option<Arc<dyn Member>>,
     pub name: String,
     pub uuid: Uuid,
-    /// Set once the member has failed or was missing at assembly.
+}
+
+/// Error counts of one slot, as `raidfs detail` shows them.
+#[derive(Default)]
+pub(crate) struct ErrorCounters {
+    pub read: AtomicU64,
+    pub write: AtomicU64,
+    pub checksum: AtomicU64,
+}
+
+/// One member slot of an assembled array.
+pub(crate) struct Slot {
+    pub dev: RwLock<SlotDev>,
+    /// Set once the member has failed, was removed, or was missing at assembly.
     pub failed: AtomicBool,
+    /// Member offsets below this hold valid data: u64::MAX when in sync,
+    /// the recovery position while the slot is being rebuilt.
+    pub valid_below: AtomicU64,
+    pub errors: ErrorCounters,
+}
+
+impl Slot {
+    pub fn new(member: Option<Arc<dyn Member>>, name: String, uuid: Uuid) -> Slot {
+        let failed = member.is_none();
+        Slot {
+            dev: RwLock::new(SlotDev { member, name, uuid }),
+            failed: AtomicBool::new(failed),
+            valid_below: AtomicU64::new(u64::MAX),
+            errors: ErrorCounters::default(),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.dev.read().name.clone()
+    }
+
+    pub fn member(&self) -> Option<Arc<dyn Member>> {
+        self.dev.read().member.clone()
+    }
 }
 
 /// An assembled, running array.
@@ -85,6 +125,10 @@ pub struct Array {
     pub(crate) parity: &'static Parity,
     /// Set when more members failed than some group's geometry tolerates.
     pub(crate) broken: AtomicBool,
+    pub(crate) sync: lifecycle::SyncState,
+    pub(crate) bitmap: bitmap::Bitmap,
+    /// The array was dirty when assembled: resync the regions the bitmap names.
+    pub(crate) needs_resync: AtomicBool,
     /// Which mirror copy each read goes to, and per-member read counters.
     pub(crate) balance: balance::Balancer,
 }
@@ -110,10 +154,11 @@ impl Array {
         parity: &'static Parity,
     ) -> ArrayResult<Array> {
         let data_geometry = data_geometry(&sb)?;
+        let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
-            .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member.clone() })
+            .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member() })
             .collect();
         let slots_len = slots.len();
         let pool = worker::WorkerPool::new(&members, 2)
@@ -128,14 +173,12 @@ impl Array {
             locks: stripe_lock::StripeLocks::new(1024),
             parity,
             broken: AtomicBool::new(false),
+            sync: lifecycle::SyncState::default(),
+            bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
+            needs_resync: AtomicBool::new(false),
             balance: balance::Balancer::new(slots_len),
         };
-        for (slot, s) in array.slots.iter().enumerate() {
-            let rotational = s.member.as_ref().and_then(|m| m.rotational());
-            let rotational = rotational.or_else(|| balance::detect_rotational(std::path::Path::new(&s.name)));
-            // Unknown: assume a head, as md does without QUEUE_FLAG_NONROT.
-            array.balance.set_rotational(slot, rotational.unwrap_or(true));
-        }
+        (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();
         Ok(array)
     }
@@ -165,12 +208,26 @@ impl Array {
         (0..self.slots.len()).filter(|&i| self.is_failed(i)).collect()
     }
 
+    /// Whether some slot cannot serve reads everywhere (failed, missing or
+    /// still being rebuilt).
     pub fn is_degraded(&self) -> bool {
-        !self.failed_slots().is_empty()
+        !self.unreadable_slots().is_empty()
     }
 
     pub(crate) fn is_failed(&self, slot: usize) -> bool {
         self.slots[slot].failed.load(Ordering::Acquire)
+    }
+
+    /// Whether `slot` can serve a read at region-relative `offset` of `region`.
+    pub(crate) fn readable(&self, slot: usize, region: &Region, offset: u64) -> bool {
+        !self.is_failed(slot) && region.base + offset < self.slots[slot].valid_below.load(Ordering::Acquire)
+    }
+
+    /// Slots that cannot serve reads everywhere (failed, missing or rebuilding).
+    pub(crate) fn unreadable_slots(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.is_failed(i) || self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX)
+            .collect()
     }
 
     /// Capacity in logical bytes of a group with `profile`.
@@ -207,7 +264,7 @@ impl Array {
 
     /// Re-evaluate whether every allocated group can still be served.
     pub(crate) fn check_tolerance(&self) {
-        let failed = self.failed_slots();
+        let failed = self.unreadable_slots();
         let ok_data = self.geometry_survives(&self.data_geometry, &failed);
         let ok_meta = self.geometry_survives(&self.meta_geometry, &failed);
         if !(ok_data && ok_meta) {
@@ -232,10 +289,27 @@ impl Array {
     pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {
         if self.broken.load(Ordering::Acquire) {
             let names: Vec<String> =
-                self.failed_slots().iter().map(|&i| self.slots[i].name.clone()).collect();
+                self.failed_slots().iter().map(|&i| self.slots[i].name()).collect();
             return Err(ArrayError::Failed(names.join(", ")));
         }
         Ok(())
+    }
+
+    /// Working members with their slots.
+    pub(crate) fn present_members(&self) -> Vec<(usize, Arc<dyn Member>)> {
+        (0..self.slots.len())
+            .filter(|&i| !self.is_failed(i))
+            .filter_map(|i| self.slots[i].member().map(|m| (i, m)))
+            .collect()
+    }
+
+    /// Write the whole write-intent bitmap to every working member.
+    pub(crate) fn write_bitmap(&self) {
+        let present = self.present_members();
+        let members: Vec<Arc<dyn Member>> = present.iter().map(|(_, m)| Arc::clone(m)).collect();
+        for (i, e) in self.bitmap.write_all(&members) {
+            self.fail_member(present[i].0, &format!("bitmap write failed: {e}"));
+        }
     }
 
     /// The read balancing policy in use.
@@ -260,9 +334,19 @@ impl Array {
         self.balance.set_rotational(slot, rotational);
     }
 
+    /// Decide whether `slot`'s member is rotational: as the member says, else
+    /// from its path's sysfs queue, else assume a head (as md does without
+    /// QUEUE_FLAG_NONROT). Call again when a slot gets a new device.
+    pub(crate) fn detect_rotational(&self, slot: usize) {
+        let (member, name) = (self.slots[slot].member(), self.slots[slot].name());
+        let rotational = member.and_then(|m| m.rotational());
+        let rotational = rotational.or_else(|| balance::detect_rotational(std::path::Path::new(&name)));
+        self.balance.set_rotational(slot, rotational.unwrap_or(true));
+    }
+
     /// Per-member read counters and balancing state.
     pub fn member_stats(&self) -> Vec<MemberStats> {
-        let names: Vec<String> = self.slots.iter().map(|s| s.name.clone()).collect();
+        let names: Vec<String> = self.slots.iter().map(|s| s.name()).collect();
         self.balance.stats(&names)
     }
 

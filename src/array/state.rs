@@ -13,8 +13,11 @@ pub struct MemberStatus {
     pub slot: usize,
     pub name: String,
     pub uuid: String,
-    /// "active", "faulty" or "missing".
+    /// "active", "faulty", "rebuilding" or "missing".
     pub state: String,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub checksum_errors: u64,
 }
 
 /// A snapshot of the array, for logs, `examine` and `status`.
@@ -54,10 +57,13 @@ impl Array {
             let handles: Vec<_> = (0..self.slots.len())
                 .filter(|&i| !self.is_failed(i))
                 .filter_map(|i| {
-                    let member = self.slots[i].member.clone()?;
+                    let dev = self.slots[i].dev.read();
+                    let member = dev.member.clone()?;
                     let mut sb: Superblock = template.clone();
-                    sb.member_uuid = self.slots[i].uuid;
+                    sb.member_uuid = dev.uuid;
                     sb.slot = i as u32;
+                    let valid_below = self.slots[i].valid_below.load(Ordering::Acquire);
+                    sb.recovery_offset = valid_below;
                     Some((i, scope.spawn(move || sb.write_to(member.as_ref()))))
                 })
                 .collect();
@@ -76,6 +82,12 @@ impl Array {
         Ok(())
     }
 
+    /// Write every working member's superblock again (heals a damaged copy).
+    pub fn rewrite_superblocks(&self) -> ArrayResult<()> {
+        self.sb.lock().events += 1;
+        self.write_superblocks()
+    }
+
     /// Take a member out of service after an I/O error: it is marked faulty
     /// in the other members' superblocks (with a new event count, so a later
     /// assembly knows it is stale) and the array goes on degraded.
@@ -83,7 +95,7 @@ impl Array {
         if self.slots[slot].failed.swap(true, Ordering::AcqRel) {
             return;
         }
-        log::error!("raidfs: member {} (slot {slot}) failed: {why}", self.slots[slot].name);
+        log::error!("raidfs: member {} (slot {slot}) failed: {why}", self.slots[slot].name());
         {
             let mut sb = self.sb.lock();
             sb.slots[slot] = SlotState::Faulty;
@@ -93,10 +105,11 @@ impl Array {
         if self.broken.load(Ordering::Acquire) {
             log::error!("raidfs: too many members lost; the array no longer accepts writes");
         } else {
-            log::warn!("raidfs: array continues degraded without {}", self.slots[slot].name);
+            log::warn!("raidfs: array continues degraded without {}", self.slots[slot].name());
         }
         // Failures while recording this one fail those members in turn.
         let _ = self.write_superblocks();
+        self.take_spare(slot);
     }
 
     /// Fail a member on request (`raidfs fail`, tests).
@@ -132,7 +145,13 @@ impl Array {
 
     /// After the last write and a flush: every stripe is consistent.
     pub fn mark_clean(&self) -> ArrayResult<()> {
+        self.stop_background();
         self.flush()?;
+        // Everything is durable and consistent: no region needs a resync.
+        if !self.is_degraded() {
+            self.bitmap.reset_recent();
+            self.clean_bitmap();
+        }
         self.set_state(ArrayState::Clean)
     }
 
@@ -168,6 +187,7 @@ impl Array {
             sb.events += 1;
             i as u32
         };
+        self.zero_group(index)?;
         self.write_superblocks()?;
         self.ensure_writable()?;
         Ok(index)
@@ -176,6 +196,26 @@ impl Array {
     /// Logical bytes available for file data if every group held data.
     pub fn data_capacity(&self) -> u64 {
         self.group_capacity(GroupProfile::Data) * self.sb.lock().groups.len() as u64
+    }
+
+    /// Make a newly allocated group read as zeros on every member, so its
+    /// parity is consistent from the start whatever the members held before.
+    fn zero_group(&self, group: u32) -> ArrayResult<()> {
+        let (base, size) = {
+            let sb = self.sb.lock();
+            (sb.data_offset + group as u64 * sb.group_size, sb.group_size)
+        };
+        for slot in 0..self.slots.len() {
+            if self.is_failed(slot) {
+                continue;
+            }
+            if let Some(m) = self.slots[slot].member() {
+                if let Err(e) = m.zero_range(base, size) {
+                    self.fail_member(slot, &format!("zeroing a new group failed: {e}"));
+                }
+            }
+        }
+        self.ensure_writable()
     }
 
     /// A copy of the array-wide superblock fields.
@@ -189,17 +229,25 @@ impl Array {
             .slots
             .iter()
             .enumerate()
-            .map(|(i, s)| MemberStatus {
-                slot: i,
-                name: s.name.clone(),
-                uuid: s.uuid.to_string(),
-                state: if s.member.is_none() {
-                    "missing".into()
-                } else if s.failed.load(Ordering::Acquire) {
-                    "faulty".into()
-                } else {
-                    "active".into()
-                },
+            .map(|(i, s)| {
+                let dev = s.dev.read();
+                MemberStatus {
+                    slot: i,
+                    name: dev.name.clone(),
+                    uuid: dev.uuid.to_string(),
+                    state: if dev.member.is_none() {
+                        "missing".into()
+                    } else if s.failed.load(Ordering::Acquire) {
+                        "faulty".into()
+                    } else if s.valid_below.load(Ordering::Acquire) != u64::MAX {
+                        "rebuilding".into()
+                    } else {
+                        "active".into()
+                    },
+                    read_errors: s.errors.read.load(Ordering::Relaxed),
+                    write_errors: s.errors.write.load(Ordering::Relaxed),
+                    checksum_errors: s.errors.checksum.load(Ordering::Relaxed),
+                }
             })
             .collect();
         let map: String = members.iter().map(|m| if m.state == "active" { 'U' } else { '_' }).collect();

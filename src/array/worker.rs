@@ -1,14 +1,19 @@
 //! Per-member I/O workers, so that an operation touching several members
 //! drives them all at once instead of one after another.
 //!
-//! Each member has its own small pool of threads fed by one channel. A batch
-//! of jobs (at most one or a few per member) is submitted together and the
-//! caller waits for every reply; a batch with a single job runs inline on the
-//! caller's thread, since a hand-off would only add latency.
+//! Each slot has a lane: its member, a small pool of threads fed by one
+//! channel, and optionally a replacement member that receives a copy of
+//! every write (so `replace` can rebuild onto it while the old member stays
+//! in service). A batch of jobs is submitted together and the caller waits
+//! for every reply; a batch with a single job runs inline on the caller's
+//! thread, since a hand-off would only add latency. Lanes can be attached and
+//! detached while the array runs (add, remove, replace).
 
 use crate::member::Member;
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Sender};
+use parking_lot::{Mutex, RwLock};
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -20,6 +25,18 @@ pub enum Op {
     Sync,
 }
 
+impl Op {
+    fn duplicate(&self) -> Option<Op> {
+        match self {
+            Op::Read { .. } => None,
+            Op::Write { offset, data, range } => {
+                Some(Op::Write { offset: *offset, data: Arc::clone(data), range: range.clone() })
+            }
+            Op::Sync => Some(Op::Sync),
+        }
+    }
+}
+
 /// What came back from one job.
 pub type Outcome = io::Result<Vec<u8>>;
 
@@ -29,10 +46,23 @@ struct Job {
     reply: Sender<(usize, Outcome)>,
 }
 
+struct Queue {
+    member: Arc<dyn Member>,
+    tx: Sender<Job>,
+}
+
+#[derive(Default)]
+struct Lane {
+    main: Option<Queue>,
+    replacement: Option<Queue>,
+}
+
 pub struct WorkerPool {
-    members: Vec<Option<Arc<dyn Member>>>,
-    queues: Vec<Option<Sender<Job>>>,
-    threads: Vec<JoinHandle<()>>,
+    lanes: RwLock<Vec<Lane>>,
+    threads_per_member: usize,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Set when a write to a replacement failed; the replace is abandoned.
+    replacement_failed: Vec<AtomicBool>,
 }
 
 fn perform(member: &dyn Member, op: &Op) -> Outcome {
@@ -53,61 +83,136 @@ fn perform(member: &dyn Member, op: &Op) -> Outcome {
     }
 }
 
+fn missing(slot: usize) -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, format!("member slot {slot} is not present"))
+}
+
+/// Tags at or above this mark the replacement copy of a job.
+const REPLACEMENT_TAG: usize = usize::MAX / 2;
+
 impl WorkerPool {
     /// Start `threads_per_member` workers for every present member.
     pub fn new(members: &[Option<Arc<dyn Member>>], threads_per_member: usize) -> io::Result<WorkerPool> {
-        let mut queues = Vec::with_capacity(members.len());
-        let mut threads = Vec::new();
+        let pool = WorkerPool {
+            lanes: RwLock::new((0..members.len()).map(|_| Lane::default()).collect()),
+            threads_per_member: threads_per_member.max(1),
+            threads: Mutex::new(Vec::new()),
+            replacement_failed: (0..members.len()).map(|_| AtomicBool::new(false)).collect(),
+        };
         for (slot, member) in members.iter().enumerate() {
-            let Some(member) = member else {
-                queues.push(None);
-                continue;
-            };
-            let (tx, rx): (Sender<Job>, Receiver<Job>) = unbounded();
-            for n in 0..threads_per_member.max(1) {
-                let rx = rx.clone();
-                let member = Arc::clone(member);
-                let handle = std::thread::Builder::new()
-                    .name(format!("raidfs-m{slot}-{n}"))
-                    .spawn(move || {
-                        for job in rx.iter() {
-                            let outcome = perform(member.as_ref(), &job.op);
-                            // The submitter may have given up; nothing to do then.
-                            let _ = job.reply.send((job.tag, outcome));
-                        }
-                    })?;
-                threads.push(handle);
+            if let Some(m) = member {
+                pool.attach(slot, Arc::clone(m))?;
             }
-            queues.push(Some(tx));
         }
-        Ok(WorkerPool { members: members.to_vec(), queues, threads })
+        Ok(pool)
+    }
+
+    fn start_queue(&self, slot: usize, member: Arc<dyn Member>, tag: &str) -> io::Result<Queue> {
+        let (tx, rx) = unbounded::<Job>();
+        let mut threads = self.threads.lock();
+        for n in 0..self.threads_per_member {
+            let rx = rx.clone();
+            let member = Arc::clone(&member);
+            let handle = std::thread::Builder::new().name(format!("raidfs-{tag}{slot}-{n}")).spawn(move || {
+                for job in rx.iter() {
+                    let outcome = perform(member.as_ref(), &job.op);
+                    // The submitter may have given up; nothing to do then.
+                    let _ = job.reply.send((job.tag, outcome));
+                }
+            })?;
+            threads.push(handle);
+        }
+        Ok(Queue { member, tx })
+    }
+
+    /// Serve `slot` with `member` (replacing whatever served it).
+    pub fn attach(&self, slot: usize, member: Arc<dyn Member>) -> io::Result<()> {
+        let queue = self.start_queue(slot, member, "m")?;
+        self.lanes.write()[slot].main = Some(queue);
+        Ok(())
+    }
+
+    /// Stop serving `slot`; its workers finish queued jobs and exit.
+    pub fn detach(&self, slot: usize) {
+        let mut lanes = self.lanes.write();
+        lanes[slot].main = None;
+        lanes[slot].replacement = None;
+    }
+
+    /// Copy every write to `slot` onto `member` too (None ends that).
+    pub fn set_replacement(&self, slot: usize, member: Option<Arc<dyn Member>>) -> io::Result<()> {
+        let queue = match member {
+            Some(m) => Some(self.start_queue(slot, m, "r")?),
+            None => None,
+        };
+        self.replacement_failed[slot].store(false, Ordering::Release);
+        self.lanes.write()[slot].replacement = queue;
+        Ok(())
+    }
+
+    /// Whether a write to `slot`'s replacement has failed since it was set.
+    pub fn replacement_failed(&self, slot: usize) -> bool {
+        self.replacement_failed[slot].load(Ordering::Acquire)
+    }
+
+    /// Run one job directly on `slot`'s replacement (the rebuild's writes).
+    pub fn run_on_replacement(&self, slot: usize, op: Op) -> Outcome {
+        let member = self.lanes.read()[slot].replacement.as_ref().map(|q| Arc::clone(&q.member));
+        match member {
+            Some(m) => perform(m.as_ref(), &op),
+            None => Err(missing(slot)),
+        }
     }
 
     /// Run `jobs` (member slot, op) and return their outcomes in the same
     /// order. A job for a slot with no member fails with `NotConnected`.
     pub fn run(&self, jobs: Vec<(usize, Op)>) -> Vec<Outcome> {
-        if jobs.len() == 1 {
+        let lanes = self.lanes.read();
+        if jobs.len() == 1 && lanes.get(jobs[0].0).is_some_and(|l| l.replacement.is_none()) {
             let (slot, op) = &jobs[0];
-            return vec![match self.members.get(*slot).and_then(|m| m.as_ref()) {
+            let member = lanes[*slot].main.as_ref().map(|q| Arc::clone(&q.member));
+            drop(lanes);
+            return vec![match member {
                 Some(m) => perform(m.as_ref(), op),
                 None => Err(missing(*slot)),
             }];
         }
         let mut results: Vec<Option<Outcome>> = (0..jobs.len()).map(|_| None).collect();
-        let (reply_tx, reply_rx) = bounded(jobs.len());
+        let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
         let mut pending = 0;
+        let mut replacement_slots = Vec::new();
         for (tag, (slot, op)) in jobs.into_iter().enumerate() {
-            match self.queues.get(slot).and_then(|q| q.as_ref()) {
-                Some(q) => match q.send(Job { tag, op, reply: reply_tx.clone() }) {
+            let Some(lane) = lanes.get(slot) else {
+                results[tag] = Some(Err(missing(slot)));
+                continue;
+            };
+            if let (Some(r), Some(copy)) = (&lane.replacement, op.duplicate()) {
+                let rtag = REPLACEMENT_TAG + replacement_slots.len();
+                if r.tx.send(Job { tag: rtag, op: copy, reply: reply_tx.clone() }).is_ok() {
+                    replacement_slots.push(slot);
+                    pending += 1;
+                }
+            }
+            match &lane.main {
+                Some(q) => match q.tx.send(Job { tag, op, reply: reply_tx.clone() }) {
                     Ok(()) => pending += 1,
                     Err(_) => results[tag] = Some(Err(missing(slot))),
                 },
                 None => results[tag] = Some(Err(missing(slot))),
             }
         }
+        drop(lanes);
         drop(reply_tx);
         for _ in 0..pending {
             match reply_rx.recv() {
+                Ok((tag, outcome)) if tag >= REPLACEMENT_TAG => {
+                    if let Err(e) = outcome {
+                        let slot = replacement_slots[tag - REPLACEMENT_TAG];
+                        if !self.replacement_failed[slot].swap(true, Ordering::AcqRel) {
+                            log::error!("raidfs: write to the replacement of slot {slot} failed: {e}");
+                        }
+                    }
+                }
                 Ok((tag, outcome)) => results[tag] = Some(outcome),
                 Err(_) => break,
             }
@@ -119,14 +224,10 @@ impl WorkerPool {
     }
 }
 
-fn missing(slot: usize) -> io::Error {
-    io::Error::new(io::ErrorKind::NotConnected, format!("member slot {slot} is not present"))
-}
-
 impl Drop for WorkerPool {
     fn drop(&mut self) {
-        self.queues.clear();
-        for t in self.threads.drain(..) {
+        self.lanes.write().clear();
+        for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
     }

@@ -1,15 +1,233 @@
 //! `raidfs mount` and `raidfs umount`.
+//!
+//! `mount` checks everything it can in the invoking process (options, member
+//! paths, the mount point, /dev/fuse), then forks the daemon
+//! ([`daemon`]) and waits for it to report. `umount` unmounts and waits for
+//! the daemon to close the array, found through [`registry`].
+
+mod daemon;
+pub mod options;
+pub mod registry;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::fuse::{is_raidfs_mount, mounts};
+use daemon::MountPlan;
 
 #[derive(clap::Args)]
-pub struct MountArgs {}
-
-#[derive(clap::Args)]
-pub struct UmountArgs {}
-
-pub fn run(_args: MountArgs) -> i32 {
-    super::fail("not yet built")
+pub struct MountArgs {
+    /// Stay in the foreground and log to stderr.
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Mount options, comma-separated: ro, rw, allow_other,
+    /// default_permissions, force, kernel_cache, writeback_cache,
+    /// attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH,
+    /// parity=KERNEL.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Member image files or block devices, then the mount point.
+    #[arg(required = true, num_args = 2.., value_name = "MEMBER... MOUNTPOINT")]
+    pub paths: Vec<PathBuf>,
 }
 
-pub fn run_umount(_args: UmountArgs) -> i32 {
-    super::fail("not yet built")
+#[derive(clap::Args)]
+pub struct UmountArgs {
+    /// Detach a busy mount now; the daemon closes the array when the last
+    /// open file is closed.
+    #[arg(short, long)]
+    pub lazy: bool,
+    /// Seconds to wait for the daemon to close the array.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// The mount point.
+    pub mount_point: PathBuf,
+}
+
+pub fn run(args: MountArgs) -> i32 {
+    match prepare(&args) {
+        Ok(plan) if args.foreground => daemon::run_foreground(&plan),
+        Ok(plan) => daemon::run_background(&plan),
+        Err(msg) => super::fail(msg),
+    }
+}
+
+fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
+    let options = options::parse(&args.options)?;
+    let Some((mount_point, members)) = args.paths.split_last() else {
+        return Err("give the member paths and then the mount point".into());
+    };
+    if members.is_empty() {
+        return Err("no members given (usage: raidfs mount [OPTIONS] MEMBER... MOUNTPOINT)".into());
+    }
+    // Absolute, because the daemon changes directory to /.
+    let members = members
+        .iter()
+        .map(|m| {
+            m.canonicalize()
+                .map_err(|e| format!("member {}: {e}", m.display()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mount_point = check_mount_point(mount_point)?;
+    check_fuse_device()?;
+    let log = match &options.log {
+        Some(path) => {
+            mounts::absolute_lexical(path).map_err(|e| format!("log={}: {e}", path.display()))?
+        }
+        None => default_log_path(&mount_point),
+    };
+    Ok(MountPlan {
+        members,
+        mount_point,
+        options,
+        log,
+    })
+}
+
+/// The mount point must be an existing directory with nothing mounted on
+/// it. A raidfs mount whose daemon has died (every access fails with
+/// "transport endpoint is not connected") is cleared away first.
+fn check_mount_point(path: &Path) -> Result<PathBuf, String> {
+    let shown = path.display();
+    let absolute =
+        mounts::absolute_lexical(path).map_err(|e| format!("mount point {shown}: {e}"))?;
+    let existing =
+        mounts::mount_at(&absolute).map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+    if let Some(entry) = existing {
+        let daemon = registry::read(&absolute)
+            .ok()
+            .flatten()
+            .filter(|r| r.is_alive());
+        match daemon {
+            None if is_raidfs_mount(&entry) => {
+                eprintln!("raidfs: {shown}: clearing a stale raidfs mount whose daemon has exited");
+                mounts::unmount(&absolute, true)
+                    .map_err(|e| format!("clearing the stale mount on {shown}: {e}"))?;
+                registry::remove(&absolute);
+            }
+            Some(d) => {
+                return Err(format!(
+                    "mount point {shown} is busy: raidfs (pid {}) is mounted there",
+                    d.pid
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "mount point {shown} is busy: {} is mounted there",
+                    entry.fs_type
+                ))
+            }
+        }
+    }
+    let meta = std::fs::metadata(&absolute).map_err(|e| format!("mount point {shown}: {e}"))?;
+    if !meta.is_dir() {
+        return Err(format!("mount point {shown} is not a directory"));
+    }
+    absolute
+        .canonicalize()
+        .map_err(|e| format!("mount point {shown}: {e}"))
+}
+
+fn check_fuse_device() -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata("/dev/fuse") {
+        Ok(meta) if meta.file_type().is_char_device() => Ok(()),
+        Ok(_) => Err("/dev/fuse is not a character device".into()),
+        Err(e) => Err(format!(
+            "/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"
+        )),
+    }
+}
+
+/// `/var/log/raidfs/NAME.log`, or `/tmp/raidfs-NAME.log` when that cannot
+/// be written.
+fn default_log_path(mount_point: &Path) -> PathBuf {
+    let name = mount_point
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "root".into());
+    let dir = Path::new("/var/log/raidfs");
+    let preferred = dir.join(format!("{name}.log"));
+    let writable = std::fs::create_dir_all(dir).is_ok()
+        && std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&preferred)
+            .is_ok();
+    if writable {
+        preferred
+    } else {
+        std::env::temp_dir().join(format!("raidfs-{name}.log"))
+    }
+}
+
+pub fn run_umount(args: UmountArgs) -> i32 {
+    match umount(&args) {
+        Ok(()) => 0,
+        Err(msg) => super::fail(msg),
+    }
+}
+
+fn umount(args: &UmountArgs) -> Result<(), String> {
+    let shown = args.mount_point.display();
+    let path = mounts::absolute_lexical(&args.mount_point).map_err(|e| format!("{shown}: {e}"))?;
+    let entry = mounts::mount_at(&path)
+        .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?
+        .ok_or_else(|| format!("{shown} is not mounted"))?;
+    if !is_raidfs_mount(&entry) {
+        return Err(format!(
+            "{shown} is not a raidfs mount (it is {})",
+            entry.fs_type
+        ));
+    }
+    let daemon = registry::read(&path)
+        .ok()
+        .flatten()
+        .filter(|r| r.is_alive());
+    mounts::unmount(&path, args.lazy).map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) => {
+            format!("{shown} is busy (files are open on it); close them or use --lazy")
+        }
+        _ => format!("unmounting {shown}: {e}"),
+    })?;
+    let Some(daemon) = daemon else {
+        eprintln!("raidfs: {shown} unmounted; no running raidfs daemon was recorded for it");
+        return Ok(());
+    };
+    if !daemon.wait_for_exit(Duration::from_secs(args.timeout)) {
+        return Err(format!(
+            "{shown} is unmounted but its daemon (pid {}) is still closing the array after {} s",
+            daemon.pid, args.timeout
+        ));
+    }
+    let log = daemon
+        .log
+        .as_ref()
+        .map(|l| format!("; see {}", l.display()))
+        .unwrap_or_default();
+    match registry::read(&path) {
+        Ok(None) => Ok(()),
+        Ok(Some(rec)) => {
+            registry::remove(&path);
+            match rec.error {
+                Some(err) => Err(format!(
+                    "the daemon could not close the array cleanly: {err}{log}"
+                )),
+                None => Err(format!(
+                    "the daemon exited without closing the array cleanly{log}"
+                )),
+            }
+        }
+        Err(e) => Err(format!("reading the daemon's state: {e}")),
+    }
+}
+
+/// The pid of the daemon serving `mount_point`, if one is running.
+pub fn daemon_pid(mount_point: &Path) -> Option<u32> {
+    let path = mounts::absolute_lexical(mount_point).ok()?;
+    registry::read(&path)
+        .ok()
+        .flatten()
+        .filter(|r| r.is_alive())
+        .map(|r| r.pid)
 }

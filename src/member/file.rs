@@ -320,6 +320,25 @@ impl Member for FileMember {
     fn name(&self) -> String {
         self.path.display().to_string()
     }
+
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_bounds(len as usize, offset, "zero")?;
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+        if rc == 0 {
+            return Ok(());
+        }
+        // Block devices and filesystems without hole punching: write zeros.
+        let zeros = vec![0u8; (1usize << 20).min(len as usize)];
+        let mut done = 0u64;
+        while done < len {
+            let n = (zeros.len() as u64).min(len - done) as usize;
+            self.write_at(&zeros[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
 }
 
 /// A heap buffer whose start is aligned to [`DIRECT_ALIGN`] (over-allocate and

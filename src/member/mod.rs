@@ -32,6 +32,19 @@ pub trait Member: Send + Sync {
     }
     /// Human-readable name for messages (usually the path).
     fn name(&self) -> String;
+    /// Make `[offset, offset + len)` read as zeros. The default writes zeros;
+    /// image files punch a hole instead, so sparse images stay sparse.
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        const STEP: u64 = 1 << 20;
+        let zeros = vec![0u8; STEP.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = STEP.min(len - done) as usize;
+            self.write_at(&zeros[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
     /// Whether the device has a moving head (seeks cost time), when known.
     /// `None` leaves it to the array to detect from the path or assume.
     fn rotational(&self) -> Option<bool> {

@@ -289,4 +289,25 @@ impl Member for SimulatedDisk {
     fn rotational(&self) -> Option<bool> {
         Some(self.rotational)
     }
+
+    /// Like punching a hole in a sparse image: pages go away, no disk time.
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(usize::try_from(len).unwrap_or(usize::MAX), offset)?;
+        let end = offset + len;
+        let mut pages = self.pages.write();
+        pages.retain(|&index, page| {
+            let (lo, hi) = (index * PAGE, (index + 1) * PAGE);
+            if hi <= offset || lo >= end {
+                return true;
+            }
+            if offset <= lo && hi <= end {
+                return false;
+            }
+            let from = offset.max(lo) - lo;
+            let to = end.min(hi) - lo;
+            page[from as usize..to as usize].fill(0);
+            true
+        });
+        Ok(())
+    }
 }

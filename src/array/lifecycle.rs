@@ -1,0 +1,749 @@
+//! Member changes on a running array: add (rebuild or hot spare), remove,
+//! replace (the old member serves until the new one is complete), and the
+//! background work they start: recovery, replacement and scrub (check /
+//! repair), with progress, speed limits and checkpoints.
+//!
+//! Background work walks allocated groups only, in member-offset order, in
+//! large steps under the stripe locks, so foreground writes to the same
+//! stripes wait for the step and writes elsewhere go on. A rebuilding slot's
+//! `valid_below` says how far it is done: reads never use it above that
+//! point, writes always go to it.
+
+use super::worker::Op;
+use super::{Array, ArrayError, ArrayResult, Region, Slot, SlotDev};
+use crate::geometry::{Geometry, Level, Role};
+use crate::member::Member;
+use crate::superblock::{GroupProfile, SlotState, Superblock, SPARE_SLOT};
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Member bytes handled per step of background work.
+const STEP_BYTES: u64 = 1 << 20;
+/// How often progress is checkpointed into the superblocks.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+/// How long a region must stay quiet before its bitmap bit is cleared.
+const BITMAP_CLEAN_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncAction {
+    /// Making redundancy agree again in the regions the write-intent bitmap
+    /// marks dirty, after an unclean shutdown.
+    Resync,
+    /// Rebuilding a slot from the others.
+    Recovery,
+    /// Copying a slot onto its replacement.
+    Replace,
+    /// Reading everything and counting mismatches.
+    Check,
+    /// Like check, rewriting redundancy where it disagrees.
+    Repair,
+}
+
+impl std::fmt::Display for SyncAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SyncAction::Resync => "resync",
+            SyncAction::Recovery => "recovery",
+            SyncAction::Replace => "replace",
+            SyncAction::Check => "check",
+            SyncAction::Repair => "repair",
+        })
+    }
+}
+
+/// Progress of the running background work, as `raidfs status` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SyncProgress {
+    pub action: SyncAction,
+    pub slot: Option<usize>,
+    /// Member bytes done and to do (allocated groups only).
+    pub done: u64,
+    pub total: u64,
+    /// Bytes per second over the run so far.
+    pub speed: u64,
+    pub eta_secs: u64,
+    /// Check/repair: bytes found inconsistent.
+    pub mismatches: u64,
+}
+
+/// Outcome of the last finished background work.
+#[derive(Clone, Debug, Serialize)]
+pub struct SyncResult {
+    pub action: SyncAction,
+    pub completed: bool,
+    pub mismatches: u64,
+    pub message: String,
+}
+
+/// What `add` did with the new member.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum AddOutcome {
+    /// It took over a failed or missing slot and is being rebuilt.
+    Rebuilding { slot: usize },
+    /// It was this slot's member before: only regions written since are rebuilt.
+    ReAdded { slot: usize },
+    /// The array is complete: it waits as a hot spare.
+    Spare,
+}
+
+struct Running {
+    action: SyncAction,
+    slot: Option<usize>,
+    started: Instant,
+    done: Arc<AtomicU64>,
+    total: u64,
+    mismatches: Arc<AtomicU64>,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// Background-work state kept in the array.
+pub(crate) struct SyncState {
+    running: Mutex<Option<Running>>,
+    last: Mutex<Option<SyncResult>>,
+    stop: AtomicBool,
+    /// md's speed_limit_min / speed_limit_max, bytes per second (0 = none).
+    pub speed_min: AtomicU64,
+    pub speed_max: AtomicU64,
+    /// Foreground requests so far; background work slows to the minimum
+    /// speed while this moves.
+    pub foreground: AtomicU64,
+    spares: Mutex<Vec<SlotDev>>,
+    /// The member a running `replace` copies onto.
+    pending_replacement: Mutex<Option<SlotDev>>,
+    pub(crate) this: Mutex<Weak<Array>>,
+    /// The running recovery is a re-add: only dirty regions are copied.
+    recovery_bitmap_only: AtomicBool,
+    cleaner: Mutex<Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>>,
+}
+
+impl Default for SyncState {
+    fn default() -> SyncState {
+        SyncState {
+            running: Mutex::new(None),
+            last: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            speed_min: AtomicU64::new(50 << 20),
+            speed_max: AtomicU64::new(0),
+            foreground: AtomicU64::new(0),
+            spares: Mutex::new(Vec::new()),
+            pending_replacement: Mutex::new(None),
+            this: Mutex::new(Weak::new()),
+            cleaner: Mutex::new(None),
+            recovery_bitmap_only: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Tracks elapsed time and paces background work between the speed limits.
+struct Pacer {
+    started: Instant,
+    done: u64,
+    last_foreground: u64,
+    last_checkpoint: Instant,
+}
+
+impl Array {
+    /// Let background work and spare takeover reach this array; resume a
+    /// rebuild that was checkpointed before the last shutdown.
+    pub fn start_background(self: &Arc<Array>) {
+        *self.sync.this.lock() = Arc::downgrade(self);
+        let resuming = (0..self.slots.len()).find(|&i| {
+            !self.is_failed(i) && self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
+        });
+        if let Some(slot) = resuming {
+            let at = self.slots[slot].valid_below.load(Ordering::Acquire);
+            log::info!("resuming recovery of slot {slot} from member offset {at}");
+            if let Err(e) = self.spawn(SyncAction::Recovery, Some(slot)) {
+                log::error!("cannot resume recovery: {e}");
+            }
+        } else if self.needs_resync.swap(false, Ordering::AcqRel) {
+            let (regions, bytes) = self.bitmap.dirty();
+            log::info!(
+                "resync of {regions} dirty regions ({} MiB of {} MiB allocated)",
+                bytes >> 20,
+                self.allocated_member_bytes() >> 20
+            );
+            if let Err(e) = self.spawn(SyncAction::Resync, None) {
+                log::error!("cannot start resync: {e}");
+            }
+        }
+        self.start_cleaner();
+    }
+
+    /// The bitmap cleaner: every few seconds, flush and clear the bits of
+    /// regions that saw no writes since the last pass (never while degraded).
+    fn start_cleaner(self: &Arc<Array>) {
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("raidfs-bitmap".into()).spawn(move || loop {
+            // The timeout is the cleaning period; a message or a hang-up stops it.
+            if rx.recv_timeout(BITMAP_CLEAN_EVERY) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {
+                return;
+            }
+            let Some(array) = weak.upgrade() else { return };
+            array.clean_bitmap();
+        });
+        match spawned {
+            Ok(handle) => *self.sync.cleaner.lock() = Some((tx, handle)),
+            Err(e) => log::error!("cannot start the bitmap cleaner: {e}"),
+        }
+    }
+
+    /// One cleaning pass (also used at clean shutdown).
+    pub(crate) fn clean_bitmap(&self) {
+        if self.is_degraded() {
+            self.bitmap.reset_recent();
+            return;
+        }
+        if self.flush().is_err() {
+            return;
+        }
+        let events = self.sb.lock().events;
+        if self.bitmap.clean(events) > 0 {
+            self.write_bitmap();
+        }
+    }
+
+    fn stop_cleaner(&self) {
+        let cleaner = self.sync.cleaner.lock().take();
+        if let Some((tx, handle)) = cleaner {
+            drop(tx);
+            let _ = handle.join();
+        }
+    }
+
+    /// Stop background work (it checkpoints first) and wait for it.
+    pub fn stop_background(&self) {
+        self.stop_cleaner();
+        self.sync.stop.store(true, Ordering::Release);
+        let handle = self.sync.running.lock().as_mut().and_then(|r| r.handle.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+        self.sync.stop.store(false, Ordering::Release);
+    }
+
+    /// Wait until the running background work (if any) ends by itself.
+    pub fn wait_background(&self) {
+        let handle = self.sync.running.lock().as_mut().and_then(|r| r.handle.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
+    /// Progress of the running background work, if any.
+    pub fn sync_progress(&self) -> Option<SyncProgress> {
+        let running = self.sync.running.lock();
+        let r = running.as_ref()?;
+        let done = r.done.load(Ordering::Relaxed);
+        let secs = r.started.elapsed().as_secs_f64().max(0.001);
+        let speed = (done as f64 / secs) as u64;
+        let eta_secs = if speed > 0 { r.total.saturating_sub(done) / speed } else { 0 };
+        Some(SyncProgress {
+            action: r.action,
+            slot: r.slot,
+            done,
+            total: r.total,
+            speed,
+            eta_secs,
+            mismatches: r.mismatches.load(Ordering::Relaxed),
+        })
+    }
+
+    /// How the last background work ended.
+    pub fn last_sync_result(&self) -> Option<SyncResult> {
+        self.sync.last.lock().clone()
+    }
+
+    /// Set md's speed_limit_min / speed_limit_max (bytes per second; 0 = none).
+    pub fn set_speed_limits(&self, min: Option<u64>, max: Option<u64>) {
+        if let Some(v) = min {
+            self.sync.speed_min.store(v, Ordering::Relaxed);
+        }
+        if let Some(v) = max {
+            self.sync.speed_max.store(v, Ordering::Relaxed);
+        }
+    }
+
+    pub fn speed_limits(&self) -> (u64, u64) {
+        (self.sync.speed_min.load(Ordering::Relaxed), self.sync.speed_max.load(Ordering::Relaxed))
+    }
+
+    /// Regions the write-intent bitmap marks dirty, and the member bytes they cover.
+    pub fn dirty_regions(&self) -> (usize, u64) {
+        self.bitmap.dirty()
+    }
+
+    /// Names of the hot spares.
+    pub fn spares(&self) -> Vec<String> {
+        self.sync.spares.lock().iter().map(|d| d.name.clone()).collect()
+    }
+
+    /// Find a slot by its member's name (path) or by number.
+    pub fn slot_of(&self, who: &str) -> Option<usize> {
+        if let Ok(n) = who.parse::<usize>() {
+            if n < self.slots.len() {
+                return Some(n);
+            }
+        }
+        let wanted = std::fs::canonicalize(who).ok();
+        (0..self.slots.len()).find(|&i| {
+            let name = self.slots[i].name();
+            name == who || wanted.as_ref().is_some_and(|w| std::fs::canonicalize(&name).ok().as_ref() == Some(w))
+        })
+    }
+
+    fn check_new_member(&self, member: &dyn Member) -> ArrayResult<()> {
+        let sb = self.sb.lock();
+        let need = sb.data_offset + sb.data_size;
+        if member.len() < need {
+            return Err(ArrayError::Refused(format!(
+                "{} is too small: {} bytes, the array needs {need} per member",
+                member.name(),
+                member.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Add a member: it rebuilds into a failed or missing slot, or becomes a
+    /// hot spare when the array is complete.
+    pub fn add(&self, member: Arc<dyn Member>, name: String) -> ArrayResult<AddOutcome> {
+        self.check_new_member(member.as_ref())?;
+        if let Some((slot, uuid)) = self.re_add_slot(member.as_ref()) {
+            if self.sync.running.lock().is_none() {
+                log::info!("{name} was slot {slot}: re-added; only regions written since it left are rebuilt");
+                self.install(slot, member, name)?;
+                self.slots[slot].dev.write().uuid = uuid;
+                self.sync.recovery_bitmap_only.store(true, Ordering::Release);
+                self.spawn(SyncAction::Recovery, Some(slot))?;
+                return Ok(AddOutcome::ReAdded { slot });
+            }
+        }
+        let slot = (0..self.slots.len()).find(|&i| self.is_failed(i));
+        match slot {
+            Some(slot) if self.sync.running.lock().is_none() => {
+                self.sync.recovery_bitmap_only.store(false, Ordering::Release);
+                self.install(slot, member, name)?;
+                self.spawn(SyncAction::Recovery, Some(slot))?;
+                Ok(AddOutcome::Rebuilding { slot })
+            }
+            _ => {
+                let uuid = Uuid::new_v4();
+                let mut sb = self.superblock();
+                sb.member_uuid = uuid;
+                sb.slot = SPARE_SLOT;
+                sb.write_to(member.as_ref()).map_err(|source| ArrayError::MemberIo { path: name.clone(), source })?;
+                log::info!("{name} added as a hot spare");
+                self.sync.spares.lock().push(SlotDev { member: Some(member), name, uuid });
+                Ok(AddOutcome::Spare)
+            }
+        }
+    }
+
+    /// A former member of this array whose slot is empty, and that left after
+    /// the bitmap was last cleared, can catch up from the bitmap alone
+    /// (md's --re-add). Returns its slot and member UUID.
+    fn re_add_slot(&self, member: &dyn Member) -> Option<(usize, Uuid)> {
+        let (sb, _) = Superblock::read_from(member).ok()?;
+        let ours = self.sb.lock().array_uuid;
+        let slot = sb.slot as usize;
+        let fits = sb.array_uuid == ours && slot < self.slots.len() && self.is_failed(slot);
+        (fits && sb.events >= self.bitmap.events_cleared()).then_some((slot, sb.member_uuid))
+    }
+
+    /// Put `member` into `slot` with nothing valid yet, and record it.
+    fn install(&self, slot: usize, member: Arc<dyn Member>, name: String) -> ArrayResult<()> {
+        let data_offset = self.sb.lock().data_offset;
+        let s: &Slot = &self.slots[slot];
+        s.valid_below.store(data_offset, Ordering::Release);
+        *s.dev.write() = SlotDev { member: Some(Arc::clone(&member)), name: name.clone(), uuid: Uuid::new_v4() };
+        self.pool
+            .attach(slot, member)
+            .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))?;
+        s.failed.store(false, Ordering::Release);
+        {
+            let mut sb = self.sb.lock();
+            sb.slots[slot] = SlotState::Rebuilding;
+            sb.events += 1;
+        }
+        log::info!("{name} takes slot {slot}; recovery starts");
+        self.write_superblocks()
+    }
+
+    /// A member failed: a hot spare, if there is one, takes its place.
+    pub(crate) fn take_spare(&self, slot: usize) {
+        let Some(dev) = self.sync.spares.lock().pop() else { return };
+        let Some(member) = dev.member else { return };
+        if self.sync.running.lock().is_some() {
+            self.sync.spares.lock().push(SlotDev { member: Some(member), name: dev.name, uuid: dev.uuid });
+            return;
+        }
+        log::warn!("hot spare {} replaces failed slot {slot}", dev.name);
+        let result = self.install(slot, member, dev.name).and_then(|()| self.spawn(SyncAction::Recovery, Some(slot)));
+        if let Err(e) = result {
+            log::error!("spare takeover of slot {slot} failed: {e}");
+        }
+    }
+
+    /// Remove a failed member (or a spare, by name) from the array.
+    pub fn remove(&self, who: &str) -> ArrayResult<()> {
+        {
+            let mut spares = self.sync.spares.lock();
+            if let Some(i) = spares.iter().position(|d| d.name == who) {
+                let dev = spares.remove(i);
+                log::info!("spare {} removed", dev.name);
+                return Ok(());
+            }
+        }
+        let slot = self.slot_of(who).ok_or_else(|| ArrayError::Refused(format!("{who} is not a member of this array")))?;
+        if !self.is_failed(slot) {
+            return Err(ArrayError::Refused(format!(
+                "{} is active; mark it failed first (raidfs fail)",
+                self.slots[slot].name()
+            )));
+        }
+        self.pool.detach(slot);
+        let name = {
+            let mut dev = self.slots[slot].dev.write();
+            let old = std::mem::replace(&mut dev.name, format!("removed (slot {slot})"));
+            dev.member = None;
+            old
+        };
+        {
+            let mut sb = self.sb.lock();
+            sb.slots[slot] = SlotState::Missing;
+            sb.events += 1;
+        }
+        log::info!("{name} removed from slot {slot}");
+        self.write_superblocks()
+    }
+
+    /// Replace `slot`'s member with `member`: the old one serves reads until
+    /// the new one holds everything, then leaves the array.
+    pub fn replace(&self, slot: usize, member: Arc<dyn Member>, name: String) -> ArrayResult<()> {
+        self.check_new_member(member.as_ref())?;
+        if slot >= self.slots.len() || self.is_failed(slot) {
+            return Err(ArrayError::Refused(format!("slot {slot} is not active; use add to rebuild it")));
+        }
+        if self.sync.running.lock().is_some() {
+            return Err(ArrayError::Refused("other background work is running; wait for it or stop it".into()));
+        }
+        let uuid = Uuid::new_v4();
+        let mut sb = self.superblock();
+        sb.member_uuid = uuid;
+        sb.slot = SPARE_SLOT;
+        sb.write_to(member.as_ref()).map_err(|source| ArrayError::MemberIo { path: name.clone(), source })?;
+        self.pool
+            .set_replacement(slot, Some(Arc::clone(&member)))
+            .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))?;
+        *self.sync.pending_replacement.lock() = Some(SlotDev { member: Some(member), name, uuid });
+        self.spawn(SyncAction::Replace, Some(slot))
+    }
+
+    /// Start a scrub: `repair` rewrites redundancy that disagrees.
+    pub fn start_check(&self, repair: bool) -> ArrayResult<()> {
+        if self.sync.running.lock().is_some() {
+            return Err(ArrayError::Refused("other background work is running".into()));
+        }
+        self.spawn(if repair { SyncAction::Repair } else { SyncAction::Check }, None)
+    }
+
+    /// Member bytes of allocated groups (what background work walks).
+    fn allocated_member_bytes(&self) -> u64 {
+        let group_size = self.sb.lock().group_size;
+        self.groups().len() as u64 * group_size
+    }
+
+    /// Member bytes a resumed recovery has already covered.
+    fn already_done(&self, action: SyncAction, slot: Option<usize>) -> u64 {
+        let (Some(slot), SyncAction::Recovery) = (slot, action) else { return 0 };
+        let valid = self.slots[slot].valid_below.load(Ordering::Acquire);
+        let (group_size, data_offset) = {
+            let sb = self.sb.lock();
+            (sb.group_size, sb.data_offset)
+        };
+        self.groups()
+            .iter()
+            .map(|(g, _)| valid.saturating_sub(data_offset + *g as u64 * group_size).min(group_size))
+            .sum()
+    }
+
+    fn spawn(&self, action: SyncAction, slot: Option<usize>) -> ArrayResult<()> {
+        let this = self.sync.this.lock().upgrade().ok_or_else(|| {
+            ArrayError::Refused("background work needs a running array (start_background was not called)".into())
+        })?;
+        let mut running = self.sync.running.lock();
+        if let Some(r) = running.as_ref() {
+            if r.handle.as_ref().is_some_and(|h| !h.is_finished()) {
+                return Err(ArrayError::Refused(format!("{} is already running", r.action)));
+            }
+        }
+        let done = Arc::new(AtomicU64::new(self.already_done(action, slot)));
+        let mismatches = Arc::new(AtomicU64::new(0));
+        let (d, m) = (Arc::clone(&done), Arc::clone(&mismatches));
+        let handle = std::thread::Builder::new()
+            .name(format!("raidfs-{action}"))
+            .spawn(move || {
+                let outcome = this.run_sync(action, slot, &d, &m);
+                this.finish_sync(action, slot, outcome, m.load(Ordering::Relaxed));
+            })
+            .map_err(|e| ArrayError::Refused(format!("cannot start {action}: {e}")))?;
+        *running = Some(Running {
+            action,
+            slot,
+            started: Instant::now(),
+            done,
+            total: self.allocated_member_bytes(),
+            mismatches,
+            handle: Some(handle),
+        });
+        Ok(())
+    }
+
+    fn finish_sync(&self, action: SyncAction, slot: Option<usize>, outcome: ArrayResult<bool>, mismatches: u64) {
+        let (completed, message) = match outcome {
+            Ok(true) => (true, format!("{action} finished")),
+            Ok(false) => (false, format!("{action} stopped; it resumes from its checkpoint")),
+            Err(e) => (false, format!("{action} failed: {e}")),
+        };
+        self.sync.recovery_bitmap_only.store(false, Ordering::Release);
+        if completed {
+            match (action, slot) {
+                (SyncAction::Recovery, Some(s)) => self.recovery_done(s),
+                (SyncAction::Replace, Some(s)) => self.replacement_done(s),
+                _ => {}
+            }
+        } else if action == SyncAction::Replace {
+            if let Some(s) = slot {
+                let _ = self.pool.set_replacement(s, None);
+            }
+            *self.sync.pending_replacement.lock() = None;
+        }
+        if matches!(action, SyncAction::Check | SyncAction::Repair) {
+            log::info!("{message}: {mismatches} bytes mismatched");
+        } else {
+            log::info!("{message}");
+        }
+        // Keep the finished entry's figures readable until the next start.
+        if let Some(r) = self.sync.running.lock().as_mut() {
+            r.handle.take();
+        }
+        *self.sync.running.lock() = None;
+        *self.sync.last.lock() = Some(SyncResult { action, completed, mismatches, message });
+    }
+
+    fn recovery_done(&self, slot: usize) {
+        self.slots[slot].valid_below.store(u64::MAX, Ordering::Release);
+        {
+            let mut sb = self.sb.lock();
+            sb.slots[slot] = SlotState::Active;
+            sb.events += 1;
+        }
+        self.broken.store(false, Ordering::Release);
+        self.check_tolerance();
+        if let Err(e) = self.write_superblocks() {
+            log::error!("recording the end of recovery: {e}");
+        }
+        log::info!("recovery of slot {slot} ({}) is complete", self.slots[slot].name());
+    }
+
+    fn replacement_done(&self, slot: usize) {
+        let Some(dev) = self.sync.pending_replacement.lock().take() else { return };
+        let Some(member) = dev.member.clone() else { return };
+        if self.pool.replacement_failed(slot) {
+            log::error!("replacement of slot {slot} abandoned: writes to {} failed", dev.name);
+            let _ = self.pool.set_replacement(slot, None);
+            return;
+        }
+        let old = self.slots[slot].name();
+        // Writes keep reaching the new member through the replacement lane
+        // until it becomes the slot's main lane, so nothing is missed.
+        if let Err(e) = self.pool.attach(slot, Arc::clone(&member)) {
+            log::error!("replacement of slot {slot} failed: {e}");
+            return;
+        }
+        *self.slots[slot].dev.write() = dev;
+        let _ = self.pool.set_replacement(slot, None);
+        self.sb.lock().events += 1;
+        if let Err(e) = self.write_superblocks() {
+            log::error!("recording the replacement: {e}");
+        }
+        log::info!("slot {slot}: {old} replaced by {}", self.slots[slot].name());
+    }
+
+    /// Body of a background run. Ok(true): finished; Ok(false): stopped.
+    fn run_sync(&self, action: SyncAction, slot: Option<usize>, done: &AtomicU64, mismatches: &AtomicU64) -> ArrayResult<bool> {
+        let (group_size, data_offset) = {
+            let sb = self.sb.lock();
+            (sb.group_size, sb.data_offset)
+        };
+        let mut pacer = Pacer {
+            started: Instant::now(),
+            done: 0,
+            last_foreground: self.sync.foreground.load(Ordering::Relaxed),
+            last_checkpoint: Instant::now(),
+        };
+        for (group, profile) in self.groups() {
+            let geometry = if profile == GroupProfile::Metadata { self.meta_geometry } else { self.data_geometry };
+            let region = Region { group, geometry, base: data_offset + group as u64 * group_size };
+            let rows = group_size / geometry.chunk;
+            let step_rows = (STEP_BYTES / geometry.chunk).max(1);
+            let mut row = 0;
+            if let (SyncAction::Recovery, Some(s)) = (action, slot) {
+                let valid = self.slots[s].valid_below.load(Ordering::Acquire);
+                if valid >= region.base + group_size {
+                    continue;
+                }
+                row = valid.saturating_sub(region.base) / geometry.chunk;
+            }
+            while row < rows {
+                if self.sync.stop.load(Ordering::Acquire) {
+                    let _ = self.write_superblocks();
+                    return Ok(false);
+                }
+                let n = step_rows.min(rows - row);
+                let span = (region.base + row * geometry.chunk, region.base + (row + n) * geometry.chunk);
+                if self.skip_step(action, span) {
+                    row += n;
+                    done.fetch_add(n * geometry.chunk, Ordering::Relaxed);
+                    continue;
+                }
+                match action {
+                    SyncAction::Recovery | SyncAction::Replace => {
+                        let s = slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
+                        self.rebuild_rows(&region, s, row, n, action == SyncAction::Replace)?;
+                        if action == SyncAction::Recovery {
+                            self.slots[s].valid_below.store(region.base + (row + n) * geometry.chunk, Ordering::Release);
+                        }
+                    }
+                    SyncAction::Check | SyncAction::Repair | SyncAction::Resync => {
+                        let bad = self.scrub_rows(&region, row, n, action != SyncAction::Check)?;
+                        mismatches.fetch_add(bad, Ordering::Relaxed);
+                    }
+                }
+                row += n;
+                let bytes = n * geometry.chunk;
+                done.fetch_add(bytes, Ordering::Relaxed);
+                self.pace(&mut pacer, bytes);
+            }
+            if let (SyncAction::Recovery, Some(s)) = (action, slot) {
+                self.slots[s].valid_below.store(region.base + group_size, Ordering::Release);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Resync and re-add only touch regions the write-intent bitmap marks.
+    fn skip_step(&self, action: SyncAction, (start, end): (u64, u64)) -> bool {
+        let bitmap_only = match action {
+            SyncAction::Resync => true,
+            SyncAction::Recovery => self.sync.recovery_bitmap_only.load(Ordering::Acquire),
+            _ => false,
+        };
+        bitmap_only && !self.bitmap.any_dirty(start, end)
+    }
+
+    /// Keep background work between the speed limits: at the minimum while
+    /// foreground I/O is flowing, never above the maximum; checkpoint.
+    fn pace(&self, p: &mut Pacer, bytes: u64) {
+        p.done += bytes;
+        let foreground = self.sync.foreground.load(Ordering::Relaxed);
+        let busy = foreground != p.last_foreground;
+        p.last_foreground = foreground;
+        let (min, max) = self.speed_limits();
+        let limit = if busy && min > 0 { Some(min) } else if max > 0 { Some(max) } else { None };
+        if let Some(limit) = limit {
+            let due = Duration::from_secs_f64(p.done as f64 / limit as f64);
+            let elapsed = p.started.elapsed();
+            if due > elapsed {
+                // Pacing a rate, not synchronising: wait out the surplus.
+                std::thread::sleep((due - elapsed).min(Duration::from_millis(200)));
+            }
+        }
+        if p.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+            p.last_checkpoint = Instant::now();
+            let _ = self.write_superblocks();
+        }
+    }
+
+    /// Stripes (parity levels) or logical chunks (mirrors) held by member
+    /// rows `[row, row + n)` of `slot`.
+    fn lock_keys(geometry: &Geometry, slot: usize, row: u64, n: u64) -> Vec<u64> {
+        match geometry.level {
+            Level::Raid1 | Level::Raid10 => (row..row + n)
+                .filter_map(|r| match geometry.reverse(slot, r * geometry.chunk) {
+                    Role::Data { logical, .. } => Some(logical / geometry.chunk),
+                    _ => None,
+                })
+                .collect(),
+            _ => (row..row + n).collect(),
+        }
+    }
+
+    /// Write what `slot` should hold in rows `[row, row + n)` onto it (or onto
+    /// its replacement).
+    fn rebuild_rows(&self, region: &Region, slot: usize, row: u64, n: u64, to_replacement: bool) -> ArrayResult<()> {
+        let geometry = region.geometry;
+        let chunk = geometry.chunk as usize;
+        let keys = Self::lock_keys(&geometry, slot, row, n);
+        let _guard = self.locks.lock_all(region.group, keys);
+        let mut content = vec![0u8; n as usize * chunk];
+        if to_replacement && self.readable(slot, region, (row + n) * geometry.chunk - 1) {
+            // The old member is still good: copy it.
+            let at = region.base + row * geometry.chunk;
+            match self.pool.run(vec![(slot, Op::Read { offset: at, len: content.len() })]).pop() {
+                Some(Ok(bytes)) => content = bytes,
+                Some(Err(e)) => {
+                    self.fail_member(slot, &format!("read failed during replace: {e}"));
+                    return Err(ArrayError::Failed(format!("slot {slot} failed during replace")));
+                }
+                None => return Err(ArrayError::Failed("no result from member worker".into())),
+            }
+        } else {
+            for i in 0..n {
+                let r = row + i;
+                let out = &mut content[i as usize * chunk..(i as usize + 1) * chunk];
+                match geometry.level {
+                    Level::Raid1 | Level::Raid10 => {
+                        if let Role::Data { logical, .. } = geometry.reverse(slot, r * geometry.chunk) {
+                            self.read_region(region, logical, out, super::io::Choice::Any)?;
+                        }
+                    }
+                    Level::Raid5 | Level::Raid6 => {
+                        let blocks = self.reconstruct_locked(region, r, 0, chunk, Some(slot))?;
+                        let members = self.stripe_slots(region, r);
+                        if let Some(pos) = members.iter().position(|&m| m == slot) {
+                            out.copy_from_slice(&blocks[pos]);
+                        }
+                    }
+                    Level::Raid0 => {
+                        return Err(ArrayError::Refused("RAID0 has no redundancy to rebuild from".into()));
+                    }
+                }
+            }
+        }
+        let at = region.base + row * geometry.chunk;
+        let len = content.len();
+        let op = Op::Write { offset: at, data: Arc::from(content), range: 0..len };
+        let outcome = if to_replacement {
+            self.pool.run_on_replacement(slot, op)
+        } else {
+            self.pool.run(vec![(slot, op)]).pop().unwrap_or_else(|| Err(std::io::Error::other("no result")))
+        };
+        if let Err(e) = outcome {
+            if to_replacement {
+                return Err(ArrayError::Refused(format!("writing to the replacement failed: {e}")));
+            }
+            self.fail_member(slot, &format!("write failed during recovery: {e}"));
+            return Err(ArrayError::Failed(format!("slot {slot} failed during recovery")));
+        }
+        Ok(())
+    }
+}

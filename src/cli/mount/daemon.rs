@@ -1,0 +1,412 @@
+//! The mount daemon: assembles the array, opens the filesystem, mounts it and
+//! serves until unmounted, then closes everything so the array is clean.
+//! By default it forks into the background and reports "mounted" (or why
+//! not) to the waiting parent through a pipe.
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use log::{error, info, warn};
+
+use super::options::MountOptions;
+use super::registry::{self, DaemonRecord};
+use crate::array::{assemble_paths, AssembleOptions};
+use crate::fs::{ArrayStore, FileSystem, FsOptions};
+use crate::fuse::{self, Unmounter};
+use crate::parity::Parity;
+
+/// What to mount where, settled before forking.
+pub struct MountPlan {
+    pub members: Vec<PathBuf>,
+    pub mount_point: PathBuf,
+    pub options: MountOptions,
+    pub log: PathBuf,
+}
+
+/// How the daemon tells the invoking process that the mount is up.
+type Report<'a> = &'a mut dyn FnMut(Result<(), String>);
+
+/// `raidfs mount -f`: serve in this process, logging to stderr.
+pub fn run_foreground(plan: &MountPlan) -> i32 {
+    init_logger();
+    let mut report = |outcome: Result<(), String>| match outcome {
+        Ok(()) => info!("mounted on {}", plan.mount_point.display()),
+        Err(msg) => eprintln!("raidfs: error: {msg}"),
+    };
+    serve(plan, &mut report)
+}
+
+/// `raidfs mount`: fork a daemon and wait until it reports.
+pub fn run_background(plan: &MountPlan) -> i32 {
+    let (read_end, write_end) = match pipe() {
+        Ok(ends) => ends,
+        Err(e) => return crate::cli::fail(format!("cannot create a pipe: {e}")),
+    };
+    // SAFETY: this process has not started any thread yet (nothing before
+    // this point spawns one), so the child is a consistent copy.
+    match unsafe { libc::fork() } {
+        -1 => crate::cli::fail(format!("fork failed: {}", std::io::Error::last_os_error())),
+        0 => {
+            drop(read_end);
+            let code = daemon_child(plan, write_end);
+            std::process::exit(code)
+        }
+        _child => {
+            drop(write_end);
+            wait_for_report(read_end, plan)
+        }
+    }
+}
+
+fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
+    let mut message = String::new();
+    let mut pipe = std::fs::File::from(read_end);
+    if let Err(e) = pipe.read_to_string(&mut message) {
+        return crate::cli::fail(format!("reading from the mount daemon: {e}"));
+    }
+    match message.lines().next() {
+        Some("OK") => {
+            println!(
+                "raidfs: mounted on {} (log: {})",
+                plan.mount_point.display(),
+                plan.log.display()
+            );
+            0
+        }
+        Some(line) => crate::cli::fail(line.strip_prefix("ERR ").unwrap_or(line)),
+        None => crate::cli::fail(format!(
+            "the mount daemon exited before mounting; see {}",
+            plan.log.display()
+        )),
+    }
+}
+
+fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
+    let mut pipe = Some(std::fs::File::from(write_end));
+    let mut report = |outcome: Result<(), String>| {
+        if let Some(mut p) = pipe.take() {
+            let line = match outcome {
+                Ok(()) => "OK\n".to_string(),
+                Err(msg) => format!("ERR {}\n", msg.replace('\n', " ")),
+            };
+            // The parent may be gone (killed); the daemon carries on regardless.
+            let _ = p.write_all(line.as_bytes());
+        }
+    };
+    // SAFETY: setsid has no preconditions; it fails only if we already lead a group.
+    unsafe { libc::setsid() };
+    if let Err(msg) = redirect_stdio(&plan.log) {
+        report(Err(msg));
+        return 1;
+    }
+    init_logger();
+    info!(
+        "raidfs {} daemon (pid {}) starting",
+        env!("CARGO_PKG_VERSION"),
+        std::process::id()
+    );
+    let _ = std::env::set_current_dir("/");
+    serve(plan, &mut report)
+}
+
+/// Assemble, open, mount, report, serve; then close cleanly.
+fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
+    // Forked first: no thread may exist yet. Held open until we exit.
+    let (_watcher_pipe, watcher) = if plan.options.auto_unmount {
+        match start_unmount_watcher(&plan.mount_point) {
+            Ok((pipe, pid)) => (Some(pipe), Some(pid)),
+            Err(e) => {
+                report(Err(format!("auto_unmount: cannot start the watcher: {e}")));
+                return 1;
+            }
+        }
+    } else {
+        (None, None)
+    };
+    let stop = Arc::new(StopSignal::default());
+    if let Err(e) = start_signal_thread(stop.clone()) {
+        report(Err(format!("cannot set up signal handling: {e}")));
+        return 1;
+    }
+    let read_only = plan.options.fuse.read_only;
+
+    let parity = match &plan.options.parity {
+        None => None,
+        Some(name) => match Parity::select(Some(name)) {
+            Ok(p) => Some(&*Box::leak(Box::new(p))),
+            Err(e) => {
+                report(Err(format!("parity={name}: {e}")));
+                return 1;
+            }
+        },
+    };
+    let assemble_opts = AssembleOptions {
+        force: plan.options.force,
+        read_only,
+        parity,
+        ..Default::default()
+    };
+    let array = match assemble_paths(&plan.members, assemble_opts) {
+        Ok(array) => Arc::new(array),
+        Err(e) => {
+            report(Err(format!("cannot assemble the array: {e}")));
+            return 1;
+        }
+    };
+    for line in array.parity().report() {
+        info!("{line}");
+    }
+    let status = array.status();
+    info!(
+        "array {} ({}, {} members {}, events {}, {})",
+        status.uuid,
+        status.level,
+        status.members.len(),
+        status.map,
+        status.events,
+        status.state
+    );
+    for m in status.members.iter().filter(|m| m.state != "active") {
+        warn!("array is degraded: slot {} ({}) is {}", m.slot, m.name, m.state);
+    }
+    if !read_only {
+        if let Err(e) = array.mark_dirty() {
+            report(Err(format!("cannot mark the array in use: {e}")));
+            return 1;
+        }
+        array.start_background();
+    }
+    let fs_opts = FsOptions {
+        read_only,
+        ..FsOptions::default()
+    };
+    let fs = match FileSystem::open(Arc::new(ArrayStore::new(array.clone())), fs_opts) {
+        Ok(fs) => Arc::new(fs),
+        Err(e) => {
+            report(Err(format!("cannot open the filesystem: {e}")));
+            return 1;
+        }
+    };
+    let handle = match fuse::mount(fs, &plan.mount_point, &plan.options.fuse) {
+        Ok(handle) => handle,
+        Err(e) => {
+            // The adapter closed the filesystem when the failed session was dropped.
+            if let Err(msg) = mark_clean(&array, read_only) {
+                warn!("{msg}");
+            }
+            report(Err(e.to_string()));
+            return 1;
+        }
+    };
+    let record = DaemonRecord {
+        watcher,
+        ..DaemonRecord::for_self(&plan.mount_point, Some(plan.log.clone()))
+    };
+    if let Err(e) = registry::write(&record) {
+        warn!("cannot record the daemon's state ({e}); `raidfs umount` will not wait for it");
+    }
+    stop.arm(handle.unmounter());
+    report(Ok(()));
+    info!(
+        "serving {} from {} members",
+        plan.mount_point.display(),
+        plan.members.len()
+    );
+
+    let outcome = handle.wait();
+    let closed = match outcome {
+        Ok(()) => mark_clean(&array, read_only),
+        Err(e) => Err(e.to_string()),
+    };
+    match closed {
+        Ok(()) => {
+            registry::remove(&plan.mount_point);
+            info!(
+                "unmounted {}; array closed cleanly",
+                plan.mount_point.display()
+            );
+            0
+        }
+        Err(msg) => {
+            error!("closing {}: {msg}", plan.mount_point.display());
+            let failed = DaemonRecord {
+                error: Some(msg),
+                ..record
+            };
+            if registry::write(&failed).is_err() {
+                registry::remove(&plan.mount_point);
+            }
+            1
+        }
+    }
+}
+
+fn mark_clean(array: &crate::array::Array, read_only: bool) -> Result<(), String> {
+    if read_only {
+        return Ok(());
+    }
+    array
+        .mark_clean()
+        .map_err(|e| format!("cannot mark the array clean: {e}"))
+}
+
+/// SIGTERM/SIGINT/SIGHUP unmount the filesystem (the session then ends and
+/// the array is closed by the main thread). A signal that arrives before
+/// the mount is up is remembered and acted on as soon as it is.
+#[derive(Default)]
+struct StopSignal {
+    unmounter: OnceLock<Unmounter>,
+    requested: AtomicBool,
+}
+
+impl StopSignal {
+    fn arm(&self, unmounter: Unmounter) {
+        let unmounter = self.unmounter.get_or_init(|| unmounter);
+        if self.requested.load(Ordering::SeqCst) {
+            stop_now(unmounter);
+        }
+    }
+
+    fn fire(&self) {
+        self.requested.store(true, Ordering::SeqCst);
+        if let Some(unmounter) = self.unmounter.get() {
+            stop_now(unmounter);
+        }
+    }
+}
+
+fn stop_now(unmounter: &Unmounter) {
+    if let Err(e) = unmounter.unmount() {
+        error!("{e}");
+    }
+}
+
+fn start_signal_thread(stop: Arc<StopSignal>) -> std::io::Result<()> {
+    // SAFETY: the sigset is initialised by sigemptyset before use; blocking
+    // here, before any other thread starts, makes every later thread
+    // inherit the mask so only sigwait sees these signals.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("raidfs-signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: set is a valid, initialised sigset and sig a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                info!("signal {sig}: unmounting");
+                stop.fire();
+            }
+        })?;
+    Ok(())
+}
+
+/// `auto_unmount`: a small child process that waits for this daemon to die
+/// (its end of a pipe reaches EOF) and, if the daemon did not finish
+/// cleanly (its state record is still there) and a raidfs mount is still
+/// on the mount point, detaches it so the directory does not stay dead.
+/// Returns the write end, which this process must keep open, and the pid.
+fn start_unmount_watcher(mount_point: &Path) -> std::io::Result<(OwnedFd, u32)> {
+    let (read_end, write_end) = pipe()?;
+    // SAFETY: called before this process starts any thread.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => {
+            drop(write_end);
+            // SAFETY: keep only stdio and our pipe (moved to fd 3): the
+            // daemon's other descriptors (the report pipe) must not stay open here.
+            unsafe {
+                if read_end.as_raw_fd() != 3 {
+                    libc::dup2(read_end.as_raw_fd(), 3);
+                }
+                libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+                libc::setsid();
+            }
+            std::mem::forget(read_end);
+            // SAFETY: fd 3 is the pipe's read end, owned here alone.
+            let mut pipe = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(3) });
+            let mut sink = Vec::new();
+            let _ = pipe.read_to_end(&mut sink);
+            let crashed = matches!(registry::read(mount_point), Ok(Some(_)));
+            let still_mounted = matches!(fuse::mounts::mount_at(mount_point), Ok(Some(e)) if fuse::is_raidfs_mount(&e));
+            if crashed {
+                registry::remove(mount_point);
+            }
+            if crashed && still_mounted {
+                let _ = fuse::mounts::unmount(mount_point, true);
+                eprintln!(
+                    "raidfs: the daemon died; detached {}",
+                    mount_point.display()
+                );
+            }
+            std::process::exit(0)
+        }
+        watcher => {
+            drop(read_end);
+            Ok((write_end, watcher as u32))
+        }
+    }
+}
+
+fn init_logger() {
+    // fuser warns when its own unmount finds the mount already gone, which
+    // is the normal end of a session here.
+    let env = env_logger::Env::default().default_filter_or("info,fuser::mnt=error");
+    // A second init (tests running several mounts) is harmless.
+    let _ = env_logger::Builder::from_env(env)
+        .format_timestamp_millis()
+        .try_init();
+}
+
+/// Point stdin at /dev/null and stdout/stderr at the log file.
+fn redirect_stdio(log: &Path) -> Result<(), String> {
+    let devnull = open_fd(Path::new("/dev/null"), libc::O_RDWR)?;
+    let log_fd = open_fd(log, libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND)?;
+    // SAFETY: both fds are open; dup2 onto 0..2 replaces the std streams.
+    unsafe {
+        libc::dup2(devnull.as_raw_fd(), 0);
+        libc::dup2(log_fd.as_raw_fd(), 1);
+        libc::dup2(log_fd.as_raw_fd(), 2);
+    }
+    Ok(())
+}
+
+fn open_fd(path: &Path, flags: i32) -> Result<OwnedFd, String> {
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("{}: NUL in path", path.display()))?;
+    // SAFETY: c_path is NUL-terminated; the mode argument is read only with O_CREAT.
+    let fd = unsafe { libc::open(c_path.as_ptr(), flags | libc::O_CLOEXEC, 0o640) };
+    if fd < 0 {
+        return Err(format!(
+            "{}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}

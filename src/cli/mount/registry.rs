@@ -1,0 +1,254 @@
+//! Which daemon serves which mount point: one small state file per mount
+//! under `/run/raidfs/mounts/`, so that `raidfs umount` can wait for the
+//! daemon to finish closing the array, and `raidfs mount` can tell a live
+//! mount from one left behind by a daemon that died.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A running (or dead) mount daemon, as recorded in its state file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonRecord {
+    pub pid: u32,
+    /// Start time of the process (clock ticks since boot): guards against
+    /// mistaking a recycled pid for the daemon.
+    pub start_time: u64,
+    pub mount_point: PathBuf,
+    pub log: Option<PathBuf>,
+    /// The `auto_unmount` watcher process, if any.
+    pub watcher: Option<u32>,
+    /// Set by a daemon that failed to close the filesystem cleanly.
+    pub error: Option<String>,
+}
+
+fn run_dir() -> PathBuf {
+    match std::env::var_os("RAIDFS_RUN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None if is_root() => PathBuf::from("/run/raidfs/mounts"),
+        None => std::env::temp_dir().join(format!("raidfs-{}", unsafe_uid())),
+    }
+}
+
+fn is_root() -> bool {
+    unsafe_uid() == 0
+}
+
+fn unsafe_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// The state file of the mount at `mount_point` (absolute, normalised).
+pub fn state_path(mount_point: &Path) -> PathBuf {
+    run_dir().join(format!("{}.state", escape(mount_point)))
+}
+
+/// systemd-style escaping: `/` becomes `-`, anything unusual `\xNN`.
+fn escape(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    let trimmed = bytes.strip_prefix(b"/").unwrap_or(bytes);
+    let mut out = String::new();
+    for &b in trimmed {
+        match b {
+            b'/' => out.push('-'),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    if out.is_empty() {
+        out.push('-');
+    }
+    out
+}
+
+pub fn write(record: &DaemonRecord) -> io::Result<()> {
+    let path = state_path(&record.mount_point);
+    let dir = run_dir();
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    let mut text = format!(
+        "pid={}\nstart_time={}\nmount_point={}\n",
+        record.pid,
+        record.start_time,
+        record.mount_point.display()
+    );
+    if let Some(log) = &record.log {
+        text.push_str(&format!("log={}\n", log.display()));
+    }
+    if let Some(watcher) = record.watcher {
+        text.push_str(&format!("watcher={watcher}\n"));
+    }
+    if let Some(error) = &record.error {
+        text.push_str(&format!("error={}\n", error.replace('\n', " ")));
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, &path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+pub fn read(mount_point: &Path) -> io::Result<Option<DaemonRecord>> {
+    let path = state_path(mount_point);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    };
+    Ok(parse(&text, mount_point))
+}
+
+fn parse(text: &str, mount_point: &Path) -> Option<DaemonRecord> {
+    let mut record = DaemonRecord {
+        pid: 0,
+        start_time: 0,
+        mount_point: mount_point.to_path_buf(),
+        log: None,
+        watcher: None,
+        error: None,
+    };
+    for line in text.lines() {
+        match line.split_once('=') {
+            Some(("pid", v)) => record.pid = v.parse().ok()?,
+            Some(("start_time", v)) => record.start_time = v.parse().ok()?,
+            Some(("log", v)) => record.log = Some(PathBuf::from(v)),
+            Some(("error", v)) => record.error = Some(v.to_string()),
+            Some(("watcher", v)) => record.watcher = v.parse().ok(),
+            _ => {}
+        }
+    }
+    (record.pid != 0).then_some(record)
+}
+
+pub fn remove(mount_point: &Path) {
+    let _ = std::fs::remove_file(state_path(mount_point));
+}
+
+/// Start time of process `pid` (field 22 of /proc/PID/stat), if it exists
+/// and is running: a zombie (exited, not yet reaped, which is what a killed
+/// daemon stays as under a PID 1 that does not reap) counts as gone.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat)
+}
+
+fn parse_stat(stat: &str) -> Option<u64> {
+    // The command name (field 2) may contain spaces and parentheses.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    // Field 22 overall; `state` was field 3.
+    fields.nth(18)?.parse().ok()
+}
+
+impl DaemonRecord {
+    /// A record for this process.
+    pub fn for_self(mount_point: &Path, log: Option<PathBuf>) -> DaemonRecord {
+        let pid = std::process::id();
+        DaemonRecord {
+            pid,
+            start_time: process_start_time(pid).unwrap_or(0),
+            mount_point: mount_point.to_path_buf(),
+            log,
+            watcher: None,
+            error: None,
+        }
+    }
+
+    pub fn is_alive(&self) -> bool {
+        match process_start_time(self.pid) {
+            Some(start) => start == self.start_time,
+            None => false,
+        }
+    }
+
+    /// Wait until the daemon has exited; false on timeout.
+    pub fn wait_for_exit(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let pidfd =
+            unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid as libc::pid_t, 0) } as i32;
+        if pidfd >= 0 && self.is_alive() {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let mut pfd = libc::pollfd {
+                    fd: pidfd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = left.as_millis().min(i32::MAX as u128) as i32;
+                // SAFETY: pfd is a valid pollfd for the duration of the call.
+                let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if n > 0 || (n == 0 && left.is_zero()) || Instant::now() >= deadline {
+                    break;
+                }
+                if n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    break;
+                }
+            }
+        }
+        if pidfd >= 0 {
+            // SAFETY: pidfd is an fd we own.
+            unsafe { libc::close(pidfd) };
+        }
+        // Without pidfds (old kernels) fall back to polling the process table.
+        while self.is_alive() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_escape_to_flat_names() {
+        assert_eq!(escape(Path::new("/mnt/data")), "mnt-data");
+        assert_eq!(escape(Path::new("/mnt/my disk")), "mnt-my\\x20disk");
+        assert_eq!(escape(Path::new("/a-b")), "a\\x2db");
+        assert_eq!(escape(Path::new("/")), "-");
+    }
+
+    #[test]
+    fn records_round_trip_through_text() {
+        let rec = DaemonRecord {
+            pid: 42,
+            start_time: 777,
+            mount_point: PathBuf::from("/mnt/x"),
+            log: Some(PathBuf::from("/var/log/raidfs/x.log")),
+            watcher: Some(43),
+            error: Some("boom".into()),
+        };
+        let text = "pid=42\nstart_time=777\nmount_point=/mnt/x\nlog=/var/log/raidfs/x.log\nwatcher=43\nerror=boom\n";
+        assert_eq!(parse(text, Path::new("/mnt/x")), Some(rec));
+        assert_eq!(parse("garbage\n", Path::new("/mnt/x")), None);
+    }
+
+    #[test]
+    fn zombies_are_not_alive() {
+        let running = "12 (raid fs) S 1 12 12 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 4242 0 0";
+        assert_eq!(parse_stat(running), Some(4242));
+        let zombie = running.replace(") S ", ") Z ");
+        assert_eq!(parse_stat(&zombie), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_recycled_pid_is_not() {
+        let me = DaemonRecord::for_self(Path::new("/mnt/x"), None);
+        assert!(me.is_alive());
+        let impostor = DaemonRecord {
+            start_time: me.start_time + 1,
+            ..me.clone()
+        };
+        assert!(!impostor.is_alive());
+    }
+}

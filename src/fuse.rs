@@ -1,1 +1,0 @@
-//! The FUSE adapter: the only module that imports `fuser`.

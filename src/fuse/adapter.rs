@@ -1,0 +1,665 @@
+//! The `fuser::Filesystem` implementation: each FUSE request becomes one or
+//! two [`FileSystem`] calls, and each reply is built from their results.
+//! Holds no filesystem state of its own beyond the mount's settings; open
+//! handles carry their open(2) flags in the FUSE file handle.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use log::{debug, error, info, warn};
+use parking_lot::Mutex;
+
+use super::convert::{
+    caller_of, errno_of, file_attr, file_type, is_serious, time_set, HandleFlags, Ttls,
+};
+use crate::fs::{self, Attr, FallocateMode, FileSystem, FsError, FsResult, SetAttr};
+
+/// Largest write request the kernel may send (and readahead it may issue).
+pub const MAX_REQUEST_BYTES: u32 = 1 << 20;
+
+/// Directory entries fetched from the filesystem per batch while filling
+/// one readdir reply (whose byte size only the reply buffer knows).
+const READDIR_BATCH: usize = 128;
+
+/// Settings of the adapter fixed at mount time.
+#[derive(Clone, Debug)]
+pub struct AdapterSettings {
+    pub ttls: Ttls,
+    /// FOPEN_KEEP_CACHE on opens: page cache survives close/open.
+    pub kernel_cache: bool,
+    pub writeback_cache: bool,
+    /// The kernel checks permissions itself (`default_permissions`), so
+    /// supplementary groups need not be read for every request.
+    pub default_permissions: bool,
+}
+
+/// The outcome of `FileSystem::unmount` once the session has ended.
+pub type UnmountOutcome = Arc<Mutex<Option<FsResult<()>>>>;
+
+pub struct RaidFuse {
+    fs: Arc<FileSystem>,
+    settings: AdapterSettings,
+    unmounted: UnmountOutcome,
+}
+
+impl RaidFuse {
+    pub fn new(
+        fs: Arc<FileSystem>,
+        settings: AdapterSettings,
+        unmounted: UnmountOutcome,
+    ) -> RaidFuse {
+        RaidFuse {
+            fs,
+            settings,
+            unmounted,
+        }
+    }
+
+    fn caller(&self, req: &Request) -> fs::Caller {
+        caller_of(req, !self.settings.default_permissions)
+    }
+
+    fn entry(&self, attr: &Attr, reply: ReplyEntry) {
+        reply.entry(
+            &self.settings.ttls.entry,
+            &file_attr(attr),
+            Generation(attr.generation),
+        );
+    }
+
+    fn open_flags(&self, flags: i32) -> FopenFlags {
+        let handle = HandleFlags(flags);
+        if handle.direct() {
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else if self.settings.kernel_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
+    /// Fill a readdir(plus) reply from the filesystem's cookies; `add`
+    /// returns true when the reply buffer is full.
+    fn fill_dir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(&fs::DirEntry) -> bool,
+    ) -> FsResult<()> {
+        let mut cookie = offset;
+        loop {
+            let batch = self.fs.readdir(ino, cookie, READDIR_BATCH)?;
+            let Some(last) = batch.last() else {
+                return Ok(());
+            };
+            let next_cookie = last.cookie;
+            let exhausted = batch.len() < READDIR_BATCH;
+            for entry in &batch {
+                if add(entry) {
+                    return Ok(());
+                }
+            }
+            if exhausted {
+                return Ok(());
+            }
+            cookie = next_cookie;
+        }
+    }
+}
+
+/// Log a failed request; corruption and storage failures loudly.
+fn log_failure(op: &str, err: &FsError) {
+    if is_serious(err) {
+        error!("{op}: {err}");
+    } else {
+        debug!("{op}: {err}");
+    }
+}
+
+macro_rules! try_reply {
+    ($op:expr, $reply:expr, $result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(err) => {
+                log_failure($op, &err);
+                $reply.error(errno_of(&err));
+                return;
+            }
+        }
+    };
+}
+
+fn xattr_reply(value: Vec<u8>, size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        match u32::try_from(value.len()) {
+            Ok(len) => reply.size(len),
+            Err(_) => reply.error(Errno::E2BIG),
+        }
+    } else if value.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(&value);
+    }
+}
+
+impl Filesystem for RaidFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        if let Err(nearest) = config.set_max_write(MAX_REQUEST_BYTES) {
+            let _ = config.set_max_write(nearest);
+        }
+        if let Err(nearest) = config.set_max_readahead(MAX_REQUEST_BYTES) {
+            let _ = config.set_max_readahead(nearest);
+        }
+        let _ = config.set_max_background(64);
+        let mut wanted = InitFlags::FUSE_EXPORT_SUPPORT
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        if self.settings.writeback_cache {
+            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        let supported = config.capabilities();
+        let missing = wanted & !supported;
+        if missing.contains(InitFlags::FUSE_EXPORT_SUPPORT) {
+            warn!("kernel lacks FUSE_EXPORT_SUPPORT: file handles (NFS export) will not survive cache eviction");
+        }
+        if missing.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
+            warn!("kernel lacks FUSE_WRITEBACK_CACHE: writeback_cache ignored");
+        }
+        if config.add_capabilities(wanted & supported).is_err() {
+            warn!("kernel refused some FUSE capabilities: {wanted:?}");
+        }
+        info!(
+            "FUSE session initialised (kernel ABI {:?})",
+            config.kernel_abi()
+        );
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let outcome = self.fs.unmount();
+        match &outcome {
+            Ok(()) => info!("filesystem unmounted cleanly"),
+            Err(err) => error!("unmounting the filesystem failed: {err}"),
+        }
+        *self.unmounted.lock() = Some(outcome);
+    }
+
+    /// Path walks never send "." or ".." (the VFS resolves them); they come
+    /// from NFS export: "." asks for an inode by number (of any kind), so it
+    /// is answered from the inode itself; ".." asks for a directory's parent.
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let result = if name.as_bytes() == b"." {
+            self.fs.getattr(parent.0)
+        } else {
+            self.fs.lookup(&self.caller(req), parent.0, name)
+        };
+        let attr = try_reply!("lookup", reply, result);
+        self.entry(&attr, reply);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let attr = try_reply!("getattr", reply, self.fs.getattr(ino.0));
+        reply.attr(&self.settings.ttls.attr, &file_attr(&attr));
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        let attr = try_reply!(
+            "setattr",
+            reply,
+            self.fs.setattr(&self.caller(req), ino.0, &set)
+        );
+        reply.attr(&self.settings.ttls.attr, &file_attr(&attr));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let target = try_reply!("readlink", reply, self.fs.readlink(ino.0));
+        reply.data(&target);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let attr = try_reply!(
+            "mknod",
+            reply,
+            self.fs
+                .mknod(&self.caller(req), parent.0, name, mode, umask, rdev)
+        );
+        self.entry(&attr, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let attr = try_reply!(
+            "mkdir",
+            reply,
+            self.fs
+                .mkdir(&self.caller(req), parent.0, name, mode, umask)
+        );
+        self.entry(&attr, reply);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        try_reply!(
+            "unlink",
+            reply,
+            self.fs.unlink(&self.caller(req), parent.0, name)
+        );
+        reply.ok();
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        try_reply!(
+            "rmdir",
+            reply,
+            self.fs.rmdir(&self.caller(req), parent.0, name)
+        );
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let target = target.as_os_str().as_bytes();
+        let attr = try_reply!(
+            "symlink",
+            reply,
+            self.fs
+                .symlink(&self.caller(req), parent.0, link_name, target)
+        );
+        self.entry(&attr, reply);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let flags = fs::RenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        let caller = self.caller(req);
+        try_reply!(
+            "rename",
+            reply,
+            self.fs
+                .rename(&caller, parent.0, name, newparent.0, newname, flags)
+        );
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let attr = try_reply!(
+            "link",
+            reply,
+            self.fs.link(&self.caller(req), ino.0, newparent.0, newname)
+        );
+        self.entry(&attr, reply);
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        try_reply!(
+            "open",
+            reply,
+            self.fs.open_inode(&self.caller(req), ino.0, flags.0)
+        );
+        reply.opened(
+            FileHandle(HandleFlags(flags.0).handle()),
+            self.open_flags(flags.0),
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let data = try_reply!("read", reply, self.fs.read(ino.0, offset, size as usize));
+        reply.data(&data);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let written = try_reply!("write", reply, self.fs.write(ino.0, offset, data));
+        // Writes from the page cache (writeback mode) carry no handle of
+        // their own; the kernel follows O_SYNC ones with an fsync request.
+        let handle = HandleFlags::from_handle(fh.0);
+        if handle.sync_writes() && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            try_reply!(
+                "write (O_SYNC)",
+                reply,
+                self.fs.fsync(ino.0, !handle.sync_metadata())
+            );
+        }
+        match u32::try_from(written) {
+            Ok(n) => reply.written(n),
+            Err(_) => reply.error(Errno::EIO),
+        }
+    }
+
+    /// close(2) is not a durability point (fsync is), and every write has
+    /// already reached the filesystem, so there is nothing to push here.
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        try_reply!("release", reply, self.fs.release(ino.0));
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        try_reply!("fsync", reply, self.fs.fsync(ino.0, datasync));
+        reply.ok();
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        try_reply!(
+            "opendir",
+            reply,
+            self.fs.open_inode(&self.caller(req), ino.0, flags.0)
+        );
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let filled = self.fill_dir(ino.0, offset, |entry| {
+            reply.add(
+                INodeNo(entry.ino),
+                entry.cookie,
+                file_type(entry.kind),
+                OsStr::from_bytes(&entry.name),
+            )
+        });
+        try_reply!("readdir", reply, filled);
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.settings.ttls.entry;
+        let filled = self.fill_dir(ino.0, offset, |entry| {
+            // An entry removed since the listing was read is skipped; its
+            // cookie still orders the ones after it.
+            match self.fs.getattr(entry.ino) {
+                Ok(attr) => reply.add(
+                    INodeNo(entry.ino),
+                    entry.cookie,
+                    OsStr::from_bytes(&entry.name),
+                    &ttl,
+                    &file_attr(&attr),
+                    Generation(attr.generation),
+                ),
+                Err(err) => {
+                    log_failure("readdirplus getattr", &err);
+                    false
+                }
+            }
+        });
+        try_reply!("readdirplus", reply, filled);
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        try_reply!("releasedir", reply, self.fs.release(ino.0));
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        try_reply!("fsyncdir", reply, self.fs.fsync(ino.0, datasync));
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = try_reply!("statfs", reply, self.fs.statfs());
+        reply.statfs(
+            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        try_reply!(
+            "setxattr",
+            reply,
+            self.fs
+                .setxattr(&self.caller(req), ino.0, name, value, flags)
+        );
+        reply.ok();
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let value = try_reply!(
+            "getxattr",
+            reply,
+            self.fs.getxattr(&self.caller(req), ino.0, name)
+        );
+        xattr_reply(value, size, reply);
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names = try_reply!(
+            "listxattr",
+            reply,
+            self.fs.listxattr(&self.caller(req), ino.0)
+        );
+        xattr_reply(names, size, reply);
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        try_reply!(
+            "removexattr",
+            reply,
+            self.fs.removexattr(&self.caller(req), ino.0, name)
+        );
+        reply.ok();
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        try_reply!(
+            "access",
+            reply,
+            self.fs.access(&self.caller(req), ino.0, mask.bits() as u32)
+        );
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let caller = self.caller(req);
+        let attr = try_reply!(
+            "create",
+            reply,
+            self.fs.create(&caller, parent.0, name, mode, umask, flags)
+        );
+        reply.created(
+            &self.settings.ttls.entry,
+            &file_attr(&attr),
+            Generation(attr.generation),
+            FileHandle(HandleFlags(flags).handle()),
+            self.open_flags(flags),
+        );
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE;
+        if mode & !known != 0 {
+            reply.error(Errno::EOPNOTSUPP);
+            return;
+        }
+        let mode = FallocateMode {
+            keep_size: mode & libc::FALLOC_FL_KEEP_SIZE != 0,
+            punch_hole: mode & libc::FALLOC_FL_PUNCH_HOLE != 0,
+        };
+        try_reply!(
+            "fallocate",
+            reply,
+            self.fs.fallocate(ino.0, offset, length, mode)
+        );
+        reply.ok();
+    }
+}

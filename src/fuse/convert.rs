@@ -1,0 +1,198 @@
+//! Translations between the filesystem layer's types and FUSE's: errors to
+//! errnos, attributes, file kinds, times, and the caller of a request.
+
+use std::time::Duration;
+
+use fuser::{Errno, FileAttr, FileType, INodeNo, Request, TimeOrNow};
+
+use crate::fs::{Attr, Caller, FileKind, FsError, StoreError, TimeSet};
+
+/// The errno the kernel reports for `err`. One exhaustive match (no wildcard)
+/// so that a new error variant cannot be added without choosing its errno.
+pub fn errno_of(err: &FsError) -> Errno {
+    let code = match err {
+        FsError::NotFound => libc::ENOENT,
+        FsError::Exists => libc::EEXIST,
+        FsError::NotDir => libc::ENOTDIR,
+        FsError::IsDir => libc::EISDIR,
+        FsError::NotEmpty => libc::ENOTEMPTY,
+        FsError::Access => libc::EACCES,
+        FsError::Perm => libc::EPERM,
+        FsError::Invalid(_) => libc::EINVAL,
+        FsError::NameTooLong => libc::ENAMETOOLONG,
+        FsError::NoSpace => libc::ENOSPC,
+        FsError::NoAttr => libc::ENODATA,
+        FsError::Range => libc::ERANGE,
+        FsError::TooManyLinks => libc::EMLINK,
+        FsError::ReadOnly => libc::EROFS,
+        FsError::TooBig => libc::EFBIG,
+        FsError::Unsupported(_) => libc::EOPNOTSUPP,
+        FsError::Stale => libc::ESTALE,
+        // ext4 and XFS report detected corruption as EUCLEAN ("structure needs cleaning").
+        FsError::Corrupt(_) => libc::EUCLEAN,
+        FsError::Store(store) => match store {
+            StoreError::Io(_) => libc::EIO,
+            StoreError::OutOfRange(_) => libc::EIO,
+            StoreError::NoSpace => libc::ENOSPC,
+            StoreError::Unrecoverable(_) => libc::EIO,
+            StoreError::ReadOnly(_) => libc::EROFS,
+        },
+    };
+    Errno::from_i32(code)
+}
+
+/// Whether an error means something is wrong with the array or the
+/// metadata (worth an error-level log line) rather than with the request.
+pub fn is_serious(err: &FsError) -> bool {
+    matches!(err, FsError::Corrupt(_) | FsError::Store(_))
+}
+
+pub fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+pub fn file_attr(attr: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(attr.ino),
+        size: attr.size,
+        blocks: attr.blocks,
+        atime: attr.atime,
+        mtime: attr.mtime,
+        ctime: attr.ctime,
+        crtime: attr.crtime,
+        kind: file_type(attr.kind),
+        perm: attr.perm,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        rdev: attr.rdev,
+        blksize: attr.blksize,
+        flags: 0,
+    }
+}
+
+pub fn time_set(time: TimeOrNow) -> TimeSet {
+    match time {
+        TimeOrNow::SpecificTime(at) => TimeSet::At(at),
+        TimeOrNow::Now => TimeSet::Now,
+    }
+}
+
+/// Attribute and entry cache lifetimes handed to the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Ttls {
+    pub attr: Duration,
+    pub entry: Duration,
+}
+
+/// The caller of `req`. Supplementary groups come from `/proc/PID/status`
+/// because FUSE sends only the fsuid/fsgid; they are skipped for root (who
+/// passes every check anyway) and when `want_groups` is false.
+pub fn caller_of(req: &Request, want_groups: bool) -> Caller {
+    let uid = req.uid();
+    let gid = req.gid();
+    let groups = if want_groups && uid != 0 && req.pid() != 0 {
+        supplementary_groups(req.pid())
+    } else {
+        Vec::new()
+    };
+    Caller { uid, gid, groups }
+}
+
+/// Supplementary groups of process `pid`; empty when it has already exited.
+pub fn supplementary_groups(pid: u32) -> Vec<u32> {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => parse_groups_line(&status),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn parse_groups_line(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Groups:"))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|g| g.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What an open file handle remembers: the open(2) flags that change how
+/// its requests are served. Stored in the FUSE file handle itself, so no
+/// table is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandleFlags(pub i32);
+
+impl HandleFlags {
+    pub fn from_handle(fh: u64) -> HandleFlags {
+        HandleFlags(fh as u32 as i32)
+    }
+    pub fn handle(self) -> u64 {
+        self.0 as u32 as u64
+    }
+    pub fn direct(self) -> bool {
+        self.0 & libc::O_DIRECT != 0
+    }
+    /// O_DSYNC or O_SYNC: every write must be durable before it returns.
+    pub fn sync_writes(self) -> bool {
+        self.0 & libc::O_DSYNC != 0
+    }
+    /// O_SYNC (which includes the O_DSYNC bit) also wants metadata durable.
+    pub fn sync_metadata(self) -> bool {
+        self.0 & libc::O_SYNC == libc::O_SYNC
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_line_is_parsed() {
+        let status =
+            "Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 27 1000 \nNgid:\t0\n";
+        assert_eq!(parse_groups_line(status), vec![4, 24, 27, 1000]);
+        assert_eq!(parse_groups_line("Groups:\n"), Vec::<u32>::new());
+        assert_eq!(parse_groups_line("Name:\tx\n"), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn handle_flags_round_trip_and_classify() {
+        let flags = HandleFlags(libc::O_RDWR | libc::O_DIRECT | libc::O_DSYNC);
+        let back = HandleFlags::from_handle(flags.handle());
+        assert_eq!(back, flags);
+        assert!(back.direct());
+        assert!(back.sync_writes());
+        assert!(!back.sync_metadata());
+        let sync = HandleFlags(libc::O_WRONLY | libc::O_SYNC);
+        assert!(sync.sync_writes() && sync.sync_metadata() && !sync.direct());
+        assert!(!HandleFlags(libc::O_RDONLY).sync_writes());
+    }
+
+    #[test]
+    fn errors_map_to_their_errnos() {
+        assert_eq!(errno_of(&FsError::NotFound).code(), libc::ENOENT);
+        assert_eq!(errno_of(&FsError::NoAttr).code(), libc::ENODATA);
+        assert_eq!(errno_of(&FsError::Stale).code(), libc::ESTALE);
+        assert_eq!(
+            errno_of(&FsError::Store(StoreError::NoSpace)).code(),
+            libc::ENOSPC
+        );
+        assert_eq!(
+            errno_of(&FsError::Store(StoreError::Io("x".into()))).code(),
+            libc::EIO
+        );
+        assert!(is_serious(&FsError::Corrupt("bad".into())));
+        assert!(!is_serious(&FsError::Exists));
+    }
+}

@@ -1,0 +1,294 @@
+//! The FUSE adapter: the only module that imports `fuser`.
+//!
+//! [`mount`] puts a [`FileSystem`] on a directory and serves it from a pool
+//! of threads until the returned [`MountHandle`] is unmounted (or dropped),
+//! or until someone else unmounts the directory; [`serve`] does the same
+//! and blocks. Either way the session ends with `FileSystem::unmount`.
+
+mod adapter;
+mod convert;
+pub mod mounts;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL};
+use log::{info, warn};
+use parking_lot::Mutex;
+
+pub use adapter::MAX_REQUEST_BYTES;
+pub use convert::{errno_of, supplementary_groups};
+
+use crate::fs::{FileSystem, FsError};
+use adapter::{AdapterSettings, RaidFuse, UnmountOutcome};
+use convert::Ttls;
+
+/// How to mount. `Default` gives a private, read-write mount with 1 s caches.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    pub read_only: bool,
+    /// Let users other than the mounting one in (`allow_other`).
+    pub allow_other: bool,
+    /// Let the kernel check permissions from the mode bits.
+    pub default_permissions: bool,
+    pub attr_timeout: Duration,
+    pub entry_timeout: Duration,
+    /// Keep the page cache of a file across opens.
+    pub kernel_cache: bool,
+    /// Let the kernel cache writes and send them in large batches.
+    pub writeback_cache: bool,
+    /// Threads serving requests.
+    pub threads: usize,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        MountConfig {
+            read_only: false,
+            allow_other: false,
+            default_permissions: false,
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            kernel_cache: false,
+            writeback_cache: false,
+            threads: cores.clamp(4, 16),
+        }
+    }
+}
+
+/// The source name raidfs mounts carry in /proc/mounts (the FUSE fsname).
+pub const FS_NAME: &str = "raidfs";
+
+/// Whether a mount table entry is a raidfs mount: a FUSE mount (shown as
+/// `fuse`, or `fuse.raidfs` when mounted through a helper that sets the
+/// subtype) whose source is [`FS_NAME`].
+pub fn is_raidfs_mount(entry: &mounts::MountEntry) -> bool {
+    (entry.fs_type == "fuse" || entry.fs_type == "fuse.raidfs") && entry.source == FS_NAME
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mount point {path}: {reason}")]
+    MountPoint { path: PathBuf, reason: String },
+    #[error("mounting {path}: {source}")]
+    Mount { path: PathBuf, source: io::Error },
+    #[error("unmounting {path}: {source}")]
+    Unmount { path: PathBuf, source: io::Error },
+    #[error("FUSE session on {path} failed: {source}")]
+    Session { path: PathBuf, source: io::Error },
+    #[error("closing the filesystem: {0}")]
+    Close(#[source] FsError),
+    #[error("the FUSE session on {0} ended without closing the filesystem")]
+    NotClosed(PathBuf),
+}
+
+/// A live mount. Dropping it unmounts (lazily if busy) and waits for the
+/// session to end.
+pub struct MountHandle {
+    session: Option<BackgroundSession>,
+    mount_point: PathBuf,
+    /// `major:minor` of our FUSE connection, so that we never unmount a
+    /// filesystem someone else mounted on the same directory later.
+    device: Option<String>,
+    unmounted: UnmountOutcome,
+}
+
+impl MountHandle {
+    pub fn mount_point(&self) -> &Path {
+        &self.mount_point
+    }
+
+    /// Whether our filesystem is still the one mounted at the mount point.
+    pub fn is_mounted(&self) -> bool {
+        self.unmounter().is_mounted()
+    }
+
+    /// A handle another thread (a signal handler) can use to end the mount.
+    pub fn unmounter(&self) -> Unmounter {
+        Unmounter {
+            mount_point: self.mount_point.clone(),
+            device: self.device.clone(),
+        }
+    }
+
+    /// Unmount and wait until the filesystem is closed. If the mount is busy
+    /// it is detached (gone from the namespace now) and closed when the last
+    /// open file is released, which this waits for.
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        self.unmount_now()?;
+        self.wait_inner()
+    }
+
+    /// Wait until the mount ends (someone unmounts it), then return how
+    /// closing the filesystem went.
+    pub fn wait(mut self) -> Result<(), MountError> {
+        self.wait_inner()
+    }
+
+    fn unmount_now(&mut self) -> Result<(), MountError> {
+        self.unmounter().unmount()
+    }
+
+    fn wait_inner(&mut self) -> Result<(), MountError> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        session.join().map_err(|source| MountError::Session {
+            path: self.mount_point.clone(),
+            source,
+        })?;
+        match self.unmounted.lock().take() {
+            Some(Ok(())) => Ok(()),
+            Some(Err(err)) => Err(MountError::Close(err)),
+            None => Err(MountError::NotClosed(self.mount_point.clone())),
+        }
+    }
+}
+
+impl Drop for MountHandle {
+    fn drop(&mut self) {
+        if self.session.is_none() {
+            return;
+        }
+        if let Err(err) = self.unmount_now() {
+            warn!("{err}");
+        }
+        if let Err(err) = self.wait_inner() {
+            warn!("{err}");
+        }
+    }
+}
+
+/// Ends one mount from any thread; never touches a filesystem that someone
+/// else mounted on the same directory since.
+#[derive(Clone, Debug)]
+pub struct Unmounter {
+    mount_point: PathBuf,
+    device: Option<String>,
+}
+
+impl Unmounter {
+    pub fn is_mounted(&self) -> bool {
+        match (&self.device, mounts::mount_at(&self.mount_point)) {
+            (Some(device), Ok(Some(entry))) => &entry.device == device,
+            _ => false,
+        }
+    }
+
+    /// Unmount; if busy, detach (the session then ends when the last open
+    /// file is closed). Nothing to do if it is no longer mounted.
+    pub fn unmount(&self) -> Result<(), MountError> {
+        if !self.is_mounted() {
+            return Ok(());
+        }
+        let path = self.mount_point.clone();
+        match mounts::unmount(&path, false) {
+            Ok(()) => Ok(()),
+            Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
+                warn!(
+                    "{} is busy; detaching it, it closes when its last file does",
+                    path.display()
+                );
+                mounts::unmount(&path, true).map_err(|source| MountError::Unmount { path, source })
+            }
+            Err(source) => Err(MountError::Unmount { path, source }),
+        }
+    }
+}
+
+/// Mount `fs` on `mount_point` and serve it from background threads.
+pub fn mount(
+    fs: Arc<FileSystem>,
+    mount_point: &Path,
+    config: &MountConfig,
+) -> Result<MountHandle, MountError> {
+    let mount_point = check_mount_point(mount_point)?;
+    let unmounted: UnmountOutcome = Arc::new(Mutex::new(None));
+    let settings = AdapterSettings {
+        ttls: Ttls {
+            attr: config.attr_timeout,
+            entry: config.entry_timeout,
+        },
+        kernel_cache: config.kernel_cache,
+        writeback_cache: config.writeback_cache,
+        default_permissions: config.default_permissions,
+    };
+    let adapter = RaidFuse::new(fs, settings, unmounted.clone());
+    let session = Session::new(adapter, &mount_point, &fuser_config(config)).map_err(|source| {
+        MountError::Mount {
+            path: mount_point.clone(),
+            source,
+        }
+    })?;
+    // Read before any request is served: mountinfo does not call into us.
+    let device = match mounts::mount_at(&mount_point) {
+        Ok(Some(entry)) => Some(entry.device),
+        Ok(None) | Err(_) => None,
+    };
+    let session = session.spawn().map_err(|source| MountError::Session {
+        path: mount_point.clone(),
+        source,
+    })?;
+    info!(
+        "mounted on {} ({} threads)",
+        mount_point.display(),
+        config.threads
+    );
+    Ok(MountHandle {
+        session: Some(session),
+        mount_point,
+        device,
+        unmounted,
+    })
+}
+
+/// Mount and block until the filesystem is unmounted and closed.
+pub fn serve(
+    fs: Arc<FileSystem>,
+    mount_point: &Path,
+    config: &MountConfig,
+) -> Result<(), MountError> {
+    mount(fs, mount_point, config)?.wait()
+}
+
+fn check_mount_point(path: &Path) -> Result<PathBuf, MountError> {
+    let bad = |reason: String| MountError::MountPoint {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let canonical = path.canonicalize().map_err(|e| bad(e.to_string()))?;
+    if !canonical.is_dir() {
+        return Err(bad("not a directory".to_string()));
+    }
+    Ok(canonical)
+}
+
+fn fuser_config(config: &MountConfig) -> Config {
+    let mut options = vec![
+        MountOption::FSName(FS_NAME.to_string()),
+        MountOption::Subtype("raidfs".to_string()),
+        if config.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    if config.default_permissions {
+        options.push(MountOption::DefaultPermissions);
+    }
+    let mut fuser_config = Config::default();
+    fuser_config.mount_options = options;
+    fuser_config.acl = if config.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    fuser_config.n_threads = Some(config.threads.max(1));
+    fuser_config.clone_fd = true;
+    fuser_config
+}

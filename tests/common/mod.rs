@@ -1,0 +1,138 @@
+//! Shared by the mount tests: a guard that owns a FUSE mount and always
+//! takes it down (lazily, so a failing test cannot leave a busy mount
+//! behind), and helpers to mount a filesystem over an in-memory store.
+
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use raidfs::fs::{store::MemStore, FileSystem, FsOptions};
+use raidfs::fuse::{self, MountConfig, MountHandle};
+
+/// True when this machine can run FUSE mounts (root and /dev/fuse); the
+/// mount tests print why and pass vacuously otherwise.
+pub fn fuse_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let dev = Path::new("/dev/fuse").exists();
+    if !(root && dev) {
+        eprintln!("skipping: FUSE mount tests need root and /dev/fuse");
+    }
+    root && dev
+}
+
+/// Detach `path` (MNT_DETACH); errors are ignored because it may already be gone.
+pub fn detach(path: &Path) {
+    if let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: c_path is a valid NUL-terminated path.
+        unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// An in-process mount on a temporary directory.
+pub struct MountGuard {
+    handle: Option<MountHandle>,
+    fs: Arc<FileSystem>,
+    dir: tempfile::TempDir,
+}
+
+impl MountGuard {
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn fs(&self) -> &Arc<FileSystem> {
+        &self.fs
+    }
+
+    /// Unmount normally and return how closing the filesystem went.
+    pub fn unmount(mut self) -> Result<(), fuse::MountError> {
+        match self.handle.take() {
+            Some(handle) => handle.unmount(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            detach(handle.mount_point());
+            if let Err(e) = handle.wait() {
+                eprintln!("mount guard: {e}");
+            }
+        }
+    }
+}
+
+/// A freshly formatted MemStore of 16 groups of 64 MiB.
+pub fn mem_store() -> Arc<MemStore> {
+    let store = Arc::new(MemStore::new(16, 64 << 20, 64 << 10));
+    FileSystem::format(store.clone()).expect("format MemStore");
+    store
+}
+
+/// Open the filesystem on `store` and mount it on a new temporary directory.
+pub fn mount_store(store: Arc<MemStore>, config: &MountConfig) -> MountGuard {
+    let fs =
+        Arc::new(FileSystem::open(store, FsOptions::default()).expect("open MemStore filesystem"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let handle = fuse::mount(fs.clone(), dir.path(), config).expect("mount");
+    MountGuard {
+        handle: Some(handle),
+        fs,
+        dir,
+    }
+}
+
+pub fn mount_mem(config: &MountConfig) -> MountGuard {
+    mount_store(mem_store(), config)
+}
+
+/// A `raidfs mount` daemon's mount point. Drop detaches the mount and waits
+/// for the daemon to exit, whatever state the test left it in.
+pub struct DaemonGuard {
+    pub mount_point: PathBuf,
+}
+
+impl DaemonGuard {
+    pub fn new(mount_point: &Path) -> DaemonGuard {
+        DaemonGuard {
+            mount_point: mount_point.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let pid = raidfs::cli::mount::daemon_pid(&self.mount_point);
+        detach(&self.mount_point);
+        // A daemon that was killed leaves its record behind.
+        let leftover = raidfs::cli::mount::registry::read(&self.mount_point)
+            .ok()
+            .flatten();
+        if pid.is_none() && leftover.is_some() {
+            let path = raidfs::cli::mount::registry::state_path(&self.mount_point);
+            let _ = std::fs::remove_file(path);
+        }
+        if let Some(pid) = pid {
+            let record = raidfs::cli::mount::registry::read(&self.mount_point)
+                .ok()
+                .flatten();
+            let exited = record
+                .map(|r| r.wait_for_exit(std::time::Duration::from_secs(30)))
+                .unwrap_or(true);
+            if !exited {
+                // SAFETY: kill with a pid we recorded; the daemon is ours.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}

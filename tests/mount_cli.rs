@@ -1,0 +1,303 @@
+//! `raidfs mount` / `raidfs umount` as a user runs them: a daemon per mount,
+//! clean close on umount, refusal of a second mount of the same members,
+//! and recovery after the daemon is killed.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{fuse_available, DaemonGuard};
+use raidfs::cli::mount::{daemon_pid, registry};
+use raidfs::fuse::mounts;
+
+fn raidfs(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_raidfs"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run raidfs")
+}
+
+fn ok(out: &Output) -> bool {
+    if !out.status.success() {
+        eprintln!(
+            "stdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out.status.success()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A RAID5 array of three 64 MiB sparse images in a temporary directory.
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let out = raidfs(
+            &["create", "-l", "5", "-s", "64M", "m0", "m1", "m2"],
+            dir.path(),
+        );
+        assert!(ok(&out), "raidfs create failed");
+        Setup { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn mount_dir(&self, name: &str) -> PathBuf {
+        let p = self.path(name);
+        fs::create_dir_all(&p).unwrap();
+        p.canonicalize().unwrap()
+    }
+
+    /// Mount on `mnt`, made by `mount_dir` (it may now hold a dead mount).
+    fn mount(&self, mnt: &str) -> Output {
+        raidfs(
+            &[
+                "mount",
+                "-o",
+                &format!("log={}", self.path("daemon.log").display()),
+                "m0",
+                "m1",
+                "m2",
+                mnt,
+            ],
+            self.dir.path(),
+        )
+    }
+
+    fn umount(&self, mnt: &str) -> Output {
+        raidfs(&["umount", mnt], self.dir.path())
+    }
+
+    fn member_state(&self) -> String {
+        let out = raidfs(&["examine", "--json", "m0"], self.dir.path());
+        assert!(ok(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json[0]["state"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    mounts::mount_at(path).unwrap().is_some()
+}
+
+#[test]
+fn mount_write_umount_remount_verify() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    assert!(ok(&setup.mount("mnt")));
+    assert!(is_mounted(&mnt));
+    let pid = daemon_pid(&mnt).expect("the daemon is recorded");
+    assert_ne!(pid, std::process::id());
+
+    fs::create_dir(mnt.join("docs")).unwrap();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    fs::write(mnt.join("docs/big.bin"), &big).unwrap();
+    fs::write(mnt.join("small.txt"), b"raid").unwrap();
+    assert!(
+        setup.member_state().contains("dirty"),
+        "{}",
+        setup.member_state()
+    );
+
+    assert!(ok(&setup.umount("mnt")));
+    // umount returned only after the daemon closed the array.
+    assert!(!is_mounted(&mnt));
+    assert_eq!(daemon_pid(&mnt), None);
+    assert!(registry::read(&mnt).unwrap().is_none());
+    assert_eq!(setup.member_state(), "clean");
+
+    assert!(ok(&setup.mount("mnt")));
+    assert_eq!(fs::read(mnt.join("docs/big.bin")).unwrap(), big);
+    assert_eq!(fs::read(mnt.join("small.txt")).unwrap(), b"raid");
+    assert!(ok(&setup.umount("mnt")));
+    assert_eq!(setup.member_state(), "clean");
+}
+
+#[test]
+fn second_mount_of_the_same_members_fails_and_leaves_the_first_alone() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let first = setup.mount_dir("first");
+    let second = setup.mount_dir("second");
+    let _g1 = DaemonGuard::new(&first);
+    let _g2 = DaemonGuard::new(&second);
+    assert!(ok(&setup.mount("first")));
+    fs::write(first.join("f"), b"one").unwrap();
+
+    let out = setup.mount("second");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("in use"),
+        "unclear error: {}",
+        stderr(&out)
+    );
+    assert!(!is_mounted(&second));
+
+    // Same mount point again: busy.
+    let out = setup.mount("first");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("busy"),
+        "unclear error: {}",
+        stderr(&out)
+    );
+
+    assert_eq!(fs::read(first.join("f")).unwrap(), b"one");
+    fs::write(first.join("g"), b"two").unwrap();
+    assert!(ok(&setup.umount("first")));
+    assert_eq!(setup.member_state(), "clean");
+}
+
+#[test]
+fn remount_after_the_daemon_is_killed() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    assert!(ok(&setup.mount("mnt")));
+    let mut f = fs::File::create(mnt.join("durable")).unwrap();
+    f.write_all(b"fsynced before the crash").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+
+    let record = registry::read(&mnt).unwrap().expect("daemon record");
+    // SAFETY: the pid is the daemon this test started.
+    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
+    assert!(record.wait_for_exit(Duration::from_secs(10)));
+    // The dead mount fails every access until it is cleared.
+    let dead = fs::read(mnt.join("durable")).map_err(|e| e.raw_os_error());
+    assert!(
+        matches!(dead, Err(Some(libc::ENOTCONN | libc::ECONNABORTED))),
+        "{dead:?}"
+    );
+
+    let out = setup.mount("mnt");
+    assert!(ok(&out), "remount after kill -9 failed");
+    assert_eq!(
+        fs::read(mnt.join("durable")).unwrap(),
+        b"fsynced before the crash"
+    );
+    assert!(ok(&setup.umount("mnt")));
+    assert_eq!(setup.member_state(), "clean");
+}
+
+#[test]
+fn bad_invocations_are_refused_clearly() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    setup.mount_dir("mnt");
+    let out = raidfs(
+        &["mount", "-o", "ro,frobnicate", "m0", "m1", "m2", "mnt"],
+        setup.dir.path(),
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("unknown mount option 'frobnicate'"),
+        "{}",
+        stderr(&out)
+    );
+
+    fs::write(setup.path("file"), b"").unwrap();
+    let out = raidfs(&["mount", "m0", "m1", "m2", "file"], setup.dir.path());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
+
+    let out = raidfs(&["mount", "m0", "m1", "m2", "absent"], setup.dir.path());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("absent"), "{}", stderr(&out));
+
+    let out = raidfs(&["umount", "mnt"], setup.dir.path());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not mounted"), "{}", stderr(&out));
+}
+
+#[test]
+fn sigterm_unmounts_and_closes_cleanly() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    assert!(ok(&setup.mount("mnt")));
+    fs::write(mnt.join("x"), b"x").unwrap();
+    let record = registry::read(&mnt).unwrap().expect("daemon record");
+    // SAFETY: the pid is the daemon this test started.
+    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGTERM) }, 0);
+    assert!(record.wait_for_exit(Duration::from_secs(30)));
+    assert!(!is_mounted(&mnt));
+    assert_eq!(setup.member_state(), "clean");
+}
+
+#[test]
+fn plain_umount_closes_cleanly() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    assert!(ok(&setup.mount("mnt")));
+    fs::write(mnt.join("x"), b"x").unwrap();
+    let record = registry::read(&mnt).unwrap().expect("daemon record");
+    mounts::unmount(&mnt, false).expect("umount(2)");
+    assert!(record.wait_for_exit(Duration::from_secs(30)));
+    assert!(
+        registry::read(&mnt).unwrap().is_none(),
+        "the daemon did not finish cleanly"
+    );
+    assert_eq!(setup.member_state(), "clean");
+}
+
+#[test]
+fn auto_unmount_clears_the_mount_of_a_killed_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    let out = raidfs(
+        &["mount", "-o", "auto_unmount", "m0", "m1", "m2", "mnt"],
+        setup.dir.path(),
+    );
+    assert!(ok(&out));
+    let record = registry::read(&mnt).unwrap().expect("daemon record");
+    // SAFETY: the pid is the daemon this test started.
+    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
+    assert!(record.wait_for_exit(Duration::from_secs(10)));
+    // The watcher detaches the dead mount, then exits.
+    let watcher_pid = record.watcher.expect("watcher recorded");
+    let watcher = registry::DaemonRecord {
+        pid: watcher_pid,
+        start_time: registry::process_start_time(watcher_pid).unwrap_or(0),
+        ..record.clone()
+    };
+    assert!(watcher.wait_for_exit(Duration::from_secs(10)));
+    assert!(!is_mounted(&mnt), "the dead mount was not cleared");
+}

@@ -1,0 +1,349 @@
+//! The FUSE adapter end to end: a filesystem over an in-memory store,
+//! mounted in this process, driven through ordinary system calls.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirEntryExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use common::{fuse_available, mem_store, mount_mem, mount_store};
+use raidfs::fuse::MountConfig;
+
+fn cstr(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+fn errno_of(result: std::io::Result<impl Sized>) -> i32 {
+    match result {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+#[test]
+fn files_and_directories_through_std_fs() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    let file = mnt.join("hello.txt");
+    fs::write(&file, b"hello, raid").unwrap();
+    assert_eq!(fs::read(&file).unwrap(), b"hello, raid");
+    assert_eq!(fs::metadata(&file).unwrap().len(), 11);
+
+    fs::create_dir(mnt.join("dir")).unwrap();
+    fs::rename(&file, mnt.join("dir/moved.txt")).unwrap();
+    assert!(!file.exists());
+    assert_eq!(fs::read(mnt.join("dir/moved.txt")).unwrap(), b"hello, raid");
+
+    let mut names: Vec<_> = fs::read_dir(mnt.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["dir"]);
+
+    // Errors come back as the right errnos.
+    assert_eq!(errno_of(fs::read(mnt.join("missing"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::create_dir(mnt.join("dir"))), libc::EEXIST);
+    assert_eq!(errno_of(fs::remove_dir(mnt.join("dir"))), libc::ENOTEMPTY);
+
+    fs::remove_file(mnt.join("dir/moved.txt")).unwrap();
+    fs::remove_dir(mnt.join("dir")).unwrap();
+    assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 0);
+    mnt.unmount().unwrap();
+}
+
+#[test]
+fn large_directory_lists_every_entry_once() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    let count = 600;
+    for i in 0..count {
+        File::create(mnt.join(&format!("entry-with-a-longish-name-{i:04}"))).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(mnt.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let expected: Vec<String> = (0..count)
+        .map(|i| format!("entry-with-a-longish-name-{i:04}"))
+        .collect();
+    assert_eq!(names, expected);
+    // readdirplus gave the kernel attributes: stat of each agrees.
+    for entry in fs::read_dir(mnt.path()).unwrap().take(5) {
+        let entry = entry.unwrap();
+        assert_eq!(entry.metadata().unwrap().ino(), entry.ino());
+    }
+}
+
+#[test]
+fn symlinks_hard_links_and_rename_flags() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    fs::write(mnt.join("target"), b"data").unwrap();
+    std::os::unix::fs::symlink("target", mnt.join("link")).unwrap();
+    assert_eq!(
+        fs::read_link(mnt.join("link")).unwrap(),
+        Path::new("target")
+    );
+    assert_eq!(fs::read(mnt.join("link")).unwrap(), b"data");
+    assert!(fs::symlink_metadata(mnt.join("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    fs::hard_link(mnt.join("target"), mnt.join("hard")).unwrap();
+    let a = fs::metadata(mnt.join("target")).unwrap();
+    let b = fs::metadata(mnt.join("hard")).unwrap();
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(a.nlink(), 2);
+    fs::remove_file(mnt.join("target")).unwrap();
+    assert_eq!(fs::metadata(mnt.join("hard")).unwrap().nlink(), 1);
+    assert_eq!(fs::read(mnt.join("hard")).unwrap(), b"data");
+
+    // renameat2(RENAME_NOREPLACE) refuses to overwrite.
+    fs::write(mnt.join("other"), b"x").unwrap();
+    let (from, to) = (cstr(&mnt.join("hard")), cstr(&mnt.join("other")));
+    // SAFETY: valid NUL-terminated paths relative to AT_FDCWD.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(fs::read(mnt.join("other")).unwrap(), b"x");
+}
+
+#[test]
+fn extended_attributes_follow_the_size_probe_protocol() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    let file = mnt.join("f");
+    fs::write(&file, b"").unwrap();
+    let path = cstr(&file);
+    let name = CString::new("user.colour").unwrap();
+    let value = b"ultramarine";
+    // SAFETY: all pointers are valid for the lengths given.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0
+            ),
+            0
+        );
+        // Size probe, then a too-small buffer, then the value.
+        assert_eq!(
+            libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0),
+            value.len() as isize
+        );
+        let mut small = [0u8; 4];
+        assert_eq!(
+            libc::getxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                small.as_mut_ptr().cast(),
+                small.len()
+            ),
+            -1
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ERANGE)
+        );
+        let mut buf = [0u8; 64];
+        let n = libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        );
+        assert_eq!(&buf[..n as usize], value);
+
+        let list_len = libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0);
+        assert_eq!(list_len, b"user.colour\0".len() as isize);
+        let mut list = [0u8; 64];
+        let n = libc::listxattr(path.as_ptr(), list.as_mut_ptr().cast(), list.len());
+        assert_eq!(&list[..n as usize], b"user.colour\0");
+
+        assert_eq!(libc::removexattr(path.as_ptr(), name.as_ptr()), 0);
+        assert_eq!(
+            libc::getxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len()
+            ),
+            -1
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENODATA)
+        );
+    }
+}
+
+/// A heap buffer aligned for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, layout }
+    }
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for layout.size() bytes and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+#[test]
+fn o_direct_large_aligned_writes_and_reads() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    let len = 4 << 20;
+    let mut out = Aligned::new(len);
+    for (i, b) in out.as_mut().iter_mut().enumerate() {
+        *b = (i * 7 % 251) as u8;
+    }
+    let file = mnt.join("direct.bin");
+    let mut w = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file)
+        .unwrap();
+    w.write_all(out.as_mut()).unwrap();
+    w.sync_all().unwrap();
+    drop(w);
+
+    let mut back = Aligned::new(len);
+    let mut r = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file)
+        .unwrap();
+    r.read_exact(back.as_mut()).unwrap();
+    assert!(
+        out.as_mut() == back.as_mut(),
+        "O_DIRECT read differs from what was written"
+    );
+    // An unaligned offset within the file reads correctly through the page cache too.
+    let mut plain = File::open(&file).unwrap();
+    plain.seek(SeekFrom::Start(12345)).unwrap();
+    let mut some = [0u8; 100];
+    plain.read_exact(&mut some).unwrap();
+    assert_eq!(&some[..], &out.as_mut()[12345..12445]);
+}
+
+#[test]
+fn fsync_fdatasync_and_o_sync_writes() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    let mut f = File::create(mnt.join("synced")).unwrap();
+    f.write_all(&[1u8; 100_000]).unwrap();
+    f.sync_data().unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut s = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .custom_flags(libc::O_SYNC)
+        .open(mnt.join("osync"))
+        .unwrap();
+    s.write_all(b"durable").unwrap();
+    drop(s);
+    assert_eq!(fs::read(mnt.join("osync")).unwrap(), b"durable");
+    let dir = File::open(mnt.path()).unwrap();
+    dir.sync_all().unwrap();
+}
+
+#[test]
+fn fallocate_and_statfs() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(mnt.join("prealloc"))
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: f is an open file descriptor.
+    assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) }, 0);
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    drop(f);
+
+    let path = cstr(mnt.path());
+    // SAFETY: st is a valid out pointer and path a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut st) }, 0);
+    assert!(
+        st.f_blocks > 0 && st.f_bfree <= st.f_blocks,
+        "statfs: {} of {}",
+        st.f_bfree,
+        st.f_blocks
+    );
+    assert!(st.f_bsize > 0);
+}
+
+#[test]
+fn data_survives_unmount_and_remount() {
+    if !fuse_available() {
+        return;
+    }
+    let store = mem_store();
+    let mnt = mount_store(store.clone(), &MountConfig::default());
+    fs::create_dir(mnt.join("keep")).unwrap();
+    fs::write(mnt.join("keep/file"), vec![42u8; 300_000]).unwrap();
+    mnt.unmount().expect("clean unmount");
+
+    let again = mount_store(store, &MountConfig::default());
+    assert_eq!(
+        fs::read(again.join("keep/file")).unwrap(),
+        vec![42u8; 300_000]
+    );
+}

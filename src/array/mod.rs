@@ -13,6 +13,7 @@ mod bitmap;
 mod create;
 mod io;
 mod lifecycle;
+pub mod ppl;
 mod scrub;
 mod state;
 mod stripe_lock;
@@ -32,6 +33,9 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use uuid::Uuid;
+
+/// Superblock feature bit: partial-parity log (closes the RAID5 write hole).
+pub const FEATURE_PPL: u64 = 1 << 1;
 
 /// Bits of a logical address that hold the offset within a group.
 pub const GROUP_SHIFT: u32 = 40;
@@ -131,6 +135,8 @@ pub struct Array {
     pub(crate) needs_resync: AtomicBool,
     /// Which mirror copy each read goes to, and per-member read counters.
     pub(crate) balance: balance::Balancer,
+    /// The partial parity log, when the array was created with it (RAID5).
+    pub(crate) ppl: Option<ppl::Ppl>,
 }
 
 /// The data geometry a superblock describes.
@@ -155,6 +161,8 @@ impl Array {
     ) -> ArrayResult<Array> {
         let data_geometry = data_geometry(&sb)?;
         let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
+        let ppl = (sb.features & FEATURE_PPL != 0 && sb.level == Level::Raid5)
+            .then(|| ppl::Ppl::new(sb.members as usize, sb.data_offset));
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
@@ -177,6 +185,7 @@ impl Array {
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
             balance: balance::Balancer::new(slots_len),
+            ppl,
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();
@@ -260,6 +269,11 @@ impl Array {
         }
         let base = data_offset + group as u64 * group_size;
         Ok((Region { group, geometry, base }, offset))
+    }
+
+    /// The region of allocated group `group`.
+    pub(crate) fn group_region(&self, group: u32) -> Option<Region> {
+        self.region((group as u64) << GROUP_SHIFT, 0).ok().map(|(r, _)| r)
     }
 
     /// Re-evaluate whether every allocated group can still be served.

@@ -2,7 +2,7 @@
 //! older members are stale, a dirty and degraded parity array needs force,
 //! and too few members is a clear error.
 
-use super::{data_geometry, Array, ArrayError, ArrayResult, Slot};
+use super::{data_geometry, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
 use crate::geometry::Level;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
@@ -21,6 +21,11 @@ pub struct AssembleOptions {
     pub read_only: bool,
     /// Parity kernels to use (default: the process-wide selection).
     pub parity: Option<&'static Parity>,
+    /// How mirror reads pick a copy (`-o balance=NAME`; default sticky).
+    pub read_policy: ReadPolicy,
+    /// Treat every member as rotational (`Some(true)`) or solid-state
+    /// (`Some(false)`) instead of detecting it (image files).
+    pub rotational: Option<bool>,
 }
 
 /// Open a member path (image file or block device), creating a sparse image
@@ -139,6 +144,10 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
     }
     let parity = opts.parity.unwrap_or_else(Parity::global);
     let array = Array::from_parts(slots, reference, parity)?;
+    array.set_read_policy(opts.read_policy);
+    if let Some(rotational) = opts.rotational {
+        (0..array.member_count()).for_each(|slot| array.set_rotational(slot, rotational));
+    }
     if array.broken.load(std::sync::atomic::Ordering::Acquire) {
         return Err(ArrayError::TooFewMembers { have: present, total, need, level: geometry.level.to_string() });
     }

@@ -4,7 +4,7 @@
 
 use super::worker::Op;
 use super::{Array, ArrayError, ArrayResult, Region};
-use crate::geometry::{Level, Mapping};
+use crate::geometry::{Level, Mapping, Target};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -187,10 +187,15 @@ impl Array {
         // this ends after at most `members` rounds.
         for _ in 0..=self.slots.len() {
             let mut plan = Vec::with_capacity(pieces.len());
+            let mut follow: Option<(usize, u64)> = None;
             for p in &pieces {
                 let target = match choice {
                     Choice::Copy(n) => p.map.targets.get(n).filter(|t| self.readable(t.member, region, t.offset)),
-                    _ => p.map.targets.iter().find(|t| self.readable(t.member, region, t.offset)),
+                    _ => {
+                        let rest = (buf.len() - p.buf_off) as u64;
+                        let readable = |t: &Target| self.readable(t.member, region, t.offset);
+                        self.balance.choose_following(&p.map.targets, region.base, rest, follow, readable)
+                    }
                 };
                 let Some(t) = target else {
                     return Err(ArrayError::Failed(format!(
@@ -200,11 +205,16 @@ impl Array {
                     )));
                 };
                 plan.push((t.member, region.base + t.offset, p.buf_off, p.len));
+                follow = Some((t.member, region.base + t.offset + p.len as u64));
             }
             let runs = coalesce(plan.into_iter());
+            runs.iter().for_each(|r| self.balance.issue(r.slot, r.member_offset, r.len as u64));
+            let started = std::time::Instant::now();
             let outcomes = self.pool.run(
                 runs.iter().map(|r| (r.slot, Op::Read { offset: r.member_offset, len: r.len })).collect(),
             );
+            let elapsed = started.elapsed();
+            runs.iter().for_each(|r| self.balance.complete(r.slot, elapsed));
             let mut retry = false;
             for (run, outcome) in runs.iter().zip(outcomes) {
                 match outcome {

@@ -8,6 +8,7 @@
 //! mirrored on up to three members, data groups use the array's level.
 
 mod assemble;
+pub mod balance;
 mod bitmap;
 mod create;
 mod io;
@@ -19,6 +20,7 @@ mod stripe_lock;
 mod worker;
 
 pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
+pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec};
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};
@@ -131,6 +133,8 @@ pub struct Array {
     pub(crate) bitmap: bitmap::Bitmap,
     /// The array was dirty when assembled: resync the regions the bitmap names.
     pub(crate) needs_resync: AtomicBool,
+    /// Which mirror copy each read goes to, and per-member read counters.
+    pub(crate) balance: balance::Balancer,
     /// The partial parity log, when the array was created with it (RAID5).
     pub(crate) ppl: Option<ppl::Ppl>,
 }
@@ -164,6 +168,7 @@ impl Array {
             .iter()
             .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member() })
             .collect();
+        let slots_len = slots.len();
         let pool = worker::WorkerPool::new(&members, 2)
             .map_err(|e| ArrayError::Refused(format!("cannot start member workers: {e}")))?;
         let array = Array {
@@ -179,8 +184,10 @@ impl Array {
             sync: lifecycle::SyncState::default(),
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
+            balance: balance::Balancer::new(slots_len),
             ppl,
         };
+        (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();
         Ok(array)
     }
@@ -317,6 +324,49 @@ impl Array {
         for (i, e) in self.bitmap.write_all(&members) {
             self.fail_member(present[i].0, &format!("bitmap write failed: {e}"));
         }
+    }
+
+    /// The read balancing policy in use.
+    pub fn read_policy(&self) -> ReadPolicy {
+        self.balance.policy()
+    }
+
+    /// Change the read balancing policy; takes effect from the next read.
+    pub fn set_read_policy(&self, policy: ReadPolicy) {
+        self.balance.set_policy(policy);
+    }
+
+    /// Mark a member write-mostly: read from it only when no other copy is
+    /// available (md's `--write-mostly`; not recorded in the superblock).
+    pub fn set_write_mostly(&self, slot: usize, write_mostly: bool) {
+        self.balance.set_write_mostly(slot, write_mostly);
+    }
+
+    /// Override whether a member is treated as rotational (image files on
+    /// devices the kernel does not describe, or a wrong guess).
+    pub fn set_rotational(&self, slot: usize, rotational: bool) {
+        self.balance.set_rotational(slot, rotational);
+    }
+
+    /// Decide whether `slot`'s member is rotational: as the member says, else
+    /// from its path's sysfs queue, else assume a head (as md does without
+    /// QUEUE_FLAG_NONROT). Call again when a slot gets a new device.
+    pub(crate) fn detect_rotational(&self, slot: usize) {
+        let (member, name) = (self.slots[slot].member(), self.slots[slot].name());
+        let rotational = member.and_then(|m| m.rotational());
+        let rotational = rotational.or_else(|| balance::detect_rotational(std::path::Path::new(&name)));
+        self.balance.set_rotational(slot, rotational.unwrap_or(true));
+    }
+
+    /// Per-member read counters and balancing state.
+    pub fn member_stats(&self) -> Vec<MemberStats> {
+        let names: Vec<String> = self.slots.iter().map(|s| s.name()).collect();
+        self.balance.stats(&names)
+    }
+
+    /// Zero the read counters and forget heads and streams (benchmarks).
+    pub fn reset_member_stats(&self) {
+        self.balance.reset();
     }
 
     /// Parity kernels in use.

@@ -3,11 +3,13 @@
 //! Everything above this layer sees a member only through [`Member`]: positional
 //! reads and writes, a durability barrier, and a length. Implementations:
 //! [`file::FileMember`] (image files and block devices), [`memory::MemoryMember`]
-//! (tests), [`faulty::FaultyMember`] (fault and crash injection for tests).
+//! (tests), [`faulty::FaultyMember`] (fault and crash injection for tests),
+//! [`simulated::SimulatedDisk`] (a spinning disk's timing, for balancing benchmarks).
 
 pub mod faulty;
 pub mod file;
 pub mod memory;
+pub mod simulated;
 
 use std::io;
 
@@ -42,5 +44,10 @@ pub trait Member: Send + Sync {
             done += n as u64;
         }
         Ok(())
+    }
+    /// Whether the device has a moving head (seeks cost time), when known.
+    /// `None` leaves it to the array to detect from the path or assume.
+    fn rotational(&self) -> Option<bool> {
+        None
     }
 }

@@ -149,6 +149,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         force: plan.options.force,
         read_only,
         parity,
+        ..Default::default()
     };
     let array = match assemble_paths(&plan.members, assemble_opts) {
         Ok(array) => Arc::new(array),

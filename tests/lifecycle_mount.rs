@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::cli::{detail_json, raidfs, raidfs_ok, stderr, stdout, verify_files, wait_for_detail, Writer};
+use common::cli::{
+    detail_json, raidfs, raidfs_ok, stderr, stdout, verify_files, wait_for_detail, Writer,
+};
 use common::{fuse_available, DaemonGuard};
 
 /// An array of four images in a temporary directory, mounted on `mnt`.
@@ -23,12 +25,19 @@ struct Mounted {
 impl Mounted {
     fn new(level: &str, size: &str) -> Mounted {
         let dir = tempfile::tempdir().expect("temp dir");
-        raidfs_ok(&["create", "-l", level, "-s", size, "m0", "m1", "m2", "m3"], dir.path());
+        raidfs_ok(
+            &["create", "-l", level, "-s", size, "m0", "m1", "m2", "m3"],
+            dir.path(),
+        );
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).expect("mount point");
         let mnt = mnt.canonicalize().expect("mount point path");
         let guard = DaemonGuard::new(&mnt);
-        let m = Mounted { dir, mnt, _guard: guard };
+        let m = Mounted {
+            dir,
+            mnt,
+            _guard: guard,
+        };
         m.mount(&["m0", "m1", "m2", "m3"]);
         m
     }
@@ -68,7 +77,10 @@ impl Mounted {
     }
 
     fn umount(&self) {
-        raidfs_ok(&[OsStr::new("umount"), self.mnt.as_os_str()], self.dir.path());
+        raidfs_ok(
+            &[OsStr::new("umount"), self.mnt.as_os_str()],
+            self.dir.path(),
+        );
     }
 }
 
@@ -78,14 +90,20 @@ fn member_names(report: &serde_json::Value) -> Vec<String> {
         .iter()
         .map(|m| {
             let name = m["name"].as_str().unwrap_or_default();
-            Path::new(name).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            Path::new(name)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
         })
         .collect()
 }
 
 fn states(report: &serde_json::Value) -> Vec<String> {
     let members = report["members"].as_array().expect("members");
-    members.iter().map(|m| m["state"].as_str().unwrap_or_default().to_string()).collect()
+    members
+        .iter()
+        .map(|m| m["state"].as_str().unwrap_or_default().to_string())
+        .collect()
 }
 
 /// The last background work completed, and was `action`.
@@ -106,7 +124,10 @@ fn raid5_fail_add_then_fail_another_while_writing() {
     writer.wait_for_more(5);
 
     let said = array.ok("fail", &["m1"]);
-    assert!(said.contains("set") && said.contains("m1 (slot 1) faulty"), "{said}");
+    assert!(
+        said.contains("set") && said.contains("m1 (slot 1) faulty"),
+        "{said}"
+    );
     let report = array.detail();
     assert_eq!(report["map"], "[U_UU]");
     assert_eq!(states(&report), ["active", "faulty", "active", "active"]);
@@ -146,7 +167,11 @@ fn raid6_two_members_failed_and_rebuilt_while_writing() {
     // A third failure would stop the array: refused.
     let out = array.run("fail", &["m3"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("refusing to fail"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("refusing to fail"),
+        "{}",
+        stderr(&out)
+    );
     writer.wait_for_more(5);
 
     let said = array.ok("add", &["--wait", "new1"]);
@@ -218,18 +243,38 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
     array.ok("add", &["new1"]);
 
     // Past the first checkpoint (every 2 s; at most ~5 MiB/s here).
-    let killed_at = wait_for_detail(&array.mnt, "recovery progress", Duration::from_secs(20), |r| {
-        r["sync"]["done"].as_u64().is_some_and(|d| d >= 16 << 20)
-    });
+    let killed_at = wait_for_detail(
+        &array.mnt,
+        "recovery progress",
+        Duration::from_secs(20),
+        |r| r["sync"]["done"].as_u64().is_some_and(|d| d >= 16 << 20),
+    );
     let total = killed_at["sync"]["total"].as_u64().expect("total");
-    assert!(killed_at["sync"]["done"].as_u64() < Some(total), "finished before the kill: {killed_at:#}");
+    assert!(
+        killed_at["sync"]["done"].as_u64() < Some(total),
+        "finished before the kill: {killed_at:#}"
+    );
     let text = array.ok("status", &[]);
-    let progress = text.lines().find(|l| l.starts_with("      [")).expect("a progress line");
-    assert!(progress.contains("]  recovery =") && progress.contains("finish=") && progress.ends_with("K/sec"), "{text}");
-    assert!(text.contains("new1[1](R)") && text.contains("[4/3] [U_UU]"), "{text}");
+    let progress = text
+        .lines()
+        .find(|l| l.starts_with("      ["))
+        .expect("a progress line");
+    assert!(
+        progress.contains("]  recovery =")
+            && progress.contains("finish=")
+            && progress.ends_with("K/sec"),
+        "{text}"
+    );
+    assert!(
+        text.contains("new1[1](R)") && text.contains("[4/3] [U_UU]"),
+        "{text}"
+    );
 
     // SAFETY: kill with the pid of the daemon this test started.
-    assert_eq!(unsafe { libc::kill(daemon_pid(&killed_at), libc::SIGKILL) }, 0);
+    assert_eq!(
+        unsafe { libc::kill(daemon_pid(&killed_at), libc::SIGKILL) },
+        0
+    );
     array.mount(&["m0", "new1", "m2", "m3"]);
 
     // The limits survive the crash, so the resumed rebuild is still slow
@@ -244,7 +289,12 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
     assert!(log.contains("resuming recovery of slot 1"), "{log}");
 
     array.ok("speed-limit", &["--max", "0", "--min", "0"]);
-    let finished = wait_for_detail(&array.mnt, "the end of recovery", Duration::from_secs(20), |r| r["sync"].is_null());
+    let finished = wait_for_detail(
+        &array.mnt,
+        "the end of recovery",
+        Duration::from_secs(20),
+        |r| r["sync"].is_null(),
+    );
     assert_last_sync(&finished, "recovery");
     assert_eq!(finished["map"], "[UUUU]");
     verify_files(&dir, count);
@@ -257,7 +307,12 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
 /// `raidfs ARGS` as user nobody.
 fn as_nobody(args: &[&OsStr]) -> Output {
     Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_raidfs")])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_raidfs"),
+        ])
         .args(args)
         .current_dir("/")
         .output()
@@ -274,9 +329,18 @@ fn status_and_detail_views_and_other_users_are_refused() {
     let mnt = array.mnt.display().to_string();
 
     let all = raidfs_ok(&["status"], Path::new("/"));
-    assert!(all.contains(&format!("{mnt} : active raid5 m0[0] m1[1] m2[2] m3[3]\n")), "{all}");
-    assert!(all.contains("blocks super raidfs-1 level 5, 64k chunk, algorithm left-symmetric [4/4] [UUUU]"), "{all}");
-    let json: serde_json::Value = serde_json::from_str(&array.ok("status", &["--json"])).expect("JSON");
+    assert!(
+        all.contains(&format!("{mnt} : active raid5 m0[0] m1[1] m2[2] m3[3]\n")),
+        "{all}"
+    );
+    assert!(
+        all.contains(
+            "blocks super raidfs-1 level 5, 64k chunk, algorithm left-symmetric [4/4] [UUUU]"
+        ),
+        "{all}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&array.ok("status", &["--json"])).expect("JSON");
     assert_eq!(json["version"], 1);
     let one = &json["arrays"][0];
     assert_eq!(one["mount_point"], mnt.as_str());
@@ -286,14 +350,25 @@ fn status_and_detail_views_and_other_users_are_refused() {
     assert_eq!(member_names(one), ["m0", "m1", "m2", "m3"]);
 
     let said = array.ok("check", &["--wait"]);
-    assert!(said.contains("check finished") && said.contains(" bytes mismatched)"), "{said}");
-    let mismatches = array.detail()["last_sync"]["mismatches"].as_u64().expect("mismatches");
-    assert!(said.contains(&format!("({mismatches} bytes mismatched)")), "{said}");
+    assert!(
+        said.contains("check finished") && said.contains(" bytes mismatched)"),
+        "{said}"
+    );
+    let mismatches = array.detail()["last_sync"]["mismatches"]
+        .as_u64()
+        .expect("mismatches");
+    assert!(
+        said.contains(&format!("({mismatches} bytes mismatched)")),
+        "{said}"
+    );
     array.ok("speed-limit", &["--min", "20M", "--max", "100M"]);
     array.ok("fail", &["m3"]);
 
     let text = array.ok("status", &[]);
-    assert!(text.contains("m3[3](F)") && text.contains("[4/3] [UUU_]"), "{text}");
+    assert!(
+        text.contains("m3[3](F)") && text.contains("[4/3] [UUU_]"),
+        "{text}"
+    );
     let detail = array.ok("detail", &[]);
     for want in [
         "        Raid Level : raid5",
@@ -308,7 +383,12 @@ fn status_and_detail_views_and_other_users_are_refused() {
         assert!(detail.contains(want), "missing {want:?} in\n{detail}");
     }
     let m3 = array.path("m3").canonicalize().expect("m3");
-    assert!(detail.lines().any(|l| l.trim_start().starts_with("3   faulty") && l.ends_with(&*m3.to_string_lossy())), "{detail}");
+    assert!(
+        detail.lines().any(
+            |l| l.trim_start().starts_with("3   faulty") && l.ends_with(&*m3.to_string_lossy())
+        ),
+        "{detail}"
+    );
     let report = array.detail();
     assert_eq!(report["version"], 1);
     assert_eq!(report["failed_devices"], 1);
@@ -317,26 +397,38 @@ fn status_and_detail_views_and_other_users_are_refused() {
     assert_eq!(report["speed_limit"]["min"], 20 << 20);
     assert_eq!(report["last_sync"]["action"], "check");
     let last_sync = format!("         Last Sync : check finished ({mismatches} bytes mismatched)");
-    assert!(detail.contains(&last_sync), "missing {last_sync:?} in\n{detail}");
+    assert!(
+        detail.contains(&last_sync),
+        "missing {last_sync:?} in\n{detail}"
+    );
     assert_eq!(report["uuid"].as_str().map(str::len), Some(36));
 
     // The socket is owner-only: another user cannot even ask.
     let fail_m1: [&OsStr; 3] = [OsStr::new("fail"), array.mnt.as_os_str(), OsStr::new("m0")];
     let out = as_nobody(&fail_m1);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("permission denied"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("permission denied"),
+        "{}",
+        stderr(&out)
+    );
     // Opened up, others may look but still not change anything.
     let socket = raidfs::cli::status::socket_path(&array.mnt);
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod socket");
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+            .expect("chmod socket");
     }
     let out = as_nobody(&[OsStr::new("status"), array.mnt.as_os_str()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("[4/3] [UUU_]"), "{}", stdout(&out));
     let out = as_nobody(&fail_m1);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("only root or the mount's owner (uid 0)"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("only root or the mount's owner (uid 0)"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(array.detail()["map"], "[UUU_]");
 
     array.umount();

@@ -35,7 +35,12 @@ pub fn run(args: DetailArgs) -> i32 {
 
 /// `N (X.XX MiB Y.YY MB)` for a size in bytes, as mdadm shows sizes (N in KiB).
 fn size(bytes: u64) -> String {
-    format!("{} ({:.2} MiB {:.2} MB)", bytes / 1024, bytes as f64 / (1 << 20) as f64, bytes as f64 / 1e6)
+    format!(
+        "{} ({:.2} MiB {:.2} MB)",
+        bytes / 1024,
+        bytes as f64 / (1 << 20) as f64,
+        bytes as f64 / 1e6
+    )
 }
 
 fn limit(bytes_per_sec: u64) -> String {
@@ -61,7 +66,10 @@ pub fn detail_text(r: &ArrayReport) -> String {
     line("Update Time", utc(r.updated));
     line("State", r.state.clone());
     line("Active Devices", r.active_devices.to_string());
-    line("Working Devices", (r.raid_devices - r.failed_devices + r.spares.len()).to_string());
+    line(
+        "Working Devices",
+        (r.raid_devices - r.failed_devices + r.spares.len()).to_string(),
+    );
     line("Failed Devices", r.failed_devices.to_string());
     line("Spare Devices", r.spares.len().to_string());
     line("Layout", r.layout.clone());
@@ -81,9 +89,25 @@ pub fn detail_text(r: &ArrayReport) -> String {
     line("Name", r.name.clone());
     line("UUID", r.uuid.clone());
     line("Events", r.events.to_string());
-    line("Mount Point", format!("{} (daemon pid {}, owner uid {})", r.mount_point, r.daemon_pid, r.owner_uid));
-    line("Groups", format!("{} of {} allocated", r.groups_allocated, r.groups_total));
-    line("Sync Speed Limits", format!("min {}, max {}", limit(r.speed_limit.min), limit(r.speed_limit.max)));
+    line(
+        "Mount Point",
+        format!(
+            "{} (daemon pid {}, owner uid {})",
+            r.mount_point, r.daemon_pid, r.owner_uid
+        ),
+    );
+    line(
+        "Groups",
+        format!("{} of {} allocated", r.groups_allocated, r.groups_total),
+    );
+    line(
+        "Sync Speed Limits",
+        format!(
+            "min {}, max {}",
+            limit(r.speed_limit.min),
+            limit(r.speed_limit.max)
+        ),
+    );
     if let Some(last) = &r.last_sync {
         let mut text = last.message.clone();
         if last.action == "check" || last.action == "repair" {
@@ -94,7 +118,10 @@ pub fn detail_text(r: &ArrayReport) -> String {
     // BALANCE: per-member read statistics (Array::member_stats) go in this
     // table once the read-balancing work has landed.
     let _ = writeln!(out);
-    let _ = writeln!(out, "    Number   State          Read  Write  Checksum   Device");
+    let _ = writeln!(
+        out,
+        "    Number   State          Read  Write  Checksum   Device"
+    );
     for m in &r.members {
         let _ = writeln!(
             out,
@@ -103,10 +130,18 @@ pub fn detail_text(r: &ArrayReport) -> String {
         );
     }
     if let Some(rep) = &r.replacing {
-        let _ = writeln!(out, "    {:>6}   {:<12} {:>6} {:>6} {:>9}   {}", rep.slot, "replacement", "-", "-", "-", rep.name);
+        let _ = writeln!(
+            out,
+            "    {:>6}   {:<12} {:>6} {:>6} {:>9}   {}",
+            rep.slot, "replacement", "-", "-", "-", rep.name
+        );
     }
     for s in &r.spares {
-        let _ = writeln!(out, "    {:>6}   {:<12} {:>6} {:>6} {:>9}   {s}", "-", "spare", "-", "-", "-");
+        let _ = writeln!(
+            out,
+            "    {:>6}   {:<12} {:>6} {:>6} {:>9}   {s}",
+            "-", "spare", "-", "-", "-"
+        );
     }
     out
 }

@@ -88,17 +88,26 @@ fn image_arg(image: &Path) -> Result<String, String> {
 pub(crate) fn send(client: &mut ControlClient, request: &Request) -> Result<ArrayReport, String> {
     let response = client.request(request).map_err(|e| e.to_string())?;
     if !response.ok {
-        return Err(response.error.unwrap_or_else(|| "refused without a reason".into()));
+        return Err(response
+            .error
+            .unwrap_or_else(|| "refused without a reason".into()));
     }
     if let Some(message) = &response.message {
         println!("raidfs: {message}");
     }
-    response.report.ok_or_else(|| "the daemon sent no report".into())
+    response
+        .report
+        .ok_or_else(|| "the daemon sent no report".into())
 }
 
 /// Connect, send, and with `wait` follow the background work of one of
 /// `actions` that the request started. Returns the exit code.
-pub(crate) fn run_request(mount_point: &Path, request: Request, wait: bool, actions: &[&str]) -> i32 {
+pub(crate) fn run_request(
+    mount_point: &Path,
+    request: Request,
+    wait: bool,
+    actions: &[&str],
+) -> i32 {
     let outcome = connect(mount_point).and_then(|mut client| {
         let report = send(&mut client, &request)?;
         if wait {
@@ -115,9 +124,19 @@ pub(crate) fn run_request(mount_point: &Path, request: Request, wait: bool, acti
 
 /// Show a progress bar until the running background work ends, then its
 /// result: Ok when it completed, Err when it stopped or failed.
-pub(crate) fn wait_for_background(client: &mut ControlClient, first: &ArrayReport, actions: &[&str]) -> Result<(), String> {
-    let started = first.sync.as_ref().is_some_and(|s| actions.contains(&s.action.as_str()));
-    let finished_already = first.last_sync.as_ref().is_some_and(|l| actions.contains(&l.action.as_str()));
+pub(crate) fn wait_for_background(
+    client: &mut ControlClient,
+    first: &ArrayReport,
+    actions: &[&str],
+) -> Result<(), String> {
+    let started = first
+        .sync
+        .as_ref()
+        .is_some_and(|s| actions.contains(&s.action.as_str()));
+    let finished_already = first
+        .last_sync
+        .as_ref()
+        .is_some_and(|l| actions.contains(&l.action.as_str()));
     if !started && !finished_already {
         println!("raidfs: no background work to wait for");
         return Ok(());
@@ -149,7 +168,10 @@ pub(crate) fn wait_for_background(client: &mut ControlClient, first: &ArrayRepor
                 "check" | "repair" => format!(" ({} bytes mismatched)", last.mismatches),
                 _ => String::new(),
             };
-            println!("raidfs: {}{extra}; array {} {}", last.message, report.state, report.map);
+            println!(
+                "raidfs: {}{extra}; array {} {}",
+                last.message, report.state, report.map
+            );
             Ok(())
         }
         Some(last) => Err(last.message),
@@ -158,11 +180,25 @@ pub(crate) fn wait_for_background(client: &mut ControlClient, first: &ArrayRepor
 }
 
 pub fn run_fail(args: FailArgs) -> i32 {
-    run_request(&args.mount_point, Request::Fail { member: member_arg(&args.member) }, false, &[])
+    run_request(
+        &args.mount_point,
+        Request::Fail {
+            member: member_arg(&args.member),
+        },
+        false,
+        &[],
+    )
 }
 
 pub fn run_remove(args: RemoveArgs) -> i32 {
-    run_request(&args.mount_point, Request::Remove { member: member_arg(&args.member) }, false, &[])
+    run_request(
+        &args.mount_point,
+        Request::Remove {
+            member: member_arg(&args.member),
+        },
+        false,
+        &[],
+    )
 }
 
 pub fn run_add(args: AddArgs) -> i32 {
@@ -170,7 +206,11 @@ pub fn run_add(args: AddArgs) -> i32 {
         Ok(p) => p,
         Err(msg) => return super::fail(msg),
     };
-    let request = Request::Add { path, size: args.size, force: args.force };
+    let request = Request::Add {
+        path,
+        size: args.size,
+        force: args.force,
+    };
     run_request(&args.mount_point, request, args.wait, &["recovery"])
 }
 
@@ -179,6 +219,11 @@ pub fn run_replace(args: ReplaceArgs) -> i32 {
         Ok(p) => p,
         Err(msg) => return super::fail(msg),
     };
-    let request = Request::Replace { old: member_arg(&args.old), new, size: args.size, force: args.force };
+    let request = Request::Replace {
+        old: member_arg(&args.old),
+        new,
+        size: args.size,
+        force: args.force,
+    };
     run_request(&args.mount_point, request, args.wait, &["replace"])
 }

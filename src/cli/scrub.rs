@@ -45,32 +45,60 @@ pub struct SpeedLimitArgs {
 /// second) are binary units. Returns bytes per second.
 pub fn parse_rate(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t.strip_suffix("/s").or_else(|| t.strip_suffix("/sec")).unwrap_or(t);
+    let t = t
+        .strip_suffix("/s")
+        .or_else(|| t.strip_suffix("/sec"))
+        .unwrap_or(t);
     let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a rate (examples: 51200, 50M, 0)"))?;
-    let shift = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a rate (examples: 51200, 50M, 0)"))?;
+    let shift = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
         "" | "K" => 10,
         "M" => 20,
         "G" => 30,
         _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M or G)")),
     };
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 pub fn run_check(args: CheckArgs) -> i32 {
     if args.stop {
         return run_request(&args.mount_point, Request::Stop, false, &[]);
     }
-    run_request(&args.mount_point, Request::Check { repair: false }, args.wait, &["check"])
+    run_request(
+        &args.mount_point,
+        Request::Check { repair: false },
+        args.wait,
+        &["check"],
+    )
 }
 
 pub fn run_repair(args: RepairArgs) -> i32 {
-    run_request(&args.mount_point, Request::Check { repair: true }, args.wait, &["repair"])
+    run_request(
+        &args.mount_point,
+        Request::Check { repair: true },
+        args.wait,
+        &["repair"],
+    )
 }
 
 pub fn run_speed_limit(args: SpeedLimitArgs) -> i32 {
     // With neither limit given this just prints the current ones.
-    run_request(&args.mount_point, Request::SpeedLimit { min: args.min, max: args.max }, false, &[])
+    run_request(
+        &args.mount_point,
+        Request::SpeedLimit {
+            min: args.min,
+            max: args.max,
+        },
+        false,
+        &[],
+    )
 }
 
 #[cfg(test)]

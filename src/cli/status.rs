@@ -2,7 +2,9 @@
 //! the mount daemons' control sockets; and finding those sockets.
 
 use crate::cli::mount::registry;
-use crate::control::{ArrayReport, ControlClient, ControlError, Request, SyncReport, REPORT_VERSION};
+use crate::control::{
+    ArrayReport, ControlClient, ControlError, Request, SyncReport, REPORT_VERSION,
+};
 use crate::fuse::mounts;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -34,7 +36,10 @@ fn socket_in(state: &Path) -> PathBuf {
     if plain.as_os_str().len() <= MAX_SOCKET_PATH {
         return plain;
     }
-    let name = state.file_name().map(|n| n.as_bytes().to_vec()).unwrap_or_default();
+    let name = state
+        .file_name()
+        .map(|n| n.as_bytes().to_vec())
+        .unwrap_or_default();
     let dir = state.parent().unwrap_or(Path::new("/"));
     dir.join(format!("long-{:08x}.sock", crc32c::crc32c(&name)))
 }
@@ -66,7 +71,9 @@ pub fn connect(mount_point: &Path) -> Result<ControlClient, String> {
         let mounted = mounts::mount_at(&path).ok().flatten();
         return Err(match mounted {
             Some(entry) if crate::fuse::is_raidfs_mount(&entry) => {
-                format!("{shown}: no control socket for this raidfs mount (its daemon may have died)")
+                format!(
+                    "{shown}: no control socket for this raidfs mount (its daemon may have died)"
+                )
             }
             Some(entry) => format!("{shown} is not a raidfs mount (it is {})", entry.fs_type),
             None => format!("{shown} is not mounted"),
@@ -86,10 +93,14 @@ pub fn connect(mount_point: &Path) -> Result<ControlClient, String> {
 
 /// Ask `client` for the array's report.
 pub fn query(client: &mut ControlClient) -> Result<ArrayReport, String> {
-    let response = client.request(&Request::Status).map_err(|e| e.to_string())?;
+    let response = client
+        .request(&Request::Status)
+        .map_err(|e| e.to_string())?;
     match (response.ok, response.report) {
         (true, Some(report)) => Ok(report),
-        _ => Err(response.error.unwrap_or_else(|| "the daemon sent no report".into())),
+        _ => Err(response
+            .error
+            .unwrap_or_else(|| "the daemon sent no report".into())),
     }
 }
 
@@ -97,15 +108,19 @@ pub fn query(client: &mut ControlClient) -> Result<ArrayReport, String> {
 fn all_reports() -> Vec<ArrayReport> {
     let mut reports: Vec<ArrayReport> = Vec::new();
     for dir in run_dirs() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension().is_none_or(|e| e != "sock") {
+            if path.extension() != Some(std::ffi::OsStr::new("sock")) {
                 continue;
             }
             // Stale sockets (daemons that died) and other users' private
             // ones are skipped: they are not arrays we can show.
-            let Ok(mut client) = ControlClient::connect(&path) else { continue };
+            let Ok(mut client) = ControlClient::connect(&path) else {
+                continue;
+            };
             if let Ok(report) = query(&mut client) {
                 if !reports.iter().any(|r| r.mount_point == report.mount_point) {
                     reports.push(report);
@@ -132,7 +147,10 @@ pub fn run(args: StatusArgs) -> i32 {
         None => all_reports(),
     };
     if args.json {
-        let doc = StatusDocument { version: REPORT_VERSION, arrays: &reports };
+        let doc = StatusDocument {
+            version: REPORT_VERSION,
+            arrays: &reports,
+        };
         return match serde_json::to_string_pretty(&doc) {
             Ok(text) => {
                 println!("{text}");
@@ -154,7 +172,10 @@ pub fn run(args: StatusArgs) -> i32 {
 }
 
 fn short_name(name: &str) -> &str {
-    Path::new(name).file_name().and_then(|n| n.to_str()).unwrap_or(name)
+    Path::new(name)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(name)
 }
 
 /// The /proc/mdstat lines of one array.
@@ -176,9 +197,18 @@ pub fn mdstat(r: &ArrayReport) -> String {
         members.push(format!("{}[{}](S)", short_name(s), r.raid_devices + i));
     }
     let read_only = if r.read_only { " (read-only)" } else { "" };
-    let mut out = format!("{} : active{read_only} {} {}\n", r.mount_point, r.level, members.join(" "));
+    let mut out = format!(
+        "{} : active{read_only} {} {}\n",
+        r.mount_point,
+        r.level,
+        members.join(" ")
+    );
     let level_digits = r.level.trim_start_matches("raid");
-    let algorithm = if r.level == "raid5" || r.level == "raid6" { format!(", algorithm {}", r.layout) } else { String::new() };
+    let algorithm = if r.level == "raid5" || r.level == "raid6" {
+        format!(", algorithm {}", r.layout)
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
         "      {} blocks super raidfs-1 level {level_digits}, {}k chunk{algorithm} [{}/{}] {}\n",
         r.array_size / 1024,
@@ -236,9 +266,15 @@ mod tests {
             "      [====>................]  recovery = 21.3% (223744/1048576) finish=1.2min speed=412000K/sec"
         );
         let start = progress_line(&sync(0, 1 << 20));
-        assert!(start.starts_with("      [>....................]  recovery =  0.0% (0/1024)"), "{start}");
+        assert!(
+            start.starts_with("      [>....................]  recovery =  0.0% (0/1024)"),
+            "{start}"
+        );
         let end = progress_line(&sync(1 << 20, 1 << 20));
-        assert!(end.starts_with("      [====================>]  recovery =100.0%"), "{end}");
+        assert!(
+            end.starts_with("      [====================>]  recovery =100.0%"),
+            "{end}"
+        );
     }
 
     #[test]
@@ -248,7 +284,12 @@ mod tests {
         let long_state = format!("/run/raidfs/mounts/{}.state", "x".repeat(120));
         let long = socket_in(Path::new(&long_state));
         assert!(long.as_os_str().len() <= MAX_SOCKET_PATH);
-        assert!(long.to_string_lossy().starts_with("/run/raidfs/mounts/long-"));
-        assert_ne!(long, socket_in(Path::new(&long_state.replace(".state", "y.state"))));
+        assert!(long
+            .to_string_lossy()
+            .starts_with("/run/raidfs/mounts/long-"));
+        assert_ne!(
+            long,
+            socket_in(Path::new(&long_state.replace(".state", "y.state")))
+        );
     }
 }

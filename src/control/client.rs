@@ -25,15 +25,21 @@ pub struct ControlClient {
 
 impl ControlClient {
     pub fn connect(socket: &Path) -> Result<ControlClient, ControlError> {
-        let stream =
-            UnixStream::connect(socket).map_err(|source| ControlError::Connect { path: socket.to_path_buf(), source })?;
+        let stream = UnixStream::connect(socket).map_err(|source| ControlError::Connect {
+            path: socket.to_path_buf(),
+            source,
+        })?;
         let writer = stream.try_clone()?;
-        Ok(ControlClient { writer, reader: BufReader::new(stream) })
+        Ok(ControlClient {
+            writer,
+            reader: BufReader::new(stream),
+        })
     }
 
     /// Send `request` and wait for its response.
     pub fn request(&mut self, request: &Request) -> Result<Response, ControlError> {
-        let mut line = serde_json::to_vec(request).map_err(|e| ControlError::Protocol(e.to_string()))?;
+        let mut line =
+            serde_json::to_vec(request).map_err(|e| ControlError::Protocol(e.to_string()))?;
         line.push(b'\n');
         self.writer.write_all(&line)?;
         let mut answer = String::new();

@@ -20,13 +20,19 @@ pub(crate) struct Done {
 
 impl Done {
     fn says(message: String) -> Result<Done, String> {
-        Ok(Done { message: Some(message), replacing: None })
+        Ok(Done {
+            message: Some(message),
+            replacing: None,
+        })
     }
 }
 
 pub(crate) fn execute(array: &Array, request: &Request) -> Result<Done, String> {
     match request {
-        Request::Status => Ok(Done { message: None, replacing: None }),
+        Request::Status => Ok(Done {
+            message: None,
+            replacing: None,
+        }),
         Request::Fail { member } => fail(array, member),
         Request::Remove { member } => {
             let shown = member_name(array, member);
@@ -34,10 +40,18 @@ pub(crate) fn execute(array: &Array, request: &Request) -> Result<Done, String> 
             Done::says(format!("removed {shown}"))
         }
         Request::Add { path, size, force } => add(array, path, *size, *force),
-        Request::Replace { old, new, size, force } => replace(array, old, new, *size, *force),
+        Request::Replace {
+            old,
+            new,
+            size,
+            force,
+        } => replace(array, old, new, *size, *force),
         Request::Check { repair } => {
             array.start_check(*repair).map_err(|e| e.to_string())?;
-            Done::says(format!("{} started", if *repair { "repair" } else { "check" }))
+            Done::says(format!(
+                "{} started",
+                if *repair { "repair" } else { "check" }
+            ))
         }
         Request::Stop => {
             let running = array
@@ -64,15 +78,28 @@ fn kib(bytes_per_sec: u64) -> String {
 
 fn member_name(array: &Array, who: &str) -> String {
     match array.slot_of(who) {
-        Some(slot) => array.status().members.get(slot).map(|m| m.name.clone()).unwrap_or_else(|| who.to_string()),
+        Some(slot) => array
+            .status()
+            .members
+            .get(slot)
+            .map(|m| m.name.clone())
+            .unwrap_or_else(|| who.to_string()),
         None => who.to_string(),
     }
 }
 
 fn find_slot(array: &Array, who: &str) -> Result<usize, String> {
     array.slot_of(who).ok_or_else(|| {
-        let names: Vec<String> = array.status().members.into_iter().map(|m| format!("{} ({})", m.slot, m.name)).collect();
-        format!("{who} is not a member of this array (members: {})", names.join(", "))
+        let names: Vec<String> = array
+            .status()
+            .members
+            .into_iter()
+            .map(|m| format!("{} ({})", m.slot, m.name))
+            .collect();
+        format!(
+            "{who} is not a member of this array (members: {})",
+            names.join(", ")
+        )
     })
 }
 
@@ -83,10 +110,20 @@ fn fail(array: &Array, who: &str) -> Result<Done, String> {
     let status = array.status();
     let member = &status.members[slot];
     if member.state == "faulty" || member.state == "missing" {
-        return Done::says(format!("{} (slot {slot}) is already {}", member.name, member.state));
+        return Done::says(format!(
+            "{} (slot {slot}) is already {}",
+            member.name, member.state
+        ));
     }
-    let unavailable = status.members.iter().filter(|m| m.state != "active").count();
-    let tolerance = array.data_geometry().tolerance().min(array.metadata_geometry().tolerance());
+    let unavailable = status
+        .members
+        .iter()
+        .filter(|m| m.state != "active")
+        .count();
+    let tolerance = array
+        .data_geometry()
+        .tolerance()
+        .min(array.metadata_geometry().tolerance());
     let after = unavailable + usize::from(member.state == "active");
     if after > tolerance {
         return Err(format!(
@@ -100,7 +137,12 @@ fn fail(array: &Array, who: &str) -> Result<Done, String> {
 
 /// Open an image to add: an existing file or device, or a new sparse image
 /// (`size`, or just what the array needs per member).
-fn open_new_member(array: &Array, path: &str, size: Option<u64>, force: bool) -> Result<Arc<dyn Member>, String> {
+fn open_new_member(
+    array: &Array,
+    path: &str,
+    size: Option<u64>,
+    force: bool,
+) -> Result<Arc<dyn Member>, String> {
     let p = Path::new(path);
     if !p.is_absolute() {
         return Err(format!("{path}: the daemon needs an absolute path"));
@@ -112,7 +154,9 @@ fn open_new_member(array: &Array, path: &str, size: Option<u64>, force: bool) ->
     } else {
         let size = size.unwrap_or(need);
         if size < need {
-            return Err(format!("--size {size} is too small: the array needs {need} bytes per member"));
+            return Err(format!(
+                "--size {size} is too small: the array needs {need} bytes per member"
+            ));
         }
         Arc::new(FileMember::create(p, size).map_err(|e| e.to_string())?)
     };
@@ -129,17 +173,30 @@ fn open_new_member(array: &Array, path: &str, size: Option<u64>, force: bool) ->
 
 fn add(array: &Array, path: &str, size: Option<u64>, force: bool) -> Result<Done, String> {
     let member = open_new_member(array, path, size, force)?;
-    match array.add(member, path.to_string()).map_err(|e| e.to_string())? {
-        AddOutcome::Rebuilding { slot } => Done::says(format!("added {path}; recovery of slot {slot} started")),
+    match array
+        .add(member, path.to_string())
+        .map_err(|e| e.to_string())?
+    {
+        AddOutcome::Rebuilding { slot } => {
+            Done::says(format!("added {path}; recovery of slot {slot} started"))
+        }
         AddOutcome::Spare => Done::says(format!("added {path} as a hot spare")),
     }
 }
 
-fn replace(array: &Array, old: &str, new: &str, size: Option<u64>, force: bool) -> Result<Done, String> {
+fn replace(
+    array: &Array,
+    old: &str,
+    new: &str,
+    size: Option<u64>,
+    force: bool,
+) -> Result<Done, String> {
     let slot = find_slot(array, old)?;
     let old_name = member_name(array, old);
     let member = open_new_member(array, new, size, force)?;
-    array.replace(slot, member, new.to_string()).map_err(|e| e.to_string())?;
+    array
+        .replace(slot, member, new.to_string())
+        .map_err(|e| e.to_string())?;
     Ok(Done {
         message: Some(format!("replacing {old_name} (slot {slot}) with {new}")),
         replacing: Some((slot, new.to_string())),

@@ -67,11 +67,21 @@ pub struct Response {
 
 impl Response {
     pub fn refused(error: impl Into<String>) -> Response {
-        Response { ok: false, error: Some(error.into()), message: None, report: None }
+        Response {
+            ok: false,
+            error: Some(error.into()),
+            message: None,
+            report: None,
+        }
     }
 
     pub fn done(message: Option<String>, report: ArrayReport) -> Response {
-        Response { ok: true, error: None, message, report: Some(report) }
+        Response {
+            ok: true,
+            error: None,
+            message,
+            report: Some(report),
+        }
     }
 }
 
@@ -81,11 +91,26 @@ mod tests {
 
     #[test]
     fn requests_are_tagged_json_objects() {
-        let add = Request::Add { path: "/img/new".into(), size: Some(1 << 26), force: false };
+        let add = Request::Add {
+            path: "/img/new".into(),
+            size: Some(1 << 26),
+            force: false,
+        };
         let text = serde_json::to_string(&add).expect("serialise");
-        assert_eq!(text, r#"{"op":"add","path":"/img/new","size":67108864,"force":false}"#);
-        let back: Request = serde_json::from_str(r#"{"op":"add","path":"/img/new"}"#).expect("parse");
-        assert_eq!(back, Request::Add { path: "/img/new".into(), size: None, force: false });
+        assert_eq!(
+            text,
+            r#"{"op":"add","path":"/img/new","size":67108864,"force":false}"#
+        );
+        let back: Request =
+            serde_json::from_str(r#"{"op":"add","path":"/img/new"}"#).expect("parse");
+        assert_eq!(
+            back,
+            Request::Add {
+                path: "/img/new".into(),
+                size: None,
+                force: false
+            }
+        );
         let status: Request = serde_json::from_str(r#"{"op":"status"}"#).expect("parse");
         assert!(!status.changes_array());
         assert!(Request::Stop.changes_array());

@@ -144,7 +144,10 @@ impl ArrayReport {
         let sync = array.sync_progress().map(|p| SyncReport::from_progress(&p));
         let replacing = match (&sync, &origin.replacing) {
             (Some(s), Some((slot, name))) if s.action == "replace" && s.slot == Some(*slot) => {
-                Some(ReplacementReport { slot: *slot, name: name.clone() })
+                Some(ReplacementReport {
+                    slot: *slot,
+                    name: name.clone(),
+                })
             }
             _ => None,
         };
@@ -162,8 +165,15 @@ impl ArrayReport {
             })
             .collect();
         let active_devices = members.iter().filter(|m| m.state == "active").count();
-        let failed_devices = members.iter().filter(|m| m.state == "faulty" || m.state == "missing").count();
-        let mut state = String::from(if status.state == "clean" { "clean" } else { "active" });
+        let failed_devices = members
+            .iter()
+            .filter(|m| m.state == "faulty" || m.state == "missing")
+            .count();
+        let mut state = String::from(if status.state == "clean" {
+            "clean"
+        } else {
+            "active"
+        });
         if status.degraded {
             state.push_str(", degraded");
         }

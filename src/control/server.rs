@@ -63,14 +63,22 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Bind `socket` (replacing a stale one), owner-only, and serve `array`.
-    pub fn start(socket: &Path, array: Arc<Array>, context: MountContext) -> io::Result<ControlServer> {
-        let with_path = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what} {}: {e}", socket.display()));
+    pub fn start(
+        socket: &Path,
+        array: Arc<Array>,
+        context: MountContext,
+    ) -> io::Result<ControlServer> {
+        let with_path = |what: &str, e: io::Error| {
+            io::Error::new(e.kind(), format!("{what} {}: {e}", socket.display()))
+        };
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir).map_err(|e| with_path("creating the directory of", e))?;
         }
         // A socket left by a daemon that died: nothing listens on it.
         match std::fs::remove_file(socket) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(with_path("removing stale", e)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(with_path("removing stale", e))
+            }
             _ => {}
         }
         let listener = UnixListener::bind(socket).map_err(|e| with_path("binding", e))?;
@@ -89,7 +97,12 @@ impl ControlServer {
             .name("raidfs-control".into())
             .spawn(move || accept_loop(listener, wake_read, for_thread))?;
         log::info!("control socket {}", socket.display());
-        Ok(ControlServer { socket: socket.to_path_buf(), shared, wake: Some(wake_write), acceptor: Some(acceptor) })
+        Ok(ControlServer {
+            socket: socket.to_path_buf(),
+            shared,
+            wake: Some(wake_write),
+            acceptor: Some(acceptor),
+        })
     }
 
     pub fn socket(&self) -> &Path {
@@ -140,8 +153,16 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 fn wait_readable(listener: &UnixListener, wake: &OwnedFd) -> bool {
     loop {
         let mut fds = [
-            libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: fds is a valid array of two pollfds for the call's duration.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
@@ -173,17 +194,22 @@ fn accept_loop(listener: UnixListener, wake: OwnedFd, shared: Arc<Shared>) -> Ve
         threads.retain(|t| !t.is_finished());
         if shared.connections.load(Ordering::Acquire) >= MAX_CONNECTIONS {
             let mut s = stream;
-            let _ = send(&mut s, &Response::refused("too many control connections; try again"));
+            let _ = send(
+                &mut s,
+                &Response::refused("too many control connections; try again"),
+            );
             continue;
         }
         shared.connections.fetch_add(1, Ordering::AcqRel);
         let for_thread = Arc::clone(&shared);
-        let spawned = std::thread::Builder::new().name("raidfs-control-conn".into()).spawn(move || {
-            if let Err(e) = serve_connection(stream, &for_thread) {
-                log::debug!("control connection ended: {e}");
-            }
-            for_thread.connections.fetch_sub(1, Ordering::AcqRel);
-        });
+        let spawned = std::thread::Builder::new()
+            .name("raidfs-control-conn".into())
+            .spawn(move || {
+                if let Err(e) = serve_connection(stream, &for_thread) {
+                    log::debug!("control connection ended: {e}");
+                }
+                for_thread.connections.fetch_sub(1, Ordering::AcqRel);
+            });
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => {
@@ -197,7 +223,11 @@ fn accept_loop(listener: UnixListener, wake: OwnedFd, shared: Arc<Shared>) -> Ve
 
 /// The uid of the process at the other end of `stream`.
 fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: cred and len are valid out pointers of the sizes getsockopt expects.
     let rc = unsafe {
@@ -241,7 +271,14 @@ fn serve_connection(stream: UnixStream, shared: &Shared) -> io::Result<()> {
                 send(&mut writer, &response)?;
             }
             Ok(_) => return Ok(()), // EOF in the middle of a line
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
                 if last_request.elapsed() > IDLE_LIMIT {
                     return Ok(());
                 }
@@ -305,7 +342,9 @@ fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
 }
 
 fn save_limits(array: &Array, context: &MountContext) {
-    let Some(path) = &context.saved_limits else { return };
+    let Some(path) = &context.saved_limits else {
+        return;
+    };
     let (min, max) = array.speed_limits();
     if let Err(e) = std::fs::write(path, format!("min={min}\nmax={max}\n")) {
         log::warn!("cannot keep the speed limits in {}: {e}", path.display());
@@ -315,9 +354,17 @@ fn save_limits(array: &Array, context: &MountContext) {
 /// Apply limits kept by an earlier daemon of this mount (one that died
 /// before unmounting), before background work resumes.
 pub fn load_saved_limits(array: &Array, path: &Path) {
-    let Ok(text) = std::fs::read_to_string(path) else { return };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
     let field = |name: &str| {
-        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix('=')?.trim().parse::<u64>().ok())
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix('=')?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
     };
     let (min, max) = (field("min"), field("max"));
     if min.is_some() || max.is_some() {

@@ -34,7 +34,10 @@ pub fn stderr(out: &Output) -> String {
 /// Run `raidfs ARGS` and require success; returns stdout.
 pub fn raidfs_ok<S: AsRef<OsStr>>(args: &[S], cwd: &Path) -> String {
     let out = raidfs(args, cwd);
-    let shown: Vec<String> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
     assert!(
         out.status.success(),
         "raidfs {} failed ({})\nstdout: {}\nstderr: {}",
@@ -48,7 +51,14 @@ pub fn raidfs_ok<S: AsRef<OsStr>>(args: &[S], cwd: &Path) -> String {
 
 /// `raidfs detail --json MOUNT_POINT`.
 pub fn detail_json(mount_point: &Path) -> serde_json::Value {
-    let text = raidfs_ok(&[OsStr::new("detail"), OsStr::new("--json"), mount_point.as_os_str()], Path::new("/"));
+    let text = raidfs_ok(
+        &[
+            OsStr::new("detail"),
+            OsStr::new("--json"),
+            mount_point.as_os_str(),
+        ],
+        Path::new("/"),
+    );
     serde_json::from_str(&text).expect("detail --json is JSON")
 }
 
@@ -66,7 +76,10 @@ pub fn wait_for_detail(
         if done(&report) {
             return report;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}; last report: {report:#}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; last report: {report:#}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -104,7 +117,12 @@ impl Writer {
             }
             Ok(i)
         });
-        Writer { stop, written, handle: Some(handle), dir: dir.to_path_buf() }
+        Writer {
+            stop,
+            written,
+            handle: Some(handle),
+            dir: dir.to_path_buf(),
+        }
     }
 
     /// Wait until `more` further files are written and synced.
@@ -112,9 +130,15 @@ impl Writer {
         let target = self.written.load(Ordering::Acquire) + more;
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.written.load(Ordering::Acquire) < target {
-            let finished = self.handle.as_ref().is_none_or(|h| h.is_finished());
-            assert!(!finished, "the writer stopped early (see its error at finish)");
-            assert!(Instant::now() < deadline, "the writer made no progress for 20 s");
+            let finished = self.handle.as_ref().map_or(true, |h| h.is_finished());
+            assert!(
+                !finished,
+                "the writer stopped early (see its error at finish)"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the writer made no progress for 20 s"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -123,7 +147,10 @@ impl Writer {
     pub fn finish(mut self) -> usize {
         self.stop.store(true, Ordering::Release);
         let handle = self.handle.take().expect("writer running");
-        handle.join().expect("writer thread").expect("writing through the mount")
+        handle
+            .join()
+            .expect("writer thread")
+            .expect("writing through the mount")
     }
 
     pub fn dir(&self) -> &Path {
@@ -146,6 +173,11 @@ pub fn verify_files(dir: &Path, count: usize) {
     for i in 0..count {
         let path = dir.join(format!("w{i}"));
         let got = fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        assert!(got == file_contents(i), "{} differs from what was written ({} bytes read)", path.display(), got.len());
+        assert!(
+            got == file_contents(i),
+            "{} differs from what was written ({} bytes read)",
+            path.display(),
+            got.len()
+        );
     }
 }

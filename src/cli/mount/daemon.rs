@@ -171,7 +171,10 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         status.state
     );
     for m in status.members.iter().filter(|m| m.state != "active") {
-        warn!("array is degraded: slot {} ({}) is {}", m.slot, m.name, m.state);
+        warn!(
+            "array is degraded: slot {} ({}) is {}",
+            m.slot, m.name, m.state
+        );
     }
     if !read_only {
         if let Err(e) = array.mark_dirty() {

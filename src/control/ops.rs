@@ -180,6 +180,9 @@ fn add(array: &Array, path: &str, size: Option<u64>, force: bool) -> Result<Done
         AddOutcome::Rebuilding { slot } => {
             Done::says(format!("added {path}; recovery of slot {slot} started"))
         }
+        AddOutcome::ReAdded { slot } => Done::says(format!(
+            "re-added {path} to slot {slot}; recovery of the regions written since it left started"
+        )),
         AddOutcome::Spare => Done::says(format!("added {path} as a hot spare")),
     }
 }

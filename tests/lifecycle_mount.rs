@@ -434,3 +434,67 @@ fn status_and_detail_views_and_other_users_are_refused() {
     array.umount();
     assert!(!socket.exists(), "the socket outlived the mount");
 }
+
+#[test]
+fn remove_and_re_add_with_the_refusals_on_the_way() {
+    if !fuse_available() {
+        return;
+    }
+    let array = Mounted::new("5", "64M");
+    let writer = Writer::start(&array.mnt.join("data"));
+    writer.wait_for_more(5);
+    array.ok("fail", &["m1"]);
+
+    let refused = |verb: &str, args: &[&str], why: &str| {
+        let out = array.run(verb, args);
+        assert!(
+            !out.status.success(),
+            "raidfs {verb} {args:?} was not refused"
+        );
+        assert!(
+            stderr(&out).contains(why),
+            "raidfs {verb} {args:?}: {}",
+            stderr(&out)
+        );
+    };
+    refused(
+        "add",
+        &["m1"],
+        "is still slot 1 of this array (faulty); remove it first",
+    );
+    refused("remove", &["m0"], "is active; mark it failed first");
+    refused("check", &["--stop"], "no background work is running");
+    refused(
+        "fail",
+        &["nonesuch"],
+        "nonesuch is not a member of this array",
+    );
+    raidfs_ok(
+        &["create", "-l", "1", "-s", "64M", "other0", "other1"],
+        array.dir.path(),
+    );
+    refused("add", &["other0"], "holds a member of another array");
+
+    array.ok("remove", &["m1"]);
+    let report = array.detail();
+    assert_eq!(states(&report), ["active", "missing", "active", "active"]);
+    let text = array.ok("status", &[]);
+    assert!(
+        text.contains(" : active raid5 m0[0] m2[2] m3[3]\n"),
+        "{text}"
+    );
+    writer.wait_for_more(5);
+
+    let said = array.ok("add", &["--wait", "m1"]);
+    assert!(
+        said.contains("re-added") && said.contains("recovery finished"),
+        "{said}"
+    );
+    assert_eq!(member_names(&array.detail()), ["m0", "m1", "m2", "m3"]);
+    writer.wait_for_more(5);
+    array.ok("fail", &["m2"]);
+    let dir = writer.dir().to_path_buf();
+    let count = writer.finish();
+    verify_files(&dir, count);
+    array.umount();
+}

@@ -147,6 +147,15 @@ fn open_new_member(
     if !p.is_absolute() {
         return Err(format!("{path}: the daemon needs an absolute path"));
     }
+    if let Some(slot) = array.slot_of(path) {
+        let status = array.status();
+        if let Some(m) = status.members.get(slot) {
+            return Err(format!(
+                "{path} is still slot {slot} of this array ({}); remove it first (raidfs remove)",
+                m.state
+            ));
+        }
+    }
     let sb = array.superblock();
     let need = sb.data_offset + sb.data_size;
     let member = if p.exists() {

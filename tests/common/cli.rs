@@ -130,7 +130,7 @@ impl Writer {
         let target = self.written.load(Ordering::Acquire) + more;
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.written.load(Ordering::Acquire) < target {
-            let finished = self.handle.as_ref().map_or(true, |h| h.is_finished());
+            let finished = self.handle.as_ref().is_none_or(|h| h.is_finished());
             assert!(
                 !finished,
                 "the writer stopped early (see its error at finish)"

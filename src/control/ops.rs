@@ -4,7 +4,7 @@
 //! image that belongs to another array).
 
 use super::protocol::Request;
-use crate::array::{AddOutcome, Array};
+use crate::array::{AddOutcome, Array, SyncAction};
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
 use crate::superblock::Superblock;
@@ -58,7 +58,14 @@ pub(crate) fn execute(array: &Array, request: &Request) -> Result<Done, String> 
                 .sync_progress()
                 .ok_or_else(|| "no background work is running".to_string())?;
             array.stop_background();
-            Done::says(format!("{} stopped", running.action))
+            let resumes = match running.action {
+                SyncAction::Recovery => {
+                    "; it resumes from its checkpoint when the array is next mounted"
+                }
+                SyncAction::Replace => "; the old member stays in its slot",
+                SyncAction::Check | SyncAction::Repair => "",
+            };
+            Done::says(format!("{} stopped{resumes}", running.action))
         }
         Request::SpeedLimit { min, max } => {
             array.set_speed_limits(*min, *max);

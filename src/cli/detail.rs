@@ -78,6 +78,7 @@ pub fn detail_text(r: &ArrayReport) -> String {
         let label = match s.action.as_str() {
             "recovery" => "Rebuild Status",
             "replace" => "Replace Status",
+            "resync" => "Resync Status",
             _ => "Check Status",
         };
         let mut status = format!("{}% complete", s.per_mille() / 10);

@@ -63,6 +63,7 @@ pub(crate) fn execute(array: &Array, request: &Request) -> Result<Done, String> 
                     "; it resumes from its checkpoint when the array is next mounted"
                 }
                 SyncAction::Replace => "; the old member stays in its slot",
+                SyncAction::Resync => "; it resumes when the array is next mounted",
                 SyncAction::Check | SyncAction::Repair => "",
             };
             Done::says(format!("{} stopped{resumes}", running.action))

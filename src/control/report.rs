@@ -32,7 +32,7 @@ pub struct ArrayReport {
     /// Slots that are faulty or missing.
     pub failed_devices: usize,
     /// "clean" or "active", then ", degraded", then the background work
-    /// (", recovering", ", replacing", ", checking", ", repairing").
+    /// (", recovering", ", replacing", ", resyncing", ", checking", ", repairing").
     pub state: String,
     pub degraded: bool,
     pub events: u64,
@@ -182,7 +182,9 @@ impl ArrayReport {
                 "recovery" => ", recovering",
                 "replace" => ", replacing",
                 "check" => ", checking",
-                _ => ", repairing",
+                "repair" => ", repairing",
+                "resync" => ", resyncing",
+                _ => ", busy",
             });
         }
         let (min, max) = array.speed_limits();

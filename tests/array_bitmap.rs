@@ -22,7 +22,7 @@ fn handles(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
 }
 
 fn spec(level: Level) -> CreateSpec {
-    CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 64 << 10, copies: 2, name: "bm".into() }
+    CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 64 << 10, copies: 2, name: "bm".into(), ppl: false }
 }
 
 fn random(seed: u64, len: usize) -> Vec<u8> {

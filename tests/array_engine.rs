@@ -66,6 +66,7 @@ fn make_array(cfg: &Config, ms: &[FaultyMember]) -> Array {
         chunk: cfg.chunk,
         copies: cfg.copies,
         name: "t".into(),
+        ppl: false,
     };
     create(as_members(ms), &spec).expect("create")
 }

@@ -21,7 +21,7 @@ fn handles(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
 }
 
 fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {
-    let spec = CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 16 << 10, copies: 2, name: "life".into() };
+    let spec = CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 16 << 10, copies: 2, name: "life".into(), ppl: false };
     let array = Arc::new(create(handles(ms), &spec).expect("create"));
     array.start_background();
     array

@@ -126,7 +126,9 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
     let present = slots.iter().filter(|s| s.member().is_some()).count();
     let need = total - geometry.tolerance().min(total);
     let degraded = present < total;
-    if degraded && reference.state == ArrayState::Dirty && matches!(reference.level, Level::Raid5 | Level::Raid6) && !opts.force {
+    let ppl = reference.features & super::FEATURE_PPL != 0 && reference.level == Level::Raid5;
+    // With a partial parity log the write hole is closed at assembly below.
+    if degraded && reference.state == ArrayState::Dirty && matches!(reference.level, Level::Raid5 | Level::Raid6) && !opts.force && !ppl {
         return Err(ArrayError::DirtyDegraded);
     }
     for s in slots.iter().filter(|s| s.member().is_none()) {
@@ -145,6 +147,11 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
     }
     let members: Vec<Arc<dyn Member>> = array.present_members().into_iter().map(|(_, m)| m).collect();
     array.bitmap.load(&members);
+    let repair = array.is_dirty() && degraded && !opts.read_only;
+    let repaired = array.ppl_recover(repair)?;
+    if repair && array.ppl.is_some() {
+        log::warn!("partial parity log: parity of {repaired} interrupted stripes recomputed before running degraded");
+    }
     if array.is_dirty() {
         let (regions, bytes) = array.bitmap.dirty();
         if degraded {

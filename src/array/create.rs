@@ -26,11 +26,14 @@ pub struct CreateSpec {
     /// RAID10 copies (RAID1 always uses one copy per member).
     pub copies: usize,
     pub name: String,
+    /// Close the RAID5 write hole with a partial parity log (md's
+    /// `--consistency-policy=ppl`); otherwise the bitmap drives resync.
+    pub ppl: bool,
 }
 
 impl CreateSpec {
     pub fn new(level: Level) -> CreateSpec {
-        CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 64 * 1024, copies: 2, name: String::new() }
+        CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 64 * 1024, copies: 2, name: String::new(), ppl: false }
     }
 
     /// Fewest members `create` accepts for the level: what gives the level
@@ -45,6 +48,9 @@ impl CreateSpec {
     }
 
     fn geometry(&self, members: usize) -> ArrayResult<Geometry> {
+        if self.ppl && self.level != Level::Raid5 {
+            return Err(ArrayError::Refused("the partial parity log (ppl) is for RAID5 only".into()));
+        }
         if members < self.min_members() {
             return Err(ArrayError::Refused(format!(
                 "too few members: {} needs at least {}, got {members}",
@@ -114,7 +120,7 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
         events: 1,
         state: ArrayState::Clean,
         recovery_offset: u64::MAX,
-        features: 0,
+        features: if spec.ppl { super::FEATURE_PPL } else { 0 },
         ctime: now,
         utime: now,
         slots: vec![SlotState::Active; members.len()],
@@ -127,6 +133,10 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
     let array = Array::from_parts(slots, sb, Parity::global())?;
     array.write_superblocks()?;
     array.write_bitmap();
+    if let Some(ppl) = &array.ppl {
+        let members: Vec<Arc<dyn Member>> = array.present_members().into_iter().map(|(_, m)| m).collect();
+        ppl.format(&members).map_err(|e| ArrayError::Refused(format!("writing the partial parity log: {e}")))?;
+    }
     if array.is_degraded() {
         return Err(ArrayError::Refused("a member failed while the array was being created".into()));
     }

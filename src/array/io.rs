@@ -115,14 +115,62 @@ impl Array {
 
     /// Make every completed write durable on every working member.
     pub fn flush(&self) -> ArrayResult<()> {
+        match &self.ppl {
+            // A new log epoch starts with the sync that makes logged writes durable.
+            Some(ppl) => ppl.flush_with(|header| self.sync_members(Some(header))),
+            None => self.sync_members(None),
+        }
+        self.ensure_writable()
+    }
+
+    fn sync_members(&self, ppl_header: Option<&[u8]>) {
         let slots: Vec<usize> = (0..self.slots.len()).filter(|&s| !self.is_failed(s)).collect();
+        if let Some(header) = ppl_header {
+            let data: Arc<[u8]> = Arc::from(header);
+            let jobs = slots
+                .iter()
+                .map(|&s| (s, Op::Write { offset: super::ppl::PPL_OFFSET, data: Arc::clone(&data), range: 0..data.len() }))
+                .collect();
+            for (slot, outcome) in slots.iter().zip(self.pool.run(jobs)) {
+                if let Err(e) = outcome {
+                    self.fail_member(*slot, &format!("log header write failed: {e}"));
+                }
+            }
+        }
+        let slots: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
         let outcomes = self.pool.run(slots.iter().map(|&s| (s, Op::Sync)).collect());
         for (slot, outcome) in slots.into_iter().zip(outcomes) {
             if let Err(e) = outcome {
                 self.fail_member(slot, &format!("sync failed: {e}"));
             }
         }
-        self.ensure_writable()
+    }
+
+    /// Log the partial parity of a partial-stripe write on the stripe's
+    /// parity member, durably, before the write starts. Returns whether an
+    /// entry is now in flight (to be closed with `Ppl::done`).
+    fn log_partial_parity(&self, region: &Region, stripe: u64, lo: usize, modified: &[usize], pp: &[u8], parity_slot: usize) -> ArrayResult<bool> {
+        let Some(ppl) = &self.ppl else { return Ok(false) };
+        if self.is_failed(parity_slot) || !ppl.fits(pp.len()) {
+            return Ok(false);
+        }
+        let (offset, entry) = loop {
+            match ppl.reserve(parity_slot, region.group, stripe, lo as u64, modified, pp) {
+                Some(reserved) => break reserved,
+                // A flush makes the logged writes durable and their entries obsolete.
+                None => self.flush()?,
+            }
+        };
+        let len = entry.len();
+        let jobs = vec![(parity_slot, Op::Write { offset, data: Arc::from(entry), range: 0..len })];
+        let written = self.pool.run(jobs).pop().unwrap_or_else(|| Err(std::io::Error::other("no result")));
+        let synced = written.and_then(|_| {
+            self.pool.run(vec![(parity_slot, Op::Sync)]).pop().unwrap_or_else(|| Err(std::io::Error::other("no result")))
+        });
+        if let Err(e) = synced {
+            self.fail_member(parity_slot, &format!("partial parity log write failed: {e}"));
+        }
+        Ok(true)
     }
 
     pub(crate) fn read_region(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
@@ -443,6 +491,7 @@ impl Array {
         let degraded = members.iter().any(|&m| !self.readable(m, region, last));
 
         let mut blocks: Vec<Vec<u8>>;
+        let mut partial_parity: Option<Vec<u8>> = None;
         if !degraded && touched + nparity < k - full {
             // Read-modify-write: old data of touched chunks and old parity.
             let wanted: Vec<usize> = (0..k).filter(|&i| new[i].is_some()).chain(k..members.len()).collect();
@@ -461,6 +510,14 @@ impl Array {
             if failed {
                 drop(_guard);
                 return self.write_stripe(region, pieces, data);
+            }
+            if self.ppl.is_some() && full < k {
+                // Partial parity: old P without the chunks being modified.
+                let mut pp = blocks[k].clone();
+                for i in (0..k).filter(|&i| new[i].is_some()) {
+                    self.parity.xor_into(&mut pp, &blocks[i]);
+                }
+                partial_parity = Some(pp);
             }
             let (data_blocks, parity_blocks) = blocks.split_at_mut(k);
             for i in 0..k {
@@ -484,6 +541,14 @@ impl Array {
             } else {
                 vec![vec![0u8; width]; members.len()]
             };
+            if self.ppl.is_some() && full < k {
+                // Partial parity: the chunks not being modified, as they are.
+                let mut pp = vec![0u8; width];
+                for i in (0..k).filter(|&i| new[i].is_none()) {
+                    self.parity.xor_into(&mut pp, &blocks[i]);
+                }
+                partial_parity = Some(pp);
+            }
             for i in 0..k {
                 if let Some(p) = new[i] {
                     overlay(&mut blocks[i], p);
@@ -498,6 +563,23 @@ impl Array {
             }
         }
 
+        let logged = match (&partial_parity, geometry.level) {
+            (Some(pp), Level::Raid5) => {
+                let modified: Vec<usize> = (0..k).filter(|&i| new[i].is_some()).collect();
+                self.log_partial_parity(region, stripe, lo, &modified, pp, members[k])?
+            }
+            _ => false,
+        };
+        let result = self.write_stripe_blocks(&members, k, &new, blocks, at);
+        if logged {
+            if let Some(ppl) = &self.ppl {
+                ppl.done();
+            }
+        }
+        result
+    }
+
+    fn write_stripe_blocks(&self, members: &[usize], k: usize, new: &[Option<&Piece>], mut blocks: Vec<Vec<u8>>, at: u64) -> ArrayResult<()> {
         // Write touched data chunks and the parity, on working members.
         let targets: Vec<usize> = (0..members.len())
             .filter(|&i| (i >= k || new[i].is_some()) && !self.is_failed(members[i]))

@@ -12,6 +12,7 @@ mod bitmap;
 mod create;
 mod io;
 mod lifecycle;
+pub mod ppl;
 mod scrub;
 mod state;
 mod stripe_lock;
@@ -30,6 +31,9 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use uuid::Uuid;
+
+/// Superblock feature bit: partial-parity log (closes the RAID5 write hole).
+pub const FEATURE_PPL: u64 = 1 << 1;
 
 /// Bits of a logical address that hold the offset within a group.
 pub const GROUP_SHIFT: u32 = 40;
@@ -127,6 +131,8 @@ pub struct Array {
     pub(crate) bitmap: bitmap::Bitmap,
     /// The array was dirty when assembled: resync the regions the bitmap names.
     pub(crate) needs_resync: AtomicBool,
+    /// The partial parity log, when the array was created with it (RAID5).
+    pub(crate) ppl: Option<ppl::Ppl>,
 }
 
 /// The data geometry a superblock describes.
@@ -151,6 +157,8 @@ impl Array {
     ) -> ArrayResult<Array> {
         let data_geometry = data_geometry(&sb)?;
         let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
+        let ppl = (sb.features & FEATURE_PPL != 0 && sb.level == Level::Raid5)
+            .then(|| ppl::Ppl::new(sb.members as usize, sb.data_offset));
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
@@ -171,6 +179,7 @@ impl Array {
             sync: lifecycle::SyncState::default(),
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
+            ppl,
         };
         array.check_tolerance();
         Ok(array)
@@ -253,6 +262,11 @@ impl Array {
         }
         let base = data_offset + group as u64 * group_size;
         Ok((Region { group, geometry, base }, offset))
+    }
+
+    /// The region of allocated group `group`.
+    pub(crate) fn group_region(&self, group: u32) -> Option<Region> {
+        self.region((group as u64) << GROUP_SHIFT, 0).ok().map(|(r, _)| r)
     }
 
     /// Re-evaluate whether every allocated group can still be served.

@@ -22,6 +22,11 @@ pub struct CreateArgs {
     /// RAID10 near copies.
     #[arg(long, default_value_t = 2)]
     pub copies: usize,
+    /// How redundancy is made consistent after a crash: `bitmap` (resync the
+    /// regions the write-intent bitmap marks) or `ppl` (RAID5: also log
+    /// partial parity, closing the write hole at some cost to small writes).
+    #[arg(long, default_value = "bitmap", value_parser = ["bitmap", "resync", "ppl"])]
+    pub consistency_policy: String,
     /// Array name (up to 32 bytes).
     #[arg(short, long, default_value = "")]
     pub name: String,
@@ -64,6 +69,7 @@ pub fn run(args: CreateArgs) -> i32 {
         chunk: args.chunk,
         copies: args.copies,
         name: args.name.clone(),
+        ppl: args.consistency_policy == "ppl",
     };
     let array = match create_paths(&args.members, &spec, args.size, args.force) {
         Ok(a) => a,

@@ -9,7 +9,8 @@
 //! 5. [`array`]: the engine (groups, reads, writes, degraded mode, assembly).
 //! 6. [`fs`]: the POSIX filesystem on the array's logical space (inodes, journal).
 //! 7. [`fuse`]: the only module that speaks FUSE.
-//! 8. [`cli`]: the `raidfs` command.
+//! 8. [`control`]: the control socket of a running mount (status, member changes).
+//! 9. [`cli`]: the `raidfs` command.
 
 pub mod member;
 pub mod parity;
@@ -18,4 +19,5 @@ pub mod superblock;
 pub mod array;
 pub mod fs;
 pub mod fuse;
+pub mod control;
 pub mod cli;

@@ -133,7 +133,7 @@ fn print_text(e: &Examined, sb: &Superblock) {
 }
 
 /// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC` (civil-from-days).
-fn utc(secs: u64) -> String {
+pub(crate) fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     let z = days + 719_468;

@@ -3,9 +3,13 @@
 
 pub mod bench;
 pub mod create;
+pub mod detail;
 pub mod examine;
 pub mod fsck;
+pub mod manage;
 pub mod mount;
+pub mod scrub;
+pub mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +34,24 @@ enum Command {
     Umount(mount::UmountArgs),
     /// Check (and optionally repair) an unmounted array's filesystem.
     Fsck(fsck::FsckArgs),
+    /// Show mounted arrays, like /proc/mdstat.
+    Status(status::StatusArgs),
+    /// Show one mounted array in full, like `mdadm --detail`.
+    Detail(detail::DetailArgs),
+    /// Mark a member of a mounted array faulty.
+    Fail(manage::FailArgs),
+    /// Take a faulty member or a spare out of a mounted array.
+    Remove(manage::RemoveArgs),
+    /// Add an image to a mounted array: it rebuilds a failed slot or waits as a spare.
+    Add(manage::AddArgs),
+    /// Copy a member of a mounted array onto a new image, then swap them.
+    Replace(manage::ReplaceArgs),
+    /// Scrub a mounted array, counting inconsistencies (`--stop` stops background work).
+    Check(scrub::CheckArgs),
+    /// Scrub a mounted array, rewriting redundancy that disagrees.
+    Repair(scrub::RepairArgs),
+    /// Show or set a mounted array's background speed limits.
+    SpeedLimit(scrub::SpeedLimitArgs),
 }
 
 /// Entry point; returns the process exit code.
@@ -42,6 +64,15 @@ pub fn main() -> i32 {
         Command::Mount(a) => mount::run(a),
         Command::Umount(a) => mount::run_umount(a),
         Command::Fsck(a) => fsck::run(a),
+        Command::Status(a) => status::run(a),
+        Command::Detail(a) => detail::run(a),
+        Command::Fail(a) => manage::run_fail(a),
+        Command::Remove(a) => manage::run_remove(a),
+        Command::Add(a) => manage::run_add(a),
+        Command::Replace(a) => manage::run_replace(a),
+        Command::Check(a) => scrub::run_check(a),
+        Command::Repair(a) => scrub::run_repair(a),
+        Command::SpeedLimit(a) => scrub::run_speed_limit(a),
     }
 }
 

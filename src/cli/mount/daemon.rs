@@ -172,13 +172,20 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         status.state
     );
     for m in status.members.iter().filter(|m| m.state != "active") {
-        warn!("array is degraded: slot {} ({}) is {}", m.slot, m.name, m.state);
+        warn!(
+            "array is degraded: slot {} ({}) is {}",
+            m.slot, m.name, m.state
+        );
     }
     if !read_only {
         if let Err(e) = array.mark_dirty() {
             report(Err(format!("cannot mark the array in use: {e}")));
             return 1;
         }
+        // A daemon that died mid-rebuild left its speed limits behind: the
+        // resumed rebuild keeps to them.
+        let socket = crate::cli::status::socket_path(&plan.mount_point);
+        crate::control::load_saved_limits(&array, &crate::control::saved_limits_path(&socket));
         array.start_background();
     }
     let fs_opts = FsOptions {
@@ -210,6 +217,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     if let Err(e) = registry::write(&record) {
         warn!("cannot record the daemon's state ({e}); `raidfs umount` will not wait for it");
     }
+    let control = start_control(plan, &array, read_only);
     stop.arm(handle.unmounter());
     report(Ok(()));
     info!(
@@ -219,6 +227,9 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     );
 
     let outcome = handle.wait();
+    if let Some(server) = control {
+        server.stop();
+    }
     let closed = match outcome {
         Ok(()) => mark_clean(&array, read_only),
         Err(e) => Err(e.to_string()),
@@ -242,6 +253,30 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
                 registry::remove(&plan.mount_point);
             }
             1
+        }
+    }
+}
+
+/// The control socket (`raidfs status`, `fail`, `add`, ...). The mount
+/// works without it, so a failure is only logged.
+fn start_control(
+    plan: &MountPlan,
+    array: &Arc<crate::array::Array>,
+    read_only: bool,
+) -> Option<crate::control::ControlServer> {
+    let socket = crate::cli::status::socket_path(&plan.mount_point);
+    let context = crate::control::MountContext {
+        mount_point: plan.mount_point.clone(),
+        // SAFETY: getuid has no preconditions and cannot fail.
+        owner_uid: unsafe { libc::getuid() },
+        read_only,
+        saved_limits: Some(crate::control::saved_limits_path(&socket)),
+    };
+    match crate::control::ControlServer::start(&socket, array.clone(), context) {
+        Ok(server) => Some(server),
+        Err(e) => {
+            warn!("no control socket ({e}); `raidfs status` and member changes will not reach this mount");
+            None
         }
     }
 }

@@ -1,0 +1,229 @@
+//! `raidfs fail`, `remove`, `add` and `replace` on a mounted array, sent to
+//! its daemon; `--wait` follows the background work they start with a
+//! progress bar. Also the request/wait helpers `check` and `repair` share.
+
+use crate::cli::status::{connect, query};
+use crate::control::{ArrayReport, ControlClient, Request};
+use crate::fuse::mounts;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct FailArgs {
+    /// The mount point.
+    pub mount_point: PathBuf,
+    /// The member: its path (as given to mount) or its slot number.
+    pub member: String,
+}
+
+#[derive(clap::Args)]
+pub struct RemoveArgs {
+    /// The mount point.
+    pub mount_point: PathBuf,
+    /// A faulty member or a spare: its path or slot number.
+    pub member: String,
+}
+
+#[derive(clap::Args)]
+pub struct AddArgs {
+    /// Wait for the rebuild to finish, showing its progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// Size of the image if it does not exist yet (default: what the array
+    /// needs per member), e.g. 64M.
+    #[arg(long, value_parser = crate::cli::create::parse_size)]
+    pub size: Option<u64>,
+    /// Overwrite an image that belongs to another array.
+    #[arg(short, long)]
+    pub force: bool,
+    /// The mount point.
+    pub mount_point: PathBuf,
+    /// The image file or block device to add (created sparse if missing).
+    pub image: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct ReplaceArgs {
+    /// Wait for the copy to finish, showing its progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// Size of the new image if it does not exist yet, e.g. 64M.
+    #[arg(long, value_parser = crate::cli::create::parse_size)]
+    pub size: Option<u64>,
+    /// Overwrite an image that belongs to another array.
+    #[arg(short, long)]
+    pub force: bool,
+    /// The mount point.
+    pub mount_point: PathBuf,
+    /// The member to replace: its path or slot number.
+    pub old: String,
+    /// The new image file or block device (created sparse if missing).
+    pub new: PathBuf,
+}
+
+/// A member named on the command line, as the daemon (whose working
+/// directory is /) must see it: slot numbers and unknown names pass
+/// unchanged, existing paths become absolute.
+fn member_arg(who: &str) -> String {
+    if who.parse::<usize>().is_ok() {
+        return who.to_string();
+    }
+    match Path::new(who).canonicalize() {
+        Ok(p) => p.display().to_string(),
+        Err(_) => who.to_string(),
+    }
+}
+
+/// An image to add, as an absolute path (it may not exist yet).
+fn image_arg(image: &Path) -> Result<String, String> {
+    let shown = image.display();
+    let path = match image.canonicalize() {
+        Ok(p) => p,
+        Err(_) => mounts::absolute_lexical(image).map_err(|e| format!("{shown}: {e}"))?,
+    };
+    Ok(path.display().to_string())
+}
+
+/// Send `request`; print its message and return the report, or the refusal.
+pub(crate) fn send(client: &mut ControlClient, request: &Request) -> Result<ArrayReport, String> {
+    let response = client.request(request).map_err(|e| e.to_string())?;
+    if !response.ok {
+        return Err(response
+            .error
+            .unwrap_or_else(|| "refused without a reason".into()));
+    }
+    if let Some(message) = &response.message {
+        println!("raidfs: {message}");
+    }
+    response
+        .report
+        .ok_or_else(|| "the daemon sent no report".into())
+}
+
+/// Connect, send, and with `wait` follow the background work of one of
+/// `actions` that the request started. Returns the exit code.
+pub(crate) fn run_request(
+    mount_point: &Path,
+    request: Request,
+    wait: bool,
+    actions: &[&str],
+) -> i32 {
+    let outcome = connect(mount_point).and_then(|mut client| {
+        let report = send(&mut client, &request)?;
+        if wait {
+            wait_for_background(&mut client, &report, actions)
+        } else {
+            Ok(())
+        }
+    });
+    match outcome {
+        Ok(()) => 0,
+        Err(msg) => super::fail(msg),
+    }
+}
+
+/// Show a progress bar until the running background work ends, then its
+/// result: Ok when it completed, Err when it stopped or failed.
+pub(crate) fn wait_for_background(
+    client: &mut ControlClient,
+    first: &ArrayReport,
+    actions: &[&str],
+) -> Result<(), String> {
+    let started = first
+        .sync
+        .as_ref()
+        .is_some_and(|s| actions.contains(&s.action.as_str()));
+    let finished_already = first
+        .last_sync
+        .as_ref()
+        .is_some_and(|l| actions.contains(&l.action.as_str()));
+    if !started && !finished_already {
+        println!("raidfs: no background work to wait for");
+        return Ok(());
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>9} [{bar:30}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let mut report = first.clone();
+    while let Some(sync) = &report.sync {
+        bar.set_message(sync.action.clone());
+        bar.set_length(sync.total);
+        bar.set_position(sync.done);
+        std::thread::sleep(Duration::from_millis(250));
+        report = query(client)?;
+    }
+    bar.finish_and_clear();
+    // The engine clears the running entry a moment before recording the
+    // result; ask again so the result is this run's.
+    std::thread::sleep(Duration::from_millis(100));
+    report = query(client)?;
+    match report.last_sync {
+        Some(last) if last.completed => {
+            let extra = match last.action.as_str() {
+                "check" | "repair" => format!(" ({} bytes mismatched)", last.mismatches),
+                _ => String::new(),
+            };
+            println!(
+                "raidfs: {}{extra}; array {} {}",
+                last.message, report.state, report.map
+            );
+            Ok(())
+        }
+        Some(last) => Err(last.message),
+        None => Err("the background work ended without a result".into()),
+    }
+}
+
+pub fn run_fail(args: FailArgs) -> i32 {
+    run_request(
+        &args.mount_point,
+        Request::Fail {
+            member: member_arg(&args.member),
+        },
+        false,
+        &[],
+    )
+}
+
+pub fn run_remove(args: RemoveArgs) -> i32 {
+    run_request(
+        &args.mount_point,
+        Request::Remove {
+            member: member_arg(&args.member),
+        },
+        false,
+        &[],
+    )
+}
+
+pub fn run_add(args: AddArgs) -> i32 {
+    let path = match image_arg(&args.image) {
+        Ok(p) => p,
+        Err(msg) => return super::fail(msg),
+    };
+    let request = Request::Add {
+        path,
+        size: args.size,
+        force: args.force,
+    };
+    run_request(&args.mount_point, request, args.wait, &["recovery"])
+}
+
+pub fn run_replace(args: ReplaceArgs) -> i32 {
+    let new = match image_arg(&args.new) {
+        Ok(p) => p,
+        Err(msg) => return super::fail(msg),
+    };
+    let request = Request::Replace {
+        old: member_arg(&args.old),
+        new,
+        size: args.size,
+        force: args.force,
+    };
+    run_request(&args.mount_point, request, args.wait, &["replace"])
+}

@@ -1,0 +1,224 @@
+//! Carrying out control requests on the array: member changes, background
+//! work and limits, with the refusals a user should see before the engine
+//! is asked (read-only mount, a failure the array would not survive, an
+//! image that belongs to another array).
+
+use super::protocol::Request;
+use crate::array::{AddOutcome, Array, SyncAction};
+use crate::member::file::{FileMember, OpenOptions};
+use crate::member::Member;
+use crate::superblock::Superblock;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What a request did, for the response's message.
+pub(crate) struct Done {
+    pub message: Option<String>,
+    /// Set by a replace: (slot, new member's name), shown while it runs.
+    pub replacing: Option<(usize, String)>,
+}
+
+impl Done {
+    fn says(message: String) -> Result<Done, String> {
+        Ok(Done {
+            message: Some(message),
+            replacing: None,
+        })
+    }
+}
+
+pub(crate) fn execute(array: &Array, request: &Request) -> Result<Done, String> {
+    match request {
+        Request::Status => Ok(Done {
+            message: None,
+            replacing: None,
+        }),
+        Request::Fail { member } => fail(array, member),
+        Request::Remove { member } => {
+            let shown = member_name(array, member);
+            array.remove(member).map_err(|e| e.to_string())?;
+            Done::says(format!("removed {shown}"))
+        }
+        Request::Add { path, size, force } => add(array, path, *size, *force),
+        Request::Replace {
+            old,
+            new,
+            size,
+            force,
+        } => replace(array, old, new, *size, *force),
+        Request::Check { repair } => {
+            array.start_check(*repair).map_err(|e| e.to_string())?;
+            Done::says(format!(
+                "{} started",
+                if *repair { "repair" } else { "check" }
+            ))
+        }
+        Request::Stop => {
+            let running = array
+                .sync_progress()
+                .ok_or_else(|| "no background work is running".to_string())?;
+            array.stop_background();
+            let resumes = match running.action {
+                SyncAction::Recovery => {
+                    "; it resumes from its checkpoint when the array is next mounted"
+                }
+                SyncAction::Replace => "; the old member stays in its slot",
+                SyncAction::Resync => "; it resumes when the array is next mounted",
+                SyncAction::Check | SyncAction::Repair => "",
+            };
+            Done::says(format!("{} stopped{resumes}", running.action))
+        }
+        Request::SpeedLimit { min, max } => {
+            array.set_speed_limits(*min, *max);
+            let (min, max) = array.speed_limits();
+            Done::says(format!("speed limits: min {}, max {}", kib(min), kib(max)))
+        }
+    }
+}
+
+fn kib(bytes_per_sec: u64) -> String {
+    if bytes_per_sec == 0 {
+        "none".into()
+    } else {
+        format!("{}K/sec", bytes_per_sec / 1024)
+    }
+}
+
+fn member_name(array: &Array, who: &str) -> String {
+    match array.slot_of(who) {
+        Some(slot) => array
+            .status()
+            .members
+            .get(slot)
+            .map(|m| m.name.clone())
+            .unwrap_or_else(|| who.to_string()),
+        None => who.to_string(),
+    }
+}
+
+fn find_slot(array: &Array, who: &str) -> Result<usize, String> {
+    array.slot_of(who).ok_or_else(|| {
+        let names: Vec<String> = array
+            .status()
+            .members
+            .into_iter()
+            .map(|m| format!("{} ({})", m.slot, m.name))
+            .collect();
+        format!(
+            "{who} is not a member of this array (members: {})",
+            names.join(", ")
+        )
+    })
+}
+
+/// md refuses to fail a member when the array could not go on without it;
+/// so does this: otherwise one typo stops every write.
+fn fail(array: &Array, who: &str) -> Result<Done, String> {
+    let slot = find_slot(array, who)?;
+    let status = array.status();
+    let member = &status.members[slot];
+    if member.state == "faulty" || member.state == "missing" {
+        return Done::says(format!(
+            "{} (slot {slot}) is already {}",
+            member.name, member.state
+        ));
+    }
+    let unavailable = status
+        .members
+        .iter()
+        .filter(|m| m.state != "active")
+        .count();
+    let tolerance = array
+        .data_geometry()
+        .tolerance()
+        .min(array.metadata_geometry().tolerance());
+    let after = unavailable + usize::from(member.state == "active");
+    if after > tolerance {
+        return Err(format!(
+            "refusing to fail {} (slot {slot}): {} would then miss {after} member(s) and it survives at most {tolerance}",
+            member.name, status.level
+        ));
+    }
+    array.fail(slot).map_err(|e| e.to_string())?;
+    Done::says(format!("set {} (slot {slot}) faulty", member.name))
+}
+
+/// Open an image to add: an existing file or device, or a new sparse image
+/// (`size`, or just what the array needs per member).
+fn open_new_member(
+    array: &Array,
+    path: &str,
+    size: Option<u64>,
+    force: bool,
+) -> Result<Arc<dyn Member>, String> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(format!("{path}: the daemon needs an absolute path"));
+    }
+    if let Some(slot) = array.slot_of(path) {
+        let status = array.status();
+        if let Some(m) = status.members.get(slot) {
+            return Err(format!(
+                "{path} is still slot {slot} of this array ({}); remove it first (raidfs remove)",
+                m.state
+            ));
+        }
+    }
+    let sb = array.superblock();
+    let need = sb.data_offset + sb.data_size;
+    let member = if p.exists() {
+        Arc::new(FileMember::open(p, OpenOptions::default()).map_err(|e| e.to_string())?)
+    } else {
+        let size = size.unwrap_or(need);
+        if size < need {
+            return Err(format!(
+                "--size {size} is too small: the array needs {need} bytes per member"
+            ));
+        }
+        Arc::new(FileMember::create(p, size).map_err(|e| e.to_string())?)
+    };
+    if let Ok((found, _)) = Superblock::read_from(member.as_ref()) {
+        if found.array_uuid != sb.array_uuid && !force {
+            return Err(format!(
+                "{path} holds a member of another array ({}); use --force to overwrite it",
+                found.array_uuid
+            ));
+        }
+    }
+    Ok(member)
+}
+
+fn add(array: &Array, path: &str, size: Option<u64>, force: bool) -> Result<Done, String> {
+    let member = open_new_member(array, path, size, force)?;
+    match array
+        .add(member, path.to_string())
+        .map_err(|e| e.to_string())?
+    {
+        AddOutcome::Rebuilding { slot } => {
+            Done::says(format!("added {path}; recovery of slot {slot} started"))
+        }
+        AddOutcome::ReAdded { slot } => Done::says(format!(
+            "re-added {path} to slot {slot}; recovery of the regions written since it left started"
+        )),
+        AddOutcome::Spare => Done::says(format!("added {path} as a hot spare")),
+    }
+}
+
+fn replace(
+    array: &Array,
+    old: &str,
+    new: &str,
+    size: Option<u64>,
+    force: bool,
+) -> Result<Done, String> {
+    let slot = find_slot(array, old)?;
+    let old_name = member_name(array, old);
+    let member = open_new_member(array, new, size, force)?;
+    array
+        .replace(slot, member, new.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok(Done {
+        message: Some(format!("replacing {old_name} (slot {slot}) with {new}")),
+        replacing: Some((slot, new.to_string())),
+    })
+}

@@ -1,0 +1,229 @@
+//! The array report a mount daemon returns: everything `raidfs status` and
+//! `raidfs detail` show, as a stable, versioned JSON document (see
+//! docs/status-json.md). Built from the engine's snapshots, but owned here
+//! so engine changes do not change the documented format.
+
+use crate::array::{Array, SyncProgress};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Bumped only when a field changes meaning or disappears; new fields may
+/// be added within a version.
+pub const REPORT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArrayReport {
+    pub version: u32,
+    pub mount_point: String,
+    pub daemon_pid: u32,
+    pub owner_uid: u32,
+    pub read_only: bool,
+    pub uuid: String,
+    pub name: String,
+    /// md's name: raid0, raid1, raid5, raid6, raid10.
+    pub level: String,
+    pub layout: String,
+    /// Chunk size in bytes.
+    pub chunk: u64,
+    /// Member slots (md's "Raid Devices").
+    pub raid_devices: usize,
+    /// Slots serving every read ("active").
+    pub active_devices: usize,
+    /// Slots that are faulty or missing.
+    pub failed_devices: usize,
+    /// "clean" or "active", then ", degraded", then the background work
+    /// (", recovering", ", replacing", ", resyncing", ", checking", ", repairing").
+    pub state: String,
+    pub degraded: bool,
+    pub events: u64,
+    /// Creation and last superblock update, seconds since the epoch.
+    pub created: u64,
+    pub updated: u64,
+    /// Logical bytes if every group held data.
+    pub array_size: u64,
+    /// Bytes of each member the array uses, and where they start.
+    pub member_size: u64,
+    pub data_offset: u64,
+    pub groups_allocated: usize,
+    pub groups_total: usize,
+    /// `[UU_U]`: one character per slot, `U` when active.
+    pub map: String,
+    pub members: Vec<MemberReport>,
+    pub spares: Vec<String>,
+    /// The new member a running `replace` copies onto.
+    pub replacing: Option<ReplacementReport>,
+    /// The running background work.
+    pub sync: Option<SyncReport>,
+    /// How the last background work of this mount ended.
+    pub last_sync: Option<LastSyncReport>,
+    pub speed_limit: SpeedLimitReport,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemberReport {
+    pub slot: usize,
+    pub name: String,
+    pub uuid: String,
+    /// "active", "faulty", "rebuilding" or "missing".
+    pub state: String,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub checksum_errors: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplacementReport {
+    pub slot: usize,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SyncReport {
+    /// "recovery", "replace", "check" or "repair".
+    pub action: String,
+    pub slot: Option<usize>,
+    /// Member bytes done and to do (allocated groups only).
+    pub done: u64,
+    pub total: u64,
+    /// Bytes per second so far.
+    pub speed: u64,
+    pub eta_secs: u64,
+    /// Check/repair: bytes found inconsistent so far.
+    pub mismatches: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LastSyncReport {
+    pub action: String,
+    pub completed: bool,
+    pub mismatches: u64,
+    pub message: String,
+}
+
+/// md's speed_limit_min / speed_limit_max in bytes per second; 0 = none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpeedLimitReport {
+    pub min: u64,
+    pub max: u64,
+}
+
+impl SyncReport {
+    fn from_progress(p: &SyncProgress) -> SyncReport {
+        SyncReport {
+            action: p.action.to_string(),
+            slot: p.slot,
+            done: p.done,
+            total: p.total,
+            speed: p.speed,
+            eta_secs: p.eta_secs,
+            mismatches: p.mismatches,
+        }
+    }
+
+    /// Tenths of a percent done, as md computes it.
+    pub fn per_mille(&self) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        ((self.done.min(self.total) as u128 * 1000) / self.total as u128) as u64
+    }
+}
+
+/// Who serves the mount, for the report.
+pub(crate) struct Origin<'a> {
+    pub mount_point: &'a Path,
+    pub owner_uid: u32,
+    pub read_only: bool,
+    pub replacing: Option<(usize, String)>,
+}
+
+impl ArrayReport {
+    pub(crate) fn collect(array: &Array, origin: &Origin<'_>) -> ArrayReport {
+        let status = array.status();
+        let sb = array.superblock();
+        let sync = array.sync_progress().map(|p| SyncReport::from_progress(&p));
+        let replacing = match (&sync, &origin.replacing) {
+            (Some(s), Some((slot, name))) if s.action == "replace" && s.slot == Some(*slot) => {
+                Some(ReplacementReport {
+                    slot: *slot,
+                    name: name.clone(),
+                })
+            }
+            _ => None,
+        };
+        let members: Vec<MemberReport> = status
+            .members
+            .iter()
+            .map(|m| MemberReport {
+                slot: m.slot,
+                name: m.name.clone(),
+                uuid: m.uuid.clone(),
+                state: m.state.clone(),
+                read_errors: m.read_errors,
+                write_errors: m.write_errors,
+                checksum_errors: m.checksum_errors,
+            })
+            .collect();
+        let active_devices = members.iter().filter(|m| m.state == "active").count();
+        let failed_devices = members
+            .iter()
+            .filter(|m| m.state == "faulty" || m.state == "missing")
+            .count();
+        let mut state = String::from(if status.state == "clean" {
+            "clean"
+        } else {
+            "active"
+        });
+        if status.degraded {
+            state.push_str(", degraded");
+        }
+        if let Some(s) = &sync {
+            state.push_str(match s.action.as_str() {
+                "recovery" => ", recovering",
+                "replace" => ", replacing",
+                "check" => ", checking",
+                "repair" => ", repairing",
+                "resync" => ", resyncing",
+                _ => ", busy",
+            });
+        }
+        let (min, max) = array.speed_limits();
+        ArrayReport {
+            version: REPORT_VERSION,
+            mount_point: origin.mount_point.display().to_string(),
+            daemon_pid: std::process::id(),
+            owner_uid: origin.owner_uid,
+            read_only: origin.read_only,
+            uuid: status.uuid,
+            name: status.name,
+            level: status.level,
+            layout: status.layout,
+            chunk: status.chunk,
+            raid_devices: members.len(),
+            active_devices,
+            failed_devices,
+            state,
+            degraded: status.degraded,
+            events: status.events,
+            created: sb.ctime,
+            updated: sb.utime,
+            array_size: array.data_capacity(),
+            member_size: sb.data_size,
+            data_offset: sb.data_offset,
+            groups_allocated: status.groups_allocated,
+            groups_total: status.groups_total,
+            map: status.map,
+            members,
+            spares: array.spares(),
+            replacing,
+            sync,
+            last_sync: array.last_sync_result().map(|r| LastSyncReport {
+                action: r.action.to_string(),
+                completed: r.completed,
+                mismatches: r.mismatches,
+                message: r.message,
+            }),
+            speed_limit: SpeedLimitReport { min, max },
+        }
+    }
+}

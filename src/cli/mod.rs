@@ -2,10 +2,12 @@
 //! arguments and a `run` that returns the exit code.
 
 pub mod bench;
+pub mod config;
 pub mod create;
 pub mod examine;
 pub mod fsck;
 pub mod mount;
+pub mod mount_helper;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +32,11 @@ enum Command {
     Umount(mount::UmountArgs),
     /// Check (and optionally repair) an unmounted array's filesystem.
     Fsck(fsck::FsckArgs),
+    /// The array configuration file (/etc/raidfs.ron): scan for arrays, show them.
+    Config(config::ConfigArgs),
+    /// mount(8)'s helper for `-t raidfs`; /sbin/mount.raidfs runs this.
+    #[command(hide = true)]
+    MountHelper(mount_helper::HelperArgs),
 }
 
 /// Entry point; returns the process exit code.
@@ -42,6 +49,8 @@ pub fn main() -> i32 {
         Command::Mount(a) => mount::run(a),
         Command::Umount(a) => mount::run_umount(a),
         Command::Fsck(a) => fsck::run(a),
+        Command::Config(a) => config::run(a),
+        Command::MountHelper(a) => mount_helper::run(a),
     }
 }
 

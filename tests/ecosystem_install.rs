@@ -36,14 +36,22 @@ fn make_install_and_uninstall_in_a_destdir() {
     let helper = dest.join("sbin/mount.raidfs");
     for (path, mode) in [(&bin, 0o755), (&helper, 0o755)] {
         let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(meta.permissions().mode() & 0o777, mode, "{}", path.display());
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            mode,
+            "{}",
+            path.display()
+        );
     }
     assert!(dest.join("usr/local/share/doc/raidfs/fstab.md").is_file());
     assert!(dest.join("usr/local/share/doc/raidfs/nfs.md").is_file());
 
     // The helper names the installed binary (without DESTDIR) and is valid sh.
     let script = std::fs::read_to_string(&helper).unwrap();
-    assert!(script.contains("${RAIDFS_BIN:-/usr/local/bin/raidfs}"), "{script}");
+    assert!(
+        script.contains("${RAIDFS_BIN:-/usr/local/bin/raidfs}"),
+        "{script}"
+    );
     assert!(!script.contains("@RAIDFS@"));
     check(Command::new("sh").arg("-n").arg(&helper));
 

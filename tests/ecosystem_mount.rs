@@ -42,8 +42,14 @@ fn fstab_entry_mounts_with_mount_dir_and_mount_a() {
     // `mount DIR` with the entry in a given fstab (mount -T FSTAB).
     check(helper.mount().arg("-T").arg(&fstab).arg(&mnt));
     let opts = mount_options(&mnt).expect("a raidfs mount on the mount point");
-    assert!(opts.split(',').any(|o| o == "noexec"), "noexec not applied: {opts}");
-    assert!(array.state().contains("dirty"), "a mounted array is marked in use");
+    assert!(
+        opts.split(',').any(|o| o == "noexec"),
+        "noexec not applied: {opts}"
+    );
+    assert!(
+        array.state().contains("dirty"),
+        "a mounted array is marked in use"
+    );
     fs::write(mnt.join("hello.txt"), b"written through fstab mount\n").unwrap();
 
     // Plain umount: the kernel ends the session, the daemon closes the array.
@@ -80,7 +86,10 @@ fn uuid_spec_resolves_through_the_config_file() {
     let config_path = array.path("raidfs.ron");
     fs::write(&config_path, &out.stdout).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(&array.uuid), "scan output lacks the UUID:\n{text}");
+    assert!(
+        text.contains(&array.uuid),
+        "scan output lacks the UUID:\n{text}"
+    );
 
     // A hand-written entry with a glob works the same.
     fs::write(
@@ -121,13 +130,11 @@ fn uuid_spec_resolves_through_the_config_file() {
     assert_daemon_finished(&record, &mnt);
 
     // An unknown UUID fails as a mount failure (32) and mounts nothing.
-    let out = run(
-        helper
-            .mount()
-            .env("RAIDFS_CONFIG", &config_path)
-            .args(["-t", "raidfs", "uuid=00000000-0000-4000-8000-000000000000"])
-            .arg(&mnt),
-    );
+    let out = run(helper
+        .mount()
+        .env("RAIDFS_CONFIG", &config_path)
+        .args(["-t", "raidfs", "uuid=00000000-0000-4000-8000-000000000000"])
+        .arg(&mnt));
     assert_eq!(out.status.code(), Some(32), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no array with UUID"));
     assert!(mount_options(&mnt).is_none());
@@ -149,13 +156,11 @@ fn member_lists_directories_and_unknown_options() {
         .collect();
 
     // An option raidfs does not know fails the mount...
-    let out = run(
-        helper
-            .mount()
-            .args(["-t", "raidfs", &list.join(",")])
-            .arg(&mnt)
-            .args(["-o", "bogus_option"]),
-    );
+    let out = run(helper
+        .mount()
+        .args(["-t", "raidfs", &list.join(",")])
+        .arg(&mnt)
+        .args(["-o", "bogus_option"]));
     assert_eq!(out.status.code(), Some(32), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("bogus_option"));
     assert!(mount_options(&mnt).is_none());
@@ -211,7 +216,10 @@ fn lazy_umount_lets_the_daemon_finish_cleanly() {
 
     check(std::process::Command::new("umount").arg("-l").arg(&mnt));
     assert!(mount_options(&mnt).is_none(), "detached from the namespace");
-    assert!(record.is_alive(), "the daemon serves the open file until it is closed");
+    assert!(
+        record.is_alive(),
+        "the daemon serves the open file until it is closed"
+    );
     open.write_all(b"after detach").unwrap();
     open.sync_all().unwrap();
     drop(open);
@@ -278,7 +286,10 @@ fn systemd_generated_mount_unit_command_works() {
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".mount"))
         .filter_map(|e| fs::read_to_string(e.path()).ok())
-        .find(|text| text.lines().any(|l| l == format!("Where={}", mnt.display())))
+        .find(|text| {
+            text.lines()
+                .any(|l| l == format!("Where={}", mnt.display()))
+        })
         .unwrap_or_else(|| panic!("no mount unit for {} in {}", mnt.display(), units.display()));
     let field = |key: &str| {
         unit.lines()
@@ -291,13 +302,12 @@ fn systemd_generated_mount_unit_command_works() {
         unit.contains(&format!("RequiresMountsFor={}", array.dir.path().display())),
         "{unit}"
     );
-    check(
-        helper
-            .mount()
-            .arg(field("What"))
-            .arg(field("Where"))
-            .args(["-t", &field("Type"), "-o", &field("Options")]),
-    );
+    check(helper.mount().arg(field("What")).arg(field("Where")).args([
+        "-t",
+        &field("Type"),
+        "-o",
+        &field("Options"),
+    ]));
     assert!(mount_options(&mnt).is_some());
     let record = daemon(&mnt);
     check(std::process::Command::new("umount").arg(&mnt));

@@ -34,9 +34,12 @@ fn missing_software() -> Vec<String> {
         .collect();
     let vfs_found = Path::new(FSAL_VFS).exists()
         || which("ganesha.nfsd").is_some()
-            && ["/usr/lib/ganesha/libfsalvfs.so", "/usr/lib64/ganesha/libfsalvfs.so"]
-                .iter()
-                .any(|p| Path::new(p).exists());
+            && [
+                "/usr/lib/ganesha/libfsalvfs.so",
+                "/usr/lib64/ganesha/libfsalvfs.so",
+            ]
+            .iter()
+            .any(|p| Path::new(p).exists());
     if !vfs_found {
         missing.push("FSAL VFS (nfs-ganesha-vfs)".into());
     }
@@ -69,7 +72,9 @@ impl Proc {
     }
 
     fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     fn stop(&mut self) {
@@ -248,8 +253,15 @@ fn nfs_ganesha_round_trip_over_a_raidfs_mount() {
         let mut proc = Proc::spawn("rpcbind", &mut cmd, &work.path().join("rpcbind.log"));
         let deadline = Instant::now() + Duration::from_secs(10);
         while !port_open(111) {
-            assert!(proc.exited().is_none(), "rpcbind exited:\n{}", tail(&work.path().join("rpcbind.log")));
-            assert!(Instant::now() < deadline, "rpcbind did not listen on port 111");
+            assert!(
+                proc.exited().is_none(),
+                "rpcbind exited:\n{}",
+                tail(&work.path().join("rpcbind.log"))
+            );
+            assert!(
+                Instant::now() < deadline,
+                "rpcbind did not listen on port 111"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Some(proc)
@@ -279,7 +291,11 @@ fn nfs_ganesha_round_trip_over_a_raidfs_mount() {
         rng.fill_bytes(&mut data);
         let source = local.join(name.replace('/', "_"));
         fs::write(&source, &data).unwrap();
-        check(Command::new("nfs-cp").arg(&source).arg(url(&mnt.join(name))));
+        check(
+            Command::new("nfs-cp")
+                .arg(&source)
+                .arg(url(&mnt.join(name))),
+        );
         contents.push((mnt.join(name), data));
     }
     // And one written through FUSE, to be read through NFS.
@@ -288,12 +304,28 @@ fn nfs_ganesha_round_trip_over_a_raidfs_mount() {
     contents.push((mnt.join("from-fuse.txt"), fuse_written));
 
     for (path, data) in &contents {
-        assert!(nfs_cat(path) == *data, "NFS read of {} differs", path.display());
-        assert!(fs::read(path).unwrap() == *data, "FUSE read of {} differs", path.display());
+        assert!(
+            nfs_cat(path) == *data,
+            "NFS read of {} differs",
+            path.display()
+        );
+        assert!(
+            fs::read(path).unwrap() == *data,
+            "FUSE read of {} differs",
+            path.display()
+        );
     }
-    let listing = String::from_utf8_lossy(&check(Command::new("nfs-ls").arg(url(&mnt))).stdout)
-        .into_owned();
-    for name in ["empty", "small.txt", "page.bin", "odd.bin", "big.bin", "sub", "from-fuse.txt"] {
+    let listing =
+        String::from_utf8_lossy(&check(Command::new("nfs-ls").arg(url(&mnt))).stdout).into_owned();
+    for name in [
+        "empty",
+        "small.txt",
+        "page.bin",
+        "odd.bin",
+        "big.bin",
+        "sub",
+        "from-fuse.txt",
+    ] {
         assert!(
             listing.lines().any(|l| l.ends_with(&format!(" {name}"))),
             "{name} missing from nfs-ls:\n{listing}"

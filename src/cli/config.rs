@@ -141,7 +141,10 @@ pub fn is_glob(s: &str) -> bool {
 pub fn expand(location: &str) -> Result<Vec<PathBuf>, String> {
     if is_glob(location) {
         // A broad pattern (`/srv/raid/*`) may catch directories and the like.
-        return Ok(glob(location)?.into_iter().filter(|p| is_member_file(p)).collect());
+        return Ok(glob(location)?
+            .into_iter()
+            .filter(|p| is_member_file(p))
+            .collect());
     }
     let path = Path::new(location);
     if path.is_dir() {
@@ -183,7 +186,9 @@ pub fn glob(pattern: &str) -> Result<Vec<PathBuf>, String> {
     unsafe { libc::globfree(&mut found) };
     match rc {
         0 | libc::GLOB_NOMATCH => Ok(paths),
-        _ => Err(format!("{pattern}: cannot expand the pattern (glob error {rc})")),
+        _ => Err(format!(
+            "{pattern}: cannot expand the pattern (glob error {rc})"
+        )),
     }
 }
 
@@ -324,7 +329,10 @@ mod tests {
         }
         let pattern = format!("{}/*.img", dir.path().display());
         let found = glob(&pattern).unwrap();
-        assert_eq!(found, vec![dir.path().join("a.img"), dir.path().join("b.img")]);
+        assert_eq!(
+            found,
+            vec![dir.path().join("a.img"), dir.path().join("b.img")]
+        );
         let none = format!("{}/*.raw", dir.path().display());
         assert!(glob(&none).unwrap().is_empty());
     }

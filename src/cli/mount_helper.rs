@@ -45,7 +45,9 @@ pub fn parse_invocation(args: &[String]) -> Result<Invocation, String> {
     let mut iter = args.iter();
     let mut only_positional = false;
     while let Some(arg) = iter.next() {
-        let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty() && !only_positional)
+        let Some(flags) = arg
+            .strip_prefix('-')
+            .filter(|f| !f.is_empty() && !only_positional)
         else {
             positional.push(arg.clone());
             continue;
@@ -54,8 +56,7 @@ pub fn parse_invocation(args: &[String]) -> Result<Invocation, String> {
             only_positional = true;
             continue;
         }
-        let mut chars = flags.char_indices();
-        while let Some((i, c)) = chars.next() {
+        for (i, c) in flags.char_indices() {
             match c {
                 's' => inv.sloppy = true,
                 'f' => inv.fake = true,
@@ -159,13 +160,18 @@ fn resolve_uuid(text: &str) -> Result<Resolved, String> {
 
 fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
     let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix).then(|| &s[prefix.len()..])
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
 }
 
 /// With `-s`, options raidfs does not accept are dropped with a warning.
 fn sloppy_filter(lists: Vec<String>) -> Vec<String> {
     let mut kept = Vec::new();
-    for option in lists.iter().flat_map(|l| l.split(',')).filter(|o| !o.is_empty()) {
+    for option in lists
+        .iter()
+        .flat_map(|l| l.split(','))
+        .filter(|o| !o.is_empty())
+    {
         if options::is_accepted(option) {
             kept.push(option.to_string());
         } else {
@@ -224,7 +230,11 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
     }
     options::parse(&lists)?;
     if inv.verbose || inv.fake {
-        let members: Vec<String> = resolved.members.iter().map(|m| m.display().to_string()).collect();
+        let members: Vec<String> = resolved
+            .members
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect();
         eprintln!(
             "mount.raidfs: {} -> members {} on {} (options: {})",
             inv.spec,
@@ -256,7 +266,16 @@ mod tests {
     #[test]
     fn mount8_calling_convention() {
         let inv = parse_invocation(&args(&[
-            "/srv/*.img", "/mnt/x", "-sv", "-n", "-o", "rw,nosuid", "-N", "1234", "-t", "raidfs",
+            "/srv/*.img",
+            "/mnt/x",
+            "-sv",
+            "-n",
+            "-o",
+            "rw,nosuid",
+            "-N",
+            "1234",
+            "-t",
+            "raidfs",
         ]))
         .unwrap();
         assert_eq!(inv.spec, "/srv/*.img");
@@ -291,7 +310,12 @@ mod tests {
         for n in ["a", "b", "c"] {
             std::fs::write(p(n), b"").unwrap();
         }
-        let spec = format!("{},{}:{}", p("a").display(), p("b").display(), p("c").display());
+        let spec = format!(
+            "{},{}:{}",
+            p("a").display(),
+            p("b").display(),
+            p("c").display()
+        );
         let resolved = resolve_spec(&spec).unwrap();
         assert_eq!(resolved.members, vec![p("a"), p("b"), p("c")]);
         let missing = format!("{}/*.img", dir.path().display());

@@ -54,11 +54,17 @@ impl Array {
         let dir = tempfile::tempdir().expect("temp dir");
         check(
             raidfs()
-                .args(["create", "-l", "5", "-s", "64M", "m0.img", "m1.img", "m2.img"])
+                .args([
+                    "create", "-l", "5", "-s", "64M", "m0.img", "m1.img", "m2.img",
+                ])
                 .current_dir(dir.path()),
         );
         fs::create_dir(dir.path().join("mnt")).expect("mount point");
-        let out = check(raidfs().args(["examine", "--json", "m0.img"]).current_dir(dir.path()));
+        let out = check(
+            raidfs()
+                .args(["examine", "--json", "m0.img"])
+                .current_dir(dir.path()),
+        );
         let json: serde_json::Value =
             serde_json::from_slice(&out.stdout).expect("examine --json output");
         let uuid = json[0]["array_uuid"]
@@ -86,7 +92,11 @@ impl Array {
 
     /// The array state recorded in m0's superblock (`clean`, `active`...).
     pub fn state(&self) -> String {
-        let out = check(raidfs().args(["examine", "--json", "m0.img"]).current_dir(self.dir.path()));
+        let out = check(
+            raidfs()
+                .args(["examine", "--json", "m0.img"])
+                .current_dir(self.dir.path()),
+        );
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("examine json");
         json[0]["state"].as_str().unwrap_or_default().to_string()
     }
@@ -158,7 +168,9 @@ pub struct HelperGuard {
 
 impl HelperGuard {
     pub fn new() -> HelperGuard {
-        let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let serial = SERIAL
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let helper = Path::new(HELPER_PATH);
         let installed_here = !helper.exists();
         if installed_here {

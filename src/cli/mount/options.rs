@@ -293,7 +293,10 @@ mod tests {
         let f = opts.vfs;
         assert_eq!(f.set, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME);
         assert_eq!(f.clear & libc::MS_NOEXEC, libc::MS_NOEXEC);
-        assert_eq!(f.clear & (libc::MS_RELATIME | libc::MS_STRICTATIME), libc::MS_RELATIME | libc::MS_STRICTATIME);
+        assert_eq!(
+            f.clear & (libc::MS_RELATIME | libc::MS_STRICTATIME),
+            libc::MS_RELATIME | libc::MS_STRICTATIME
+        );
         // FUSE mounts start nosuid,nodev,relatime.
         let current = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_RELATIME | libc::MS_NOEXEC;
         assert_eq!(
@@ -301,6 +304,9 @@ mod tests {
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME
         );
         let suid = parse(&["suid,dev".into()]).unwrap().vfs;
-        assert_eq!(suid.applied_to(current), libc::MS_RELATIME | libc::MS_NOEXEC);
+        assert_eq!(
+            suid.applied_to(current),
+            libc::MS_RELATIME | libc::MS_NOEXEC
+        );
     }
 }

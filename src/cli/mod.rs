@@ -2,6 +2,7 @@
 //! arguments and a `run` that returns the exit code.
 
 pub mod bench;
+pub mod config;
 pub mod create;
 pub mod detail;
 pub mod examine;
@@ -10,6 +11,7 @@ pub mod manage;
 pub mod mount;
 pub mod scrub;
 pub mod status;
+pub mod mount_helper;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +54,11 @@ enum Command {
     Repair(scrub::RepairArgs),
     /// Show or set a mounted array's background speed limits.
     SpeedLimit(scrub::SpeedLimitArgs),
+    /// The array configuration file (/etc/raidfs.ron): scan for arrays, show them.
+    Config(config::ConfigArgs),
+    /// mount(8)'s helper for `-t raidfs`; /sbin/mount.raidfs runs this.
+    #[command(hide = true)]
+    MountHelper(mount_helper::HelperArgs),
 }
 
 /// Entry point; returns the process exit code.
@@ -73,6 +80,8 @@ pub fn main() -> i32 {
         Command::Check(a) => scrub::run_check(a),
         Command::Repair(a) => scrub::run_repair(a),
         Command::SpeedLimit(a) => scrub::run_speed_limit(a),
+        Command::Config(a) => config::run(a),
+        Command::MountHelper(a) => mount_helper::run(a),
     }
 }
 

@@ -210,6 +210,17 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             return 1;
         }
     };
+    if let Err(msg) = super::options::apply_vfs_flags(&plan.mount_point, plan.options.vfs) {
+        // A mount asked to be noexec or nosuid must not stay up without it.
+        if let Err(e) = handle.unmount() {
+            warn!("{e}");
+        }
+        if let Err(e) = mark_clean(&array, read_only) {
+            warn!("{e}");
+        }
+        report(Err(msg));
+        return 1;
+    }
     let record = DaemonRecord {
         watcher,
         ..DaemonRecord::for_self(&plan.mount_point, Some(plan.log.clone()))

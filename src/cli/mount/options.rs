@@ -1,4 +1,9 @@
 //! `raidfs mount -o OPTIONS`: parsing the comma-separated option list.
+//!
+//! Besides raidfs's own options it accepts what mount(8), fstab and systemd
+//! put in an option list: their bookkeeping options are dropped, and the
+//! per-mount VFS flags (`nosuid`, `noexec`, `noatime`, ...) are collected in
+//! [`VfsFlags`] and applied to the mount once it is up.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,11 +21,98 @@ pub struct MountOptions {
     pub log: Option<PathBuf>,
     /// Parity kernel to use instead of the benchmarked choice.
     pub parity: Option<String>,
+    /// Per-mount flags asked for with the generic mount options.
+    pub vfs: VfsFlags,
+}
+
+/// Per-mount flags (`MS_NOSUID`, `MS_NOEXEC`, atime modes...) to set and to
+/// clear on the mount after it is made. Empty when no generic option asked
+/// for a change, and then the mount is left as FUSE made it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VfsFlags {
+    pub set: u64,
+    pub clear: u64,
+}
+
+/// The atime modes exclude each other: choosing one clears the others.
+const ATIME_MODES: u64 = libc::MS_NOATIME | libc::MS_RELATIME | libc::MS_STRICTATIME;
+
+impl VfsFlags {
+    pub fn is_empty(&self) -> bool {
+        self.set == 0 && self.clear == 0
+    }
+
+    fn turn_on(&mut self, flag: u64) {
+        self.set |= flag;
+        self.clear &= !flag;
+    }
+
+    fn turn_off(&mut self, flag: u64) {
+        self.clear |= flag;
+        self.set &= !flag;
+    }
+
+    fn atime_mode(&mut self, mode: u64) {
+        self.turn_off(ATIME_MODES & !mode);
+        self.turn_on(mode);
+    }
+
+    /// The flags for a bind remount of a mount that now has `current`.
+    pub fn applied_to(&self, current: u64) -> u64 {
+        (current | self.set) & !self.clear
+    }
+}
+
+/// How an option that is not raidfs's own is handled.
+enum Generic {
+    /// Bookkeeping of mount(8), fstab or systemd: nothing for raidfs to do.
+    Ignored,
+    /// A per-mount flag.
+    Flag(fn(&mut VfsFlags)),
+}
+
+/// Options that mount(8), fstab(5) and systemd.mount(5) define. `sync`,
+/// `dirsync` and `mand` are not here: raidfs cannot honour them, so they
+/// stay errors rather than being silently dropped.
+fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
+    use Generic::{Flag, Ignored};
+    let ignored_with_value = ["comment", "uhelper", "helper"];
+    if key.starts_with("x-") || key.starts_with("X-") || ignored_with_value.contains(&key) {
+        return Some(Ignored);
+    }
+    if value.is_some() {
+        return None;
+    }
+    Some(match key {
+        "defaults" | "auto" | "noauto" | "_netdev" | "nofail" | "user" | "nouser" | "users"
+        | "owner" | "group" | "async" | "nomand" | "silent" | "loud" | "lazytime"
+        | "nolazytime" | "iversion" | "noiversion" => Ignored,
+        "suid" => Flag(|f| f.turn_off(libc::MS_NOSUID)),
+        "nosuid" => Flag(|f| f.turn_on(libc::MS_NOSUID)),
+        "dev" => Flag(|f| f.turn_off(libc::MS_NODEV)),
+        "nodev" => Flag(|f| f.turn_on(libc::MS_NODEV)),
+        "exec" => Flag(|f| f.turn_off(libc::MS_NOEXEC)),
+        "noexec" => Flag(|f| f.turn_on(libc::MS_NOEXEC)),
+        "diratime" => Flag(|f| f.turn_off(libc::MS_NODIRATIME)),
+        "nodiratime" => Flag(|f| f.turn_on(libc::MS_NODIRATIME)),
+        "atime" | "norelatime" | "nostrictatime" => Flag(|f| f.atime_mode(0)),
+        "noatime" => Flag(|f| f.atime_mode(libc::MS_NOATIME)),
+        "relatime" => Flag(|f| f.atime_mode(libc::MS_RELATIME)),
+        "strictatime" => Flag(|f| f.atime_mode(libc::MS_STRICTATIME)),
+        _ => return None,
+    })
 }
 
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
-    writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH, parity=KERNEL";
+    writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH, parity=KERNEL; \
+    and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
+    nosuid, nodev, noexec, noatime, ...";
+
+/// Whether one option (no commas) is accepted by [`parse`].
+pub fn is_accepted(option: &str) -> bool {
+    parse(&[option.to_string()]).is_ok()
+}
 
 /// Parse every `-o` argument (each a comma-separated list) in order; later
 /// options override earlier ones.
@@ -59,6 +151,11 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             }
             ("log", Some(v)) if !v.is_empty() => opts.log = Some(PathBuf::from(v)),
             ("parity", Some(v)) if !v.is_empty() => opts.parity = Some(v.to_string()),
+            _ if generic_option(key, value).is_some() => {
+                if let Some(Generic::Flag(apply)) = generic_option(key, value) {
+                    apply(&mut opts.vfs);
+                }
+            }
             _ => {
                 return Err(format!(
                     "unknown mount option '{option}' (known: {KNOWN_OPTIONS})"
@@ -67,6 +164,63 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
         }
     }
     Ok(opts)
+}
+
+/// Set the per-mount flags on the mount at `mount_point` with a bind
+/// remount, which changes only this mount's flags, not the filesystem.
+pub fn apply_vfs_flags(mount_point: &std::path::Path, flags: VfsFlags) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    if flags.is_empty() {
+        return Ok(());
+    }
+    let shown = mount_point.display();
+    let c_path = std::ffi::CString::new(mount_point.as_os_str().as_bytes())
+        .map_err(|_| format!("{shown}: NUL in path"))?;
+    // SAFETY: statvfs is plain data, filled by the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c_path is NUL-terminated and st is a valid out pointer.
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
+        return Err(format!("{shown}: {}", std::io::Error::last_os_error()));
+    }
+    let current = mount_flags_from_statvfs(st.f_flag);
+    let wanted = flags.applied_to(current);
+    if wanted == current {
+        return Ok(());
+    }
+    // SAFETY: c_path is NUL-terminated; a remount reads no source, type or data.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c_path.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | wanted,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "setting the mount flags (nosuid, noexec, atime...) on {shown}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// statvfs reports the per-mount flags with their own (ST_*) values.
+fn mount_flags_from_statvfs(st_flags: libc::c_ulong) -> u64 {
+    let pairs = [
+        (libc::ST_RDONLY, libc::MS_RDONLY),
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ];
+    pairs
+        .iter()
+        .filter(|(st, _)| st_flags & st != 0)
+        .fold(0, |acc, (_, ms)| acc | ms)
 }
 
 fn seconds(key: &str, value: &str) -> Result<Duration, String> {
@@ -116,5 +270,43 @@ mod tests {
         assert!(parse(&["ro=1".into()]).is_err());
         assert!(parse(&["log=".into()]).is_err());
         assert!(parse(&["threads=0".into()]).is_err());
+        assert!(parse(&["sync".into()]).is_err(), "sync cannot be honoured");
+        assert!(parse(&["nofail=1".into()]).is_err());
+    }
+
+    #[test]
+    fn mount8_and_systemd_options_are_dropped() {
+        let opts = parse(&[
+            "defaults,auto,noauto,_netdev,nofail,user,nouser,rw,async".into(),
+            "x-systemd.requires=a.service,x-systemd.device-timeout=5s,X-mount.mkdir".into(),
+            "comment=systemd.automount,threads=3".into(),
+        ])
+        .unwrap();
+        assert!(opts.vfs.is_empty());
+        assert_eq!(opts.fuse.threads, 3);
+        assert!(!opts.fuse.read_only);
+    }
+
+    #[test]
+    fn per_mount_flags_are_collected() {
+        let opts = parse(&["nosuid,nodev,noexec,noatime,exec".into()]).unwrap();
+        let f = opts.vfs;
+        assert_eq!(f.set, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME);
+        assert_eq!(f.clear & libc::MS_NOEXEC, libc::MS_NOEXEC);
+        assert_eq!(
+            f.clear & (libc::MS_RELATIME | libc::MS_STRICTATIME),
+            libc::MS_RELATIME | libc::MS_STRICTATIME
+        );
+        // FUSE mounts start nosuid,nodev,relatime.
+        let current = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_RELATIME | libc::MS_NOEXEC;
+        assert_eq!(
+            f.applied_to(current),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME
+        );
+        let suid = parse(&["suid,dev".into()]).unwrap().vfs;
+        assert_eq!(
+            suid.applied_to(current),
+            libc::MS_RELATIME | libc::MS_NOEXEC
+        );
     }
 }

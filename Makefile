@@ -1,0 +1,42 @@
+# raidfs: build and install.
+#
+#   make install [PREFIX=/usr/local] [DESTDIR=/tmp/stage]
+#   make uninstall [PREFIX=/usr/local] [DESTDIR=/tmp/stage]
+#
+# Installs the raidfs binary in $(PREFIX)/bin, the mount(8) helper as
+# $(SBINDIR)/mount.raidfs (mount(8) looks for helpers in /sbin only), the
+# docs in $(DOCDIR). NO_BUILD=1 with RAIDFS_BUILT=PATH installs an already
+# built binary instead of running cargo (the tests do this).
+
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= /sbin
+DOCDIR ?= $(PREFIX)/share/doc/raidfs
+DESTDIR ?=
+CARGO ?= cargo
+INSTALL ?= install
+TARGET_DIR ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)
+RAIDFS_BUILT ?= $(TARGET_DIR)/release/raidfs
+DOCS = docs/cli.md docs/fstab.md docs/systemd.md docs/nfs.md
+
+.PHONY: all build install uninstall
+
+all: build
+
+build:
+	$(CARGO) build --release --locked
+
+install: $(if $(NO_BUILD),,build)
+	$(INSTALL) -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(SBINDIR)" "$(DESTDIR)$(DOCDIR)"
+	$(INSTALL) -m 0755 "$(RAIDFS_BUILT)" "$(DESTDIR)$(BINDIR)/raidfs"
+	sed 's|@RAIDFS@|$(BINDIR)/raidfs|g' mount-helpers/mount.raidfs > "$(DESTDIR)$(SBINDIR)/mount.raidfs.tmp"
+	chmod 0755 "$(DESTDIR)$(SBINDIR)/mount.raidfs.tmp"
+	mv -f "$(DESTDIR)$(SBINDIR)/mount.raidfs.tmp" "$(DESTDIR)$(SBINDIR)/mount.raidfs"
+	for doc in $(DOCS); do \
+		if [ -f "$$doc" ]; then $(INSTALL) -m 0644 "$$doc" "$(DESTDIR)$(DOCDIR)/"; fi; \
+	done
+
+uninstall:
+	rm -f "$(DESTDIR)$(BINDIR)/raidfs" "$(DESTDIR)$(SBINDIR)/mount.raidfs"
+	for doc in $(DOCS); do rm -f "$(DESTDIR)$(DOCDIR)/$$(basename $$doc)"; done
+	-rmdir "$(DESTDIR)$(DOCDIR)" 2>/dev/null

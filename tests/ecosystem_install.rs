@@ -1,0 +1,75 @@
+//! `make install` / `make uninstall` into a temporary DESTDIR: the binary,
+//! the mount(8) helper pointing at the installed binary, the docs.
+
+mod ecosystem_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use ecosystem_support::*;
+
+fn make(destdir: &Path, target: &str) -> Command {
+    let mut cmd = Command::new("make");
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("--no-print-directory")
+        .arg(target)
+        .arg(format!("DESTDIR={}", destdir.display()))
+        .arg("PREFIX=/usr/local")
+        // Install the binary this test suite built instead of a release build.
+        .arg("NO_BUILD=1")
+        .arg(format!("RAIDFS_BUILT={RAIDFS}"));
+    cmd
+}
+
+#[test]
+fn make_install_and_uninstall_in_a_destdir() {
+    if which("make").is_none() {
+        eprintln!("skipping: make is not installed");
+        return;
+    }
+    let stage = tempfile::tempdir().unwrap();
+    let dest = stage.path();
+    check(&mut make(dest, "install"));
+
+    let bin = dest.join("usr/local/bin/raidfs");
+    let helper = dest.join("sbin/mount.raidfs");
+    for (path, mode) in [(&bin, 0o755), (&helper, 0o755)] {
+        let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            mode,
+            "{}",
+            path.display()
+        );
+    }
+    assert!(dest.join("usr/local/share/doc/raidfs/fstab.md").is_file());
+    assert!(dest.join("usr/local/share/doc/raidfs/nfs.md").is_file());
+
+    // The helper names the installed binary (without DESTDIR) and is valid sh.
+    let script = std::fs::read_to_string(&helper).unwrap();
+    assert!(
+        script.contains("${RAIDFS_BIN:-/usr/local/bin/raidfs}"),
+        "{script}"
+    );
+    assert!(!script.contains("@RAIDFS@"));
+    check(Command::new("sh").arg("-n").arg(&helper));
+
+    // The installed pair works: a fake (-f) mount resolves a member glob.
+    let out = check(Command::new(&bin).arg("--version"));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("raidfs"));
+    let array = Array::new();
+    let out = check(
+        Command::new(&helper)
+            .env("RAIDFS_BIN", &bin)
+            .arg(format!("{}/*.img", array.dir.path().display()))
+            .arg(array.mnt())
+            .args(["-f", "-o", "rw,nofail"]),
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("m2.img"), "{said}");
+
+    check(&mut make(dest, "uninstall"));
+    assert!(!bin.exists() && !helper.exists());
+    assert!(!dest.join("usr/local/share/doc/raidfs").exists());
+}

@@ -15,12 +15,14 @@ mod scrub;
 mod resync;
 mod state;
 mod stripe_lock;
+mod verify;
 mod worker;
 
 pub use assemble::{assemble, assemble_paths, open_members, AssembleOptions};
 pub use create::{create, create_paths, CreateSpec};
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};
+pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};
 
 use crate::geometry::{Geometry, GeometryError, Level};
 use crate::member::Member;

@@ -56,6 +56,19 @@ impl BlockStore for ArrayStore {
         .map_err(store_error)
     }
 
+    fn scrub_read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+        repair: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        self.array
+            .scrub_verified(addr, buf, verify, repair)
+            .map(|bad| bad.into_iter().map(|b| b.member).collect())
+            .map_err(store_error)
+    }
+
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
         self.array.write(addr, data).map_err(store_error)
     }

@@ -343,6 +343,18 @@ impl FileSystem {
         self.inner.scrub(repair)
     }
 
+    /// Where the file's data lives: (file offset, logical address, length)
+    /// for each extent, in file order (as FIEMAP reports it).
+    pub fn extents(&self, ino: u64) -> FsResult<Vec<(u64, u64, u64)>> {
+        let st = self.inner.state.read();
+        Ok(st
+            .inode(ino)?
+            .extents
+            .iter()
+            .map(|(off, e)| (off, e.addr, e.len))
+            .collect())
+    }
+
     /// Look up `name` in `parent`; "." and ".." are answered too (NFS needs them).
     pub fn lookup(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
         namespace::lookup(&self.inner.state.read(), caller, parent, bytes(name))

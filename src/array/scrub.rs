@@ -25,7 +25,12 @@ impl Array {
                 let (members, copies) = (g.members as u64, g.copies as u64);
                 // Each logical chunk is handled in the step holding its first copy.
                 let first = (row * members).div_ceil(copies);
-                let end = ((row + n) * members).div_ceil(copies);
+                // A chunk whose last copy would spill past the group's last
+                // row is not part of the group (see Geometry::capacity);
+                // its "copies" there are the next group's data.
+                let group_size = self.sb.lock().group_size;
+                let whole = g.capacity(group_size) / g.chunk;
+                let end = ((row + n) * members).div_ceil(copies).min(whole);
                 let mut bad = 0;
                 for k in first..end {
                     bad += self.scrub_mirror_chunk(region, k, repair)?;

@@ -32,8 +32,14 @@ impl Array {
     /// every member as the suspect for parity levels), return the first
     /// version that passes and rewrite the bad copy from it. `Unrecoverable`
     /// when no version passes.
-    pub fn read_verified(&self, addr: u64, buf: &mut [u8], verify: &dyn Fn(&[u8]) -> bool) -> ArrayResult<()> {
-        self.verify_range(addr, buf, verify, false, true).map(|_| ())
+    pub fn read_verified(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> ArrayResult<()> {
+        self.verify_range(addr, buf, verify, false, true)
+            .map(|_| ())
     }
 
     /// Scrub `[addr, addr + buf.len())`: as [`Array::read_verified`], but on
@@ -67,18 +73,31 @@ impl Array {
         }
         let pieces = split(&region, offset, buf.len());
         let bad = match region.geometry.level {
-            Level::Raid1 | Level::Raid10 => self.verify_mirror(&region, offset, &pieces, buf, verify, repair)?,
-            Level::Raid5 | Level::Raid6 => self.verify_parity(&region, &pieces, buf, verify, repair)?,
+            Level::Raid1 | Level::Raid10 => {
+                self.verify_mirror(&region, offset, &pieces, buf, verify, repair)?
+            }
+            Level::Raid5 | Level::Raid6 => {
+                self.verify_parity(&region, &pieces, buf, verify, repair)?
+            }
             Level::Raid0 => None,
         };
         let Some(slots) = bad else {
-            log::error!("raidfs: no copy of {} bytes at logical {addr:#x} passes its checksum", buf.len());
+            log::error!(
+                "raidfs: no copy of {} bytes at logical {addr:#x} passes its checksum",
+                buf.len()
+            );
             return Err(ArrayError::Unrecoverable(addr));
         };
         for &slot in &slots {
             self.note_checksum_error(slot, addr, buf.len(), repair);
         }
-        Ok(slots.into_iter().map(|slot| BadCopy { slot, member: self.slots[slot].name() }).collect())
+        Ok(slots
+            .into_iter()
+            .map(|slot| BadCopy {
+                slot,
+                member: self.slots[slot].name(),
+            })
+            .collect())
     }
 
     /// Read every copy; `None` when none passes. Otherwise `buf` holds the
@@ -96,7 +115,9 @@ impl Array {
         let versions: Vec<Option<Vec<u8>>> = (0..region.geometry.copies)
             .map(|n| {
                 let mut copy = vec![0u8; buf.len()];
-                self.read_region(region, offset, &mut copy, Choice::Copy(n)).is_ok().then_some(copy)
+                self.read_region(region, offset, &mut copy, Choice::Copy(n))
+                    .is_ok()
+                    .then_some(copy)
             })
             .collect();
         let Some(good) = versions.iter().flatten().find(|v| verify(v)) else {
@@ -110,15 +131,26 @@ impl Array {
             let Some(bytes) = version else { continue };
             for p in pieces {
                 let range = p.buf_off..p.buf_off + p.len;
-                let Some(t) = p.map.targets.get(n) else { continue };
+                let Some(t) = p.map.targets.get(n) else {
+                    continue;
+                };
                 if bytes[range.clone()] != buf[range.clone()] {
                     bad.insert(t.member);
-                    writes.push((t.member, Op::Write { offset: region.base + t.offset, data: Arc::clone(&shared), range }));
+                    writes.push((
+                        t.member,
+                        Op::Write {
+                            offset: region.base + t.offset,
+                            data: Arc::clone(&shared),
+                            range,
+                        },
+                    ));
                 }
             }
         }
         if repair {
-            let _guard = self.locks.lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+            let _guard = self
+                .locks
+                .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
             self.write_repairs(writes);
         }
         Ok(Some(bad.into_iter().collect()))
@@ -140,11 +172,14 @@ impl Array {
             if self.is_failed(suspect) {
                 continue;
             }
-            let _guard = self.locks.lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+            let _guard = self
+                .locks
+                .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
             let mut trial = vec![0u8; buf.len()];
             let rebuilt = pieces.iter().try_for_each(|p| {
                 let lo = p.map.offset_in_chunk as usize;
-                let blocks = self.reconstruct_locked(region, p.map.stripe, lo, p.len, Some(suspect))?;
+                let blocks =
+                    self.reconstruct_locked(region, p.map.stripe, lo, p.len, Some(suspect))?;
                 trial[p.buf_off..p.buf_off + p.len].copy_from_slice(&blocks[p.map.data_index]);
                 Ok::<(), ArrayError>(())
             });
@@ -159,7 +194,14 @@ impl Array {
                     .filter(|p| p.map.targets[0].member == suspect)
                     .map(|p| {
                         let at = region.base + p.map.targets[0].offset;
-                        (suspect, Op::Write { offset: at, data: Arc::clone(&shared), range: p.buf_off..p.buf_off + p.len })
+                        (
+                            suspect,
+                            Op::Write {
+                                offset: at,
+                                data: Arc::clone(&shared),
+                                range: p.buf_off..p.buf_off + p.len,
+                            },
+                        )
                     })
                     .collect();
                 self.write_repairs(writes);
@@ -194,8 +236,13 @@ impl Array {
         }
         let mut without = self.unreadable_slots();
         without.push(slot);
-        if self.geometry_survives(&self.data_geometry, &without) && self.geometry_survives(&self.meta_geometry, &without) {
-            self.fail_member(slot, &format!("{total} read and checksum errors (limit {MAX_CORRECTED_ERRORS})"));
+        if self.geometry_survives(&self.data_geometry, &without)
+            && self.geometry_survives(&self.meta_geometry, &without)
+        {
+            self.fail_member(
+                slot,
+                &format!("{total} read and checksum errors (limit {MAX_CORRECTED_ERRORS})"),
+            );
         } else {
             log::error!(
                 "raidfs: {} has {total} read and checksum errors but the array cannot lose it",
@@ -212,7 +259,10 @@ impl Array {
 
     /// A member write (or sync) failed: count it and take the member out of service.
     pub(crate) fn write_failed(&self, slot: usize, why: &str) {
-        self.slots[slot].errors.write.fetch_add(1, Ordering::Relaxed);
+        self.slots[slot]
+            .errors
+            .write
+            .fetch_add(1, Ordering::Relaxed);
         self.fail_member(slot, why);
     }
 }

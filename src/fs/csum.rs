@@ -176,7 +176,10 @@ mod tests {
         assert!(kind.mismatches(&data, &expected).is_empty());
         data[BLOCK_SIZE as usize + 9] ^= 1;
         assert_eq!(kind.mismatches(&data, &expected), vec![1]);
-        assert_eq!(kind.mismatches(&data, &[None, None, None]), Vec::<usize>::new());
+        assert_eq!(
+            kind.mismatches(&data, &[None, None, None]),
+            Vec::<usize>::new()
+        );
         assert!(ChecksumKind::None.mismatches(&data, &expected).is_empty());
     }
 }

@@ -366,7 +366,12 @@ fn check_checksums(meta: &mut Meta, report: &mut FsckReport) {
         let i = extents.partition_point(|&(a, _)| a <= addr);
         i > 0 && addr < extents[i - 1].0 + extents[i - 1].1
     };
-    let stray: Vec<u64> = meta.csums.addrs().into_iter().filter(|a| !mapped(*a)).collect();
+    let stray: Vec<u64> = meta
+        .csums
+        .addrs()
+        .into_iter()
+        .filter(|a| !mapped(*a))
+        .collect();
     if stray.is_empty() {
         return;
     }

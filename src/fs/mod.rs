@@ -5,8 +5,8 @@
 //! Storage is reached only through [`BlockStore`], implemented by the array
 //! engine and by [`store::MemStore`] for tests.
 
-pub mod array_store;
 mod alloc;
+pub mod array_store;
 mod core;
 pub mod csum;
 mod dir;
@@ -36,9 +36,9 @@ use self::perm::{R_OK, W_OK, X_OK};
 
 pub use csum::ChecksumKind;
 pub use fsck::{fsck, FsckReport};
-pub use scrub::{BadCopyReport, LostBlock, ScrubReport};
 pub use inode::BLOCK_SIZE;
 pub use ops::xattr::{XATTR_CREATE, XATTR_REPLACE};
+pub use scrub::{BadCopyReport, LostBlock, ScrubReport};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
 
 /// Errors of the filesystem layer. The FUSE adapter maps each to an errno in

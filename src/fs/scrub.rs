@@ -82,7 +82,12 @@ struct ScrubbingStore<'a> {
 }
 
 impl BlockStore for ScrubbingStore<'_> {
-    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<Verify<'_>>) -> Result<(), StoreError> {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<Verify<'_>>,
+    ) -> Result<(), StoreError> {
         let Some(v) = verify else {
             return self.inner.read(addr, buf, None);
         };
@@ -200,7 +205,10 @@ impl Inner {
             while done < len {
                 let n = (len - done).min(RUN_BYTES);
                 let st = self.state.read();
-                let expected = st.meta.csums.get_run(addr + done, (n / BLOCK_SIZE) as usize);
+                let expected = st
+                    .meta
+                    .csums
+                    .get_run(addr + done, (n / BLOCK_SIZE) as usize);
                 self.scrub_run(ino, file_off + done, addr + done, &expected, repair, report)?;
                 drop(st);
                 done += n;
@@ -261,7 +269,9 @@ impl Inner {
                     }
                 }
                 Err(StoreError::Unrecoverable(_)) => {
-                    log::error!("scrub: inode {ino} offset {off}: block at {at:#x} has no good copy");
+                    log::error!(
+                        "scrub: inode {ino} offset {off}: block at {at:#x} has no good copy"
+                    );
                     report.lost.push(LostBlock {
                         ino,
                         file_off: off,

@@ -15,13 +15,13 @@
 //! Reads check every block (see [`super::checked`]).
 
 use super::super::core::Inner;
-use super::checked::BlockRead;
 use super::super::extent::Extent;
 use super::super::inode::{Inode, Time, BLOCK_SIZE};
 use super::super::layout::round_up;
 use super::super::perm::{S_ISGID, S_ISUID};
 use super::super::state::State;
 use super::super::{Caller, FallocateMode, FileKind, FsError, FsResult};
+use super::checked::BlockRead;
 
 /// Largest file size (keeps offsets far from overflow).
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
@@ -478,7 +478,11 @@ impl Inner {
                 self.give_back(&plan);
                 return Err(e);
             }
-            let blocks = if self.csum.enabled() { p.len / BLOCK_SIZE } else { 0 };
+            let blocks = if self.csum.enabled() {
+                p.len / BLOCK_SIZE
+            } else {
+                0
+            };
             crcs.push(vec![zero_crc; blocks as usize]);
         }
         self.install(ino, &plan, crcs, |inode| {

@@ -392,7 +392,7 @@ fn two_bad_members_in_one_raid5_stripe_give_eio_there_only() {
         .step_by(BLOCK as usize)
         .find(|&off| {
             let addr = rig.block_addr(ino, off);
-            (addr & ((1 << GROUP_SHIFT) - 1)) % stripe == 0
+            (addr & ((1 << GROUP_SHIFT) - 1)).is_multiple_of(stripe)
                 && rig.block_addr(ino, off + stripe - BLOCK) == addr + stripe - BLOCK
         })
         .expect("a whole stripe inside the file");

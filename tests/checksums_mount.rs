@@ -162,7 +162,10 @@ fn run_level(level: &str, members: usize, seed: u64) {
     }
     let second = fs.scrub(false).expect("scrub");
     assert!(second.is_clean(), "{level}: {second:?}");
-    assert_eq!(blamed, flipped_members, "{level}: the right members are named");
+    assert_eq!(
+        blamed, flipped_members,
+        "{level}: the right members are named"
+    );
     for (f, data) in files.iter().enumerate() {
         let ino = fs
             .lookup(

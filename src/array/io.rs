@@ -9,11 +9,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The part of a request that falls in one chunk.
-struct Piece {
+pub(super) struct Piece {
     /// Offset within the caller's buffer.
-    buf_off: usize,
-    len: usize,
-    map: Mapping,
+    pub buf_off: usize,
+    pub len: usize,
+    pub map: Mapping,
 }
 
 /// How to read when the plain read was not good enough.
@@ -23,15 +23,13 @@ pub(crate) enum Choice {
     Any,
     /// Mirrors: read copy number `n` of every piece.
     Copy(usize),
-    /// Parity levels: treat this member as failed and reconstruct its chunks.
-    Suspect(usize),
 }
 
-fn is_mirror(level: Level) -> bool {
+pub(super) fn is_mirror(level: Level) -> bool {
     matches!(level, Level::Raid1 | Level::Raid10)
 }
 
-fn split(region: &Region, offset: u64, len: usize) -> Vec<Piece> {
+pub(super) fn split(region: &Region, offset: u64, len: usize) -> Vec<Piece> {
     let chunk = region.geometry.chunk;
     let mut pieces = Vec::new();
     let mut done = 0usize;
@@ -79,33 +77,6 @@ impl Array {
         self.read_region(&region, offset, buf, Choice::Any)
     }
 
-    /// Read and check with `verify`; when it fails, try every other copy (or
-    /// every member as the suspect for parity levels), and rewrite the range
-    /// from the first version that passes.
-    pub fn read_verified(&self, addr: u64, buf: &mut [u8], verify: &dyn Fn(&[u8]) -> bool) -> ArrayResult<()> {
-        let (region, offset) = self.region(addr, buf.len())?;
-        self.read_region(&region, offset, buf, Choice::Any)?;
-        if verify(buf) {
-            return Ok(());
-        }
-        let geometry = region.geometry;
-        let choices: Vec<Choice> = match geometry.level {
-            Level::Raid1 | Level::Raid10 => (0..geometry.copies).map(Choice::Copy).collect(),
-            Level::Raid5 | Level::Raid6 => (0..geometry.members).map(Choice::Suspect).collect(),
-            Level::Raid0 => Vec::new(),
-        };
-        for choice in choices {
-            if self.read_region(&region, offset, buf, choice).is_ok() && verify(buf) {
-                log::warn!("repaired {} bytes at {addr:#x} that failed verification", buf.len());
-                if let Err(e) = self.write_region(&region, offset, buf) {
-                    log::error!("could not rewrite repaired range at {addr:#x}: {e}");
-                }
-                return Ok(());
-            }
-        }
-        Err(ArrayError::Unrecoverable(addr))
-    }
-
     /// Write `data` at logical `addr` to every copy, or with parity.
     pub fn write(&self, addr: u64, data: &[u8]) -> ArrayResult<()> {
         self.sync.foreground.fetch_add(1, Ordering::Relaxed);
@@ -141,7 +112,7 @@ impl Array {
         let outcomes = self.pool.run(slots.iter().map(|&s| (s, Op::Sync)).collect());
         for (slot, outcome) in slots.into_iter().zip(outcomes) {
             if let Err(e) = outcome {
-                self.fail_member(slot, &format!("sync failed: {e}"));
+                self.write_failed(slot, &format!("sync failed: {e}"));
             }
         }
     }
@@ -224,7 +195,7 @@ impl Array {
                         }
                     }
                     Err(e) => {
-                        self.fail_member(run.slot, &format!("read failed: {e}"));
+                        self.read_failed(run.slot, &format!("read failed: {e}"));
                         retry = true;
                     }
                 }
@@ -238,10 +209,10 @@ impl Array {
 
     fn read_striped(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
-        let suspect = match choice {
-            Choice::Suspect(m) => Some(m),
-            _ => None,
-        };
+        // Only mirrors have a choice; a parity suspect is tried under the
+        // stripe locks by `verify`.
+        let _ = choice;
+        let suspect = None;
         let mut direct = Vec::new();
         let mut degraded = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
@@ -267,7 +238,7 @@ impl Array {
                     }
                 }
                 Err(e) => {
-                    self.fail_member(run.slot, &format!("read failed: {e}"));
+                    self.read_failed(run.slot, &format!("read failed: {e}"));
                     for &(_, buf_off, _) in &run.parts {
                         degraded.extend(pieces.iter().position(|p| p.buf_off == buf_off));
                     }
@@ -335,7 +306,7 @@ impl Array {
                 match outcome {
                     Ok(bytes) => blocks[i] = bytes,
                     Err(e) => {
-                        self.fail_member(members[i], &format!("read failed: {e}"));
+                        self.read_failed(members[i], &format!("read failed: {e}"));
                         retry = true;
                     }
                 }
@@ -456,7 +427,7 @@ impl Array {
         let outcomes = self.pool.run(jobs);
         for (run, outcome) in runs.iter().zip(outcomes) {
             if let Err(e) = outcome {
-                self.fail_member(run.slot, &format!("write failed: {e}"));
+                self.write_failed(run.slot, &format!("write failed: {e}"));
             }
         }
         // Every piece must have reached at least one working copy.
@@ -512,7 +483,7 @@ impl Array {
                 match outcome {
                     Ok(b) => blocks[i] = b,
                     Err(e) => {
-                        self.fail_member(members[i], &format!("read failed: {e}"));
+                        self.read_failed(members[i], &format!("read failed: {e}"));
                         failed = true;
                     }
                 }
@@ -604,7 +575,7 @@ impl Array {
             .collect();
         for (&i, outcome) in targets.iter().zip(self.pool.run(jobs)) {
             if let Err(e) = outcome {
-                self.fail_member(members[i], &format!("write failed: {e}"));
+                self.write_failed(members[i], &format!("write failed: {e}"));
             }
         }
         self.ensure_writable()

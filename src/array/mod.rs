@@ -17,6 +17,7 @@ pub mod ppl;
 mod scrub;
 mod state;
 mod stripe_lock;
+mod verify;
 mod worker;
 
 pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
@@ -24,6 +25,7 @@ pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec};
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};
+pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};
 
 use crate::geometry::{Geometry, GeometryError, Level};
 use crate::member::Member;

@@ -48,12 +48,30 @@ fn store_error(e: ArrayError) -> StoreError {
 }
 
 impl BlockStore for ArrayStore {
-    fn read(&self, addr: u64, buf: &mut [u8], verify: Option<&dyn Fn(&[u8]) -> bool>) -> Result<(), StoreError> {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<&dyn Fn(&[u8]) -> bool>,
+    ) -> Result<(), StoreError> {
         match verify {
             Some(v) => self.array.read_verified(addr, buf, v),
             None => self.array.read(addr, buf),
         }
         .map_err(store_error)
+    }
+
+    fn scrub_read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+        repair: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        self.array
+            .scrub_verified(addr, buf, verify, repair)
+            .map(|bad| bad.into_iter().map(|b| b.member).collect())
+            .map_err(store_error)
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
@@ -65,7 +83,11 @@ impl BlockStore for ArrayStore {
     }
 
     fn groups(&self) -> Vec<GroupInfo> {
-        self.array.groups().into_iter().filter_map(|(i, p)| self.info(i, p)).collect()
+        self.array
+            .groups()
+            .into_iter()
+            .filter_map(|(i, p)| self.info(i, p))
+            .collect()
     }
 
     fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
@@ -78,7 +100,10 @@ impl BlockStore for ArrayStore {
     }
 
     fn free_groups(&self) -> (u64, u64) {
-        (self.array.free_group_count() as u64, self.array.group_capacity(GroupProfile::Data))
+        (
+            self.array.free_group_count() as u64,
+            self.array.group_capacity(GroupProfile::Data),
+        )
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use super::alloc::Allocator;
+use super::csum::ChecksumKind;
 use super::inode::Inode;
 use super::journal::{read_record, read_slot, Journal};
 use super::layout::{decode, encode, plan, read_header, write_header};
@@ -26,6 +27,8 @@ pub struct Inner {
     pub state: RwLock<State>,
     pub journal: Mutex<Journal>,
     pub read_only: AtomicBool,
+    /// How data blocks are checksummed (from the fs header).
+    pub csum: ChecksumKind,
     file_locks: Vec<Mutex<()>>,
 }
 
@@ -48,7 +51,7 @@ pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
         .ok_or_else(|| FsError::Corrupt("the store has no Metadata group (not formatted?)".into()))
 }
 
-pub fn format(store: &dyn BlockStore) -> FsResult<()> {
+pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind) -> FsResult<()> {
     let existing = store
         .groups()
         .into_iter()
@@ -62,6 +65,7 @@ pub fn format(store: &dyn BlockStore) -> FsResult<()> {
         group.index,
         group.capacity,
         *uuid::Uuid::new_v4().as_bytes(),
+        data_checksum,
     )?;
     let mut meta = Meta {
         next_ino: ROOT_INO + 1,
@@ -161,6 +165,7 @@ impl Inner {
                 problems.join("; ")
             )));
         }
+        let csum = loaded.journal.header.data_checksum;
         let state = State {
             meta: loaded.meta,
             alloc,
@@ -171,6 +176,7 @@ impl Inner {
             state: RwLock::new(state),
             journal: Mutex::new(loaded.journal),
             read_only: AtomicBool::new(read_only),
+            csum,
             file_locks: (0..FILE_LOCKS).map(|_| Mutex::new(())).collect(),
         });
         if !read_only {

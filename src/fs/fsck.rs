@@ -61,6 +61,7 @@ pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
     check_reachability(&mut meta, &mut report);
     check_link_counts(&mut meta, &mut report);
     check_extents(&store, &mut meta, &mut report);
+    check_checksums(&mut meta, &mut report);
     check_counters(&mut meta, &mut report);
     report.inodes = meta.inodes.len() as u64;
     report.directories = meta.dirs.len() as u64;
@@ -349,5 +350,36 @@ fn check_counters(meta: &mut Meta, report: &mut FsckReport) {
                 .problems
                 .push(format!("symlink {} has an empty target", inode.ino));
         }
+    }
+}
+
+/// Every checksum must belong to a block some file maps (the extents were
+/// settled by `check_extents`); checksums of blocks no file uses are dropped.
+fn check_checksums(meta: &mut Meta, report: &mut FsckReport) {
+    let mut extents: Vec<(u64, u64)> = meta
+        .inodes
+        .values()
+        .flat_map(|i| i.extents.iter().map(|(_, e)| (e.addr, e.len)))
+        .collect();
+    extents.sort_unstable();
+    let mapped = |addr: u64| {
+        let i = extents.partition_point(|&(a, _)| a <= addr);
+        i > 0 && addr < extents[i - 1].0 + extents[i - 1].1
+    };
+    let stray: Vec<u64> = meta
+        .csums
+        .addrs()
+        .into_iter()
+        .filter(|a| !mapped(*a))
+        .collect();
+    if stray.is_empty() {
+        return;
+    }
+    report.problems.push(format!(
+        "{} data block checksums kept for blocks no file uses",
+        stray.len()
+    ));
+    for addr in stray {
+        meta.csums.remove(addr, super::inode::BLOCK_SIZE);
     }
 }

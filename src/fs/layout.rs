@@ -9,12 +9,14 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::csum::ChecksumKind;
 use super::inode::BLOCK_SIZE;
 use super::store::{group_addr, BlockStore, StoreError};
 use super::{FsError, FsResult};
 
 pub const HEADER_MAGIC: u64 = 0x3130_5346_4449_4152; // "RAIDFS01"
-pub const VERSION: u32 = 1;
+/// 2: data block checksums (the header names the algorithm).
+pub const VERSION: u32 = 2;
 const HEADER_COPIES: [u64; 2] = [0, BLOCK_SIZE];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +34,8 @@ pub struct FsHeader {
     pub generation: u64,
     pub slots: [Region; 2],
     pub journal: Region,
+    /// How data blocks are checksummed.
+    pub data_checksum: ChecksumKind,
 }
 
 pub fn round_up(v: u64, a: u64) -> u64 {
@@ -87,7 +91,12 @@ fn header_ok(buf: &[u8]) -> bool {
 }
 
 /// Compute the layout for a fresh filesystem in Metadata group `group`.
-pub fn plan(group: u32, capacity: u64, uuid: [u8; 16]) -> FsResult<FsHeader> {
+pub fn plan(
+    group: u32,
+    capacity: u64,
+    uuid: [u8; 16],
+    data_checksum: ChecksumKind,
+) -> FsResult<FsHeader> {
     let cap = capacity / BLOCK_SIZE * BLOCK_SIZE;
     if cap < 64 * BLOCK_SIZE {
         return Err(FsError::NoSpace);
@@ -115,6 +124,7 @@ pub fn plan(group: u32, capacity: u64, uuid: [u8; 16]) -> FsResult<FsHeader> {
             addr: group_addr(group, journal_start),
             len: journal_len,
         },
+        data_checksum,
     })
 }
 

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::csum::CsumMap;
 use super::dir::{Dir, DirImage};
+use super::extent::Extent;
 use super::inode::Inode;
 
 #[derive(Debug, Default)]
@@ -16,6 +18,8 @@ pub struct Meta {
     pub dirs: HashMap<u64, Dir>,
     pub next_ino: u64,
     pub next_gen: u64,
+    /// Checksums of the data blocks files point at.
+    pub csums: CsumMap,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -39,6 +43,10 @@ pub struct CommitRecord {
     pub puts: Vec<Inode>,
     pub dir_ops: Vec<DirOp>,
     pub deleted: Vec<u64>,
+    /// Checksums of data blocks written in the batch: (first block, one per block).
+    pub csum_sets: Vec<(u64, Vec<u32>)>,
+    /// Extents freed in the batch; their checksums are dropped.
+    pub csum_drops: Vec<Extent>,
 }
 
 /// Borrowing form of [`MetaImage`] so a checkpoint is encoded without
@@ -49,6 +57,7 @@ pub struct MetaImageRef<'a> {
     pub next_gen: u64,
     pub inodes: Vec<&'a Inode>,
     pub dirs: Vec<(u64, DirImage)>,
+    pub csums: &'a CsumMap,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +66,7 @@ pub struct MetaImage {
     pub next_gen: u64,
     pub inodes: Vec<Inode>,
     pub dirs: Vec<(u64, DirImage)>,
+    pub csums: CsumMap,
 }
 
 impl Meta {
@@ -71,6 +81,7 @@ impl Meta {
             next_gen: self.next_gen,
             inodes,
             dirs,
+            csums: &self.csums,
         }
     }
 
@@ -78,6 +89,7 @@ impl Meta {
         let mut meta = Meta {
             next_ino: img.next_ino,
             next_gen: img.next_gen,
+            csums: img.csums,
             ..Default::default()
         };
         for inode in img.inodes {
@@ -90,7 +102,9 @@ impl Meta {
     }
 
     /// Replay one record: inode images first (so directories created in the
-    /// batch exist), then entry changes in order, then deletions.
+    /// batch exist), then entry changes in order, then deletions; checksums
+    /// set, then those of freed extents dropped (a block freed in a batch is
+    /// never reused before that batch is durable, so no set follows a drop).
     pub fn apply(&mut self, rec: CommitRecord) {
         self.next_ino = self.next_ino.max(rec.next_ino);
         self.next_gen = self.next_gen.max(rec.next_gen);
@@ -122,6 +136,12 @@ impl Meta {
         for ino in rec.deleted {
             self.inodes.remove(&ino);
             self.dirs.remove(&ino);
+        }
+        for (addr, crcs) in rec.csum_sets {
+            self.csums.set(addr, &crcs);
+        }
+        for ext in rec.csum_drops {
+            self.csums.remove(ext.addr, ext.len);
         }
     }
 }

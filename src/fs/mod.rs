@@ -5,9 +5,10 @@
 //! Storage is reached only through [`BlockStore`], implemented by the array
 //! engine and by [`store::MemStore`] for tests.
 
-pub mod array_store;
 mod alloc;
+pub mod array_store;
 mod core;
+pub mod csum;
 mod dir;
 mod extent;
 pub mod fsck;
@@ -17,6 +18,7 @@ mod layout;
 mod meta;
 mod ops;
 mod perm;
+mod scrub;
 mod state;
 pub mod store;
 pub mod teststore;
@@ -32,9 +34,11 @@ use self::core::Inner;
 use self::ops::namespace::{self, NewNode};
 use self::perm::{R_OK, W_OK, X_OK};
 
+pub use csum::ChecksumKind;
 pub use fsck::{fsck, FsckReport};
 pub use inode::BLOCK_SIZE;
 pub use ops::xattr::{XATTR_CREATE, XATTR_REPLACE};
+pub use scrub::{BadCopyReport, LostBlock, ScrubReport};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
 
 /// Errors of the filesystem layer. The FUSE adapter maps each to an errno in
@@ -204,6 +208,14 @@ impl Default for FsOptions {
     }
 }
 
+/// Choices fixed when a filesystem is written.
+#[derive(Clone, Debug, Default)]
+pub struct FormatOptions {
+    /// Data block checksums (crc32c by default; `None` only to measure what
+    /// they cost).
+    pub data_checksum: ChecksumKind,
+}
+
 /// A mounted filesystem. All methods take `&self` and are safe to call from
 /// many threads.
 pub struct FileSystem {
@@ -263,7 +275,17 @@ fn kind_from_mode(mode: u32) -> FsResult<FileKind> {
 impl FileSystem {
     /// Write an empty filesystem onto a fresh store.
     pub fn format(store: Arc<dyn BlockStore>) -> FsResult<()> {
-        core::format(store.as_ref())
+        Self::format_with(store, &FormatOptions::default())
+    }
+
+    /// Write an empty filesystem with explicit format choices.
+    pub fn format_with(store: Arc<dyn BlockStore>, opts: &FormatOptions) -> FsResult<()> {
+        core::format(store.as_ref(), opts.data_checksum)
+    }
+
+    /// How this filesystem checksums data blocks.
+    pub fn data_checksum(&self) -> ChecksumKind {
+        self.inner.csum
     }
 
     /// Open (replaying the journal) a formatted store.
@@ -312,6 +334,25 @@ impl FileSystem {
     /// or a commit failed).
     pub fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
+    }
+
+    /// Check every data block against its checksum on every copy, and the
+    /// metadata likewise; with `repair`, rewrite each bad copy from a good
+    /// one. Parity/mirror consistency is left to the array's own scrub.
+    pub fn scrub(&self, repair: bool) -> FsResult<ScrubReport> {
+        self.inner.scrub(repair)
+    }
+
+    /// Where the file's data lives: (file offset, logical address, length)
+    /// for each extent, in file order (as FIEMAP reports it).
+    pub fn extents(&self, ino: u64) -> FsResult<Vec<(u64, u64, u64)>> {
+        let st = self.inner.state.read();
+        Ok(st
+            .inode(ino)?
+            .extents
+            .iter()
+            .map(|(off, e)| (off, e.addr, e.len))
+            .collect())
     }
 
     /// Look up `name` in `parent`; "." and ".." are answered too (NFS needs them).

@@ -20,11 +20,16 @@ pub struct Batch {
     /// Extents freed in this batch: reusable only once the batch is durable,
     /// so a crash can never leave a committed file pointing at reused blocks.
     pub freed: Vec<Extent>,
+    /// Data block checksums set in this batch (first block, one per block).
+    pub csum_sets: Vec<(u64, Vec<u32>)>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.dirty.is_empty() && self.dir_ops.is_empty() && self.freed.is_empty()
+        self.dirty.is_empty()
+            && self.dir_ops.is_empty()
+            && self.freed.is_empty()
+            && self.csum_sets.is_empty()
     }
 
     pub fn size_hint(&self) -> usize {
@@ -152,15 +157,31 @@ impl State {
         self.batch.dirty.insert(ino);
     }
 
+    /// Record the checksums of blocks just written from `addr`.
+    pub fn set_csums(&mut self, addr: u64, crcs: Vec<u32>) {
+        if crcs.is_empty() {
+            return;
+        }
+        self.meta.csums.set(addr, &crcs);
+        self.batch.csum_sets.push((addr, crcs));
+    }
+
     /// Take the batch as a journal record (inode images as they are now).
+    /// The checksums of the extents it freed are dropped here, in the same
+    /// step as the record (and any checkpoint image taken with it).
     pub fn take_record(&mut self) -> (CommitRecord, Vec<Extent>) {
         let batch = std::mem::take(&mut self.batch);
         let mut rec = CommitRecord {
             next_ino: self.meta.next_ino,
             next_gen: self.meta.next_gen,
             dir_ops: batch.dir_ops,
+            csum_sets: batch.csum_sets,
+            csum_drops: batch.freed.clone(),
             ..Default::default()
         };
+        for ext in &batch.freed {
+            self.meta.csums.remove(ext.addr, ext.len);
+        }
         for ino in batch.dirty {
             match self.meta.inodes.get(&ino) {
                 Some(inode) => rec.puts.push(inode.clone()),

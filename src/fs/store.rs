@@ -55,6 +55,20 @@ pub trait BlockStore: Send + Sync {
     /// (and the bad copy rewritten); if none passes, `Unrecoverable`.
     fn read(&self, addr: u64, buf: &mut [u8], verify: Option<Verify<'_>>)
         -> Result<(), StoreError>;
+    /// Scrub `[addr, addr + buf.len())`: like `read` with `verify`, but every
+    /// copy is checked (not only the one a read would use), and with `repair`
+    /// false nothing is rewritten. Returns the names of the members that held
+    /// a copy failing `verify`. Stores without redundancy check the one copy.
+    fn scrub_read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Verify<'_>,
+        repair: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        let _ = repair;
+        self.read(addr, buf, Some(verify)).map(|()| Vec::new())
+    }
     /// Write `data` at logical `addr` on every copy / with parity.
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError>;
     /// Durability barrier: every completed write is on stable storage on every member.

@@ -5,6 +5,14 @@
 //!
 //! Invariant kept by every path: bytes of allocated blocks past the end of
 //! file are zero, so extending a file never exposes old data.
+//!
+//! With data checksums on, every block written gets its checksum in the same
+//! batch as the extent that maps it, and overwrites are copy-on-write: the
+//! new bytes go to fresh blocks and the old extent is freed with the commit,
+//! so a crash leaves either the old blocks with their old checksums or the
+//! new ones with theirs, never new bytes under an old checksum. Only when no
+//! free space is left does an overwrite go in place (see docs/consistency.md).
+//! Reads check every block (see [`super::checked`]).
 
 use super::super::core::Inner;
 use super::super::extent::Extent;
@@ -13,6 +21,7 @@ use super::super::layout::round_up;
 use super::super::perm::{S_ISGID, S_ISUID};
 use super::super::state::State;
 use super::super::{Caller, FallocateMode, FileKind, FsError, FsResult};
+use super::checked::BlockRead;
 
 /// Largest file size (keeps offsets far from overflow).
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
@@ -22,14 +31,16 @@ fn round_down(v: u64) -> u64 {
     v / BLOCK_SIZE * BLOCK_SIZE
 }
 
-/// One block-aligned piece of a write: where it goes and whether the blocks
-/// were allocated for this call.
+/// One block-aligned piece of a write: where it goes, whether the blocks
+/// were allocated for this call, and where the file's current bytes for it
+/// are (none for a hole).
 #[derive(Clone, Copy, Debug)]
 struct Piece {
     file_off: u64,
     len: u64,
     addr: u64,
     fresh: bool,
+    old: Option<u64>,
 }
 
 fn regular_file(inode: &Inode) -> FsResult<()> {
@@ -40,9 +51,20 @@ fn regular_file(inode: &Inode) -> FsResult<()> {
     }
 }
 
+/// Which parts of a range a plan covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cover {
+    /// Everything: holes are allocated, mapped blocks rewritten.
+    Write,
+    /// Only holes (fallocate).
+    HolesOnly,
+    /// Only mapped blocks (zeroing).
+    MappedOnly,
+}
+
 impl Inner {
     pub fn read_data(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
-        let (segments, end) = {
+        let (reads, end) = {
             let st = self.state.read();
             let inode = st.inode(ino)?;
             regular_file(inode)?;
@@ -50,29 +72,43 @@ impl Inner {
                 return Ok(Vec::new());
             }
             let end = offset.saturating_add(size as u64).min(inode.size);
-            (inode.extents.segments(offset, end), end)
+            let reads: Vec<BlockRead> = inode
+                .extents
+                .segments(offset, end)
+                .into_iter()
+                .filter_map(|seg| {
+                    let addr = seg.addr?;
+                    Some(BlockRead::plan(
+                        &st.meta.csums,
+                        self.csum.enabled(),
+                        seg.file_off,
+                        seg.len,
+                        addr,
+                    ))
+                })
+                .collect();
+            (reads, end)
         };
         let mut out = vec![0u8; (end - offset) as usize];
-        for seg in segments {
-            if let Some(addr) = seg.addr {
-                let at = (seg.file_off - offset) as usize;
-                self.store
-                    .read(addr, &mut out[at..at + seg.len as usize], None)?;
+        for r in reads {
+            let at = (r.file_off - offset) as usize;
+            let dest = &mut out[at..at + r.len as usize];
+            if r.lead == 0 && r.block_len == r.len {
+                self.read_checked(ino, r.block_addr, dest, &r.expected, false)?;
+            } else {
+                let mut buf = vec![0u8; r.block_len as usize];
+                self.read_checked(ino, r.block_addr, &mut buf, &r.expected, false)?;
+                dest.copy_from_slice(&buf[r.lead as usize..(r.lead + r.len) as usize]);
             }
         }
         Ok(out)
     }
 
-    /// Map `[start, end)` (block aligned), allocating the holes. With
-    /// `holes_only` the already mapped parts are left out of the result.
-    /// On NoSpace everything allocated here is given back.
-    fn plan_blocks(
-        &self,
-        ino: u64,
-        start: u64,
-        end: u64,
-        holes_only: bool,
-    ) -> FsResult<Vec<Piece>> {
+    /// Map `[start, end)` (block aligned) as `cover` says. Holes get fresh
+    /// blocks; with checksums on, mapped blocks get fresh blocks too
+    /// (copy-on-write) while space lasts, else they are rewritten in place.
+    /// On NoSpace for a hole everything allocated here is given back.
+    fn plan_blocks(&self, ino: u64, start: u64, end: u64, cover: Cover) -> FsResult<Vec<Piece>> {
         let mut st = self.state.write();
         let inode = st.inode(ino)?;
         regular_file(inode)?;
@@ -81,18 +117,43 @@ impl Inner {
         let mut plan = Vec::new();
         for seg in segments {
             match seg.addr {
-                Some(addr) => {
-                    hint = Some(addr + seg.len);
-                    if !holes_only {
-                        plan.push(Piece {
-                            file_off: seg.file_off,
-                            len: seg.len,
-                            addr,
-                            fresh: false,
-                        });
+                Some(old) => {
+                    if cover == Cover::HolesOnly {
+                        hint = Some(old + seg.len);
+                        continue;
+                    }
+                    let mut done = 0;
+                    while done < seg.len {
+                        let fresh = if self.csum.enabled() {
+                            self.allocate(&mut st, seg.len - done, hint)
+                        } else {
+                            None
+                        };
+                        let piece = match fresh {
+                            Some(ext) => Piece {
+                                file_off: seg.file_off + done,
+                                len: ext.len,
+                                addr: ext.addr,
+                                fresh: true,
+                                old: Some(old + done),
+                            },
+                            None => Piece {
+                                file_off: seg.file_off + done,
+                                len: seg.len - done,
+                                addr: old + done,
+                                fresh: false,
+                                old: Some(old + done),
+                            },
+                        };
+                        hint = Some(piece.addr + piece.len);
+                        done += piece.len;
+                        plan.push(piece);
                     }
                 }
                 None => {
+                    if cover == Cover::MappedOnly {
+                        continue;
+                    }
                     let mut done = 0;
                     while done < seg.len {
                         let ext = match self.allocate(&mut st, seg.len - done, hint) {
@@ -112,6 +173,7 @@ impl Inner {
                             len: ext.len,
                             addr: ext.addr,
                             fresh: true,
+                            old: None,
                         });
                         hint = Some(ext.addr + ext.len);
                         done += ext.len;
@@ -143,41 +205,74 @@ impl Inner {
         }
     }
 
-    /// Record the fresh pieces in the inode and let `update` adjust it.
-    fn install(&self, ino: u64, plan: &[Piece], update: impl FnOnce(&mut Inode)) -> FsResult<()> {
+    /// Map the fresh pieces in the inode (freeing the blocks they replace),
+    /// record every piece's checksums, and let `update` adjust the inode.
+    fn install(
+        &self,
+        ino: u64,
+        plan: &[Piece],
+        crcs: Vec<Vec<u32>>,
+        update: impl FnOnce(&mut Inode),
+    ) -> FsResult<()> {
         let mut st = self.state.write();
         if st.inode(ino).is_err() {
             drop(st);
             self.give_back(plan);
             return Err(FsError::Stale);
         }
+        let mut freed = Vec::new();
         let inode = st.inode_mut(ino)?;
         for p in plan.iter().filter(|p| p.fresh) {
+            if p.old.is_some() {
+                freed.extend(inode.extents.remove_range(p.file_off, p.file_off + p.len));
+            }
             inode.extents.insert(p.file_off, p.addr, p.len);
         }
         update(inode);
+        st.batch.freed.extend(freed);
+        for (p, c) in plan.iter().zip(crcs) {
+            st.set_csums(p.addr, c);
+        }
         Ok(())
     }
 
-    fn write_pieces(&self, plan: &[Piece], offset: u64, data: &[u8]) -> FsResult<()> {
+    /// Write `data` (at file `offset`) into the planned pieces, merging the
+    /// old bytes of partly covered edge blocks; returns each piece's block
+    /// checksums (empty with checksums off). The caller holds the file lock.
+    fn write_pieces(
+        &self,
+        ino: u64,
+        plan: &[Piece],
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<Vec<Vec<u32>>> {
         let end = offset + data.len() as u64;
+        let mut crcs = Vec::with_capacity(plan.len());
+        let sums = |bytes: &[u8]| {
+            if self.csum.enabled() {
+                self.csum.blocks(bytes)
+            } else {
+                Vec::new()
+            }
+        };
         for p in plan {
             let p_end = p.file_off + p.len;
             if p.file_off >= offset && p_end <= end {
                 let at = (p.file_off - offset) as usize;
-                self.store.write(p.addr, &data[at..at + p.len as usize])?;
+                let bytes = &data[at..at + p.len as usize];
+                self.store.write(p.addr, bytes)?;
+                crcs.push(sums(bytes));
                 continue;
             }
             let mut buf = vec![0u8; p.len as usize];
-            if !p.fresh {
+            if let Some(src) = p.old {
+                let block = BLOCK_SIZE as usize;
                 if p.file_off < offset {
-                    self.store
-                        .read(p.addr, &mut buf[..BLOCK_SIZE as usize], None)?;
+                    self.read_old_block(ino, src, &mut buf[..block])?;
                 }
                 if p_end > end {
                     let last = (p.len - BLOCK_SIZE) as usize;
-                    self.store
-                        .read(p.addr + last as u64, &mut buf[last..], None)?;
+                    self.read_old_block(ino, src + last as u64, &mut buf[last..])?;
                 }
             }
             let from = offset.max(p.file_off);
@@ -185,8 +280,15 @@ impl Inner {
             buf[(from - p.file_off) as usize..(to - p.file_off) as usize]
                 .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
             self.store.write(p.addr, &buf)?;
+            crcs.push(sums(&buf));
         }
-        Ok(())
+        Ok(crcs)
+    }
+
+    /// Read one mapped block of the file, checked (the file lock is held).
+    fn read_old_block(&self, ino: u64, addr: u64, buf: &mut [u8]) -> FsResult<()> {
+        let want = self.state.read().meta.csums.get(addr);
+        self.read_checked(ino, addr, buf, &[want], true)
     }
 
     pub fn write_data(
@@ -208,13 +310,21 @@ impl Inner {
             return Ok(0);
         }
         let _file = self.file_lock(ino);
-        let plan = self.plan_blocks(ino, round_down(offset), round_up(end, BLOCK_SIZE), false)?;
-        if let Err(e) = self.write_pieces(&plan, offset, data) {
-            self.give_back(&plan);
-            return Err(e);
-        }
+        let plan = self.plan_blocks(
+            ino,
+            round_down(offset),
+            round_up(end, BLOCK_SIZE),
+            Cover::Write,
+        )?;
+        let crcs = match self.write_pieces(ino, &plan, offset, data) {
+            Ok(c) => c,
+            Err(e) => {
+                self.give_back(&plan);
+                return Err(e);
+            }
+        };
         let drop_setid = caller.is_some_and(|c| c.uid != 0);
-        self.install(ino, &plan, |inode| {
+        self.install(ino, &plan, crcs, |inode| {
             inode.size = inode.size.max(end);
             let now = Time::now();
             inode.mtime = now;
@@ -249,18 +359,30 @@ impl Inner {
         Ok(())
     }
 
-    /// Zero the mapped parts of `[start, end)` of the file.
+    /// Zero the mapped parts of `[start, end)` of the file (the caller
+    /// holds the file lock); copy-on-write like any other overwrite.
     fn zero_range(&self, ino: u64, start: u64, end: u64) -> FsResult<()> {
         if start >= end {
             return Ok(());
         }
-        let segments = self.state.read().inode(ino)?.extents.segments(start, end);
-        for seg in segments {
-            if let Some(addr) = seg.addr {
-                self.write_zeros(addr, seg.len)?;
-            }
+        let plan = self.plan_blocks(
+            ino,
+            round_down(start),
+            round_up(end, BLOCK_SIZE),
+            Cover::MappedOnly,
+        )?;
+        if plan.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let zeros = vec![0u8; (end - start) as usize];
+        let crcs = match self.write_pieces(ino, &plan, start, &zeros) {
+            Ok(c) => c,
+            Err(e) => {
+                self.give_back(&plan);
+                return Err(e);
+            }
+        };
+        self.install(ino, &plan, crcs, |_| {})
     }
 
     /// Set the size; the caller holds the file lock and checked permissions.
@@ -343,14 +465,27 @@ impl Inner {
                 Ok(())
             });
         }
-        let plan = self.plan_blocks(ino, round_down(offset), round_up(end, BLOCK_SIZE), true)?;
+        let plan = self.plan_blocks(
+            ino,
+            round_down(offset),
+            round_up(end, BLOCK_SIZE),
+            Cover::HolesOnly,
+        )?;
+        let zero_crc = self.csum.block(&[0u8; BLOCK_SIZE as usize]);
+        let mut crcs = Vec::with_capacity(plan.len());
         for p in &plan {
             if let Err(e) = self.write_zeros(p.addr, p.len) {
                 self.give_back(&plan);
                 return Err(e);
             }
+            let blocks = if self.csum.enabled() {
+                p.len / BLOCK_SIZE
+            } else {
+                0
+            };
+            crcs.push(vec![zero_crc; blocks as usize]);
         }
-        self.install(ino, &plan, |inode| {
+        self.install(ino, &plan, crcs, |inode| {
             let now = Time::now();
             if !mode.keep_size && end > inode.size {
                 inode.size = end;

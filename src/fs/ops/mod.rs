@@ -2,6 +2,7 @@
 //! attributes (`attr`), extended attributes (`xattr`) and file data (`data`).
 
 pub mod attr;
+pub mod checked;
 pub mod data;
 pub mod namespace;
 pub mod rename;

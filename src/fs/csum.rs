@@ -1,0 +1,185 @@
+//! Data block checksums: the algorithm (recorded in the fs header) and the
+//! checksum map, keyed by logical block address, that holds one checksum
+//! per 4 KiB data block.
+//!
+//! The map is part of the metadata: journal records carry the checksums a
+//! batch set and the extents it freed (whose checksums go with them), and
+//! checkpoints carry the whole map. It is stored in chunks of 64 blocks so a
+//! large file costs about 4 bytes per block.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::inode::BLOCK_SIZE;
+
+/// How data blocks are checksummed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChecksumKind {
+    /// No data checksums (metadata is always checksummed).
+    None,
+    /// crc32c of each 4 KiB block.
+    #[default]
+    Crc32c,
+}
+
+impl ChecksumKind {
+    pub fn enabled(self) -> bool {
+        self != ChecksumKind::None
+    }
+
+    /// Checksum of one block.
+    pub fn block(self, data: &[u8]) -> u32 {
+        match self {
+            ChecksumKind::None => 0,
+            ChecksumKind::Crc32c => crc32c::crc32c(data),
+        }
+    }
+
+    /// Checksums of every block of `data` (a whole number of blocks).
+    pub fn blocks(self, data: &[u8]) -> Vec<u32> {
+        data.chunks(BLOCK_SIZE as usize)
+            .map(|b| self.block(b))
+            .collect()
+    }
+
+    /// Indices of the blocks of `data` that do not match `expected` (a block
+    /// with no expected checksum always matches).
+    pub fn mismatches(self, data: &[u8], expected: &[Option<u32>]) -> Vec<usize> {
+        if !self.enabled() {
+            return Vec::new();
+        }
+        data.chunks(BLOCK_SIZE as usize)
+            .zip(expected)
+            .enumerate()
+            .filter(|(_, (b, want))| want.is_some_and(|w| self.block(b) != w))
+            .map(|(i, _)| i)
+            .collect()
+    }
+}
+
+const CHUNK_BLOCKS: u64 = 64;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct CsumChunk {
+    /// Bit i: block i of the chunk has a checksum.
+    present: u64,
+    crcs: Vec<u32>,
+}
+
+/// Logical block address → checksum.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsumMap {
+    chunks: BTreeMap<u64, CsumChunk>,
+}
+
+fn locate(addr: u64) -> (u64, usize) {
+    let block = addr / BLOCK_SIZE;
+    (block / CHUNK_BLOCKS, (block % CHUNK_BLOCKS) as usize)
+}
+
+impl CsumMap {
+    /// Set the checksums of consecutive blocks starting at `addr`.
+    pub fn set(&mut self, addr: u64, crcs: &[u32]) {
+        for (i, crc) in crcs.iter().enumerate() {
+            let (key, bit) = locate(addr + i as u64 * BLOCK_SIZE);
+            let chunk = self.chunks.entry(key).or_insert_with(|| CsumChunk {
+                present: 0,
+                crcs: vec![0; CHUNK_BLOCKS as usize],
+            });
+            chunk.present |= 1 << bit;
+            chunk.crcs[bit] = *crc;
+        }
+    }
+
+    pub fn get(&self, addr: u64) -> Option<u32> {
+        let (key, bit) = locate(addr);
+        let chunk = self.chunks.get(&key)?;
+        (chunk.present & (1 << bit) != 0).then(|| chunk.crcs[bit])
+    }
+
+    /// Checksums of `n` consecutive blocks from `addr`.
+    pub fn get_run(&self, addr: u64, n: usize) -> Vec<Option<u32>> {
+        (0..n as u64)
+            .map(|i| self.get(addr + i * BLOCK_SIZE))
+            .collect()
+    }
+
+    /// Forget the checksums of `[addr, addr + len)`.
+    pub fn remove(&mut self, addr: u64, len: u64) {
+        for i in 0..len / BLOCK_SIZE {
+            let (key, bit) = locate(addr + i * BLOCK_SIZE);
+            if let Some(chunk) = self.chunks.get_mut(&key) {
+                chunk.present &= !(1 << bit);
+                if chunk.present == 0 {
+                    self.chunks.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Blocks with a checksum.
+    pub fn len(&self) -> u64 {
+        self.chunks
+            .values()
+            .map(|c| c.present.count_ones() as u64)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Addresses of every block with a checksum, ascending.
+    pub fn addrs(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (&key, chunk) in &self.chunks {
+            for bit in 0..CHUNK_BLOCKS {
+                if chunk.present & (1 << bit) != 0 {
+                    out.push((key * CHUNK_BLOCKS + bit) * BLOCK_SIZE);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_get_remove_across_chunks() {
+        let mut m = CsumMap::default();
+        let base = (3u64 << 40) + 60 * BLOCK_SIZE;
+        m.set(base, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(m.len(), 8);
+        assert_eq!(m.get(base + 5 * BLOCK_SIZE), Some(6));
+        assert_eq!(m.get(base + 8 * BLOCK_SIZE), None);
+        assert_eq!(
+            m.get_run(base - BLOCK_SIZE, 3),
+            vec![None, Some(1), Some(2)]
+        );
+        m.remove(base + 2 * BLOCK_SIZE, 4 * BLOCK_SIZE);
+        assert_eq!(m.len(), 4);
+        assert_eq!(m.get(base + 2 * BLOCK_SIZE), None);
+        assert_eq!(m.get(base + 6 * BLOCK_SIZE), Some(7));
+        m.remove(base, 8 * BLOCK_SIZE);
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn mismatches_name_the_bad_blocks() {
+        let kind = ChecksumKind::Crc32c;
+        let mut data = vec![7u8; 3 * BLOCK_SIZE as usize];
+        let expected: Vec<Option<u32>> = kind.blocks(&data).into_iter().map(Some).collect();
+        assert!(kind.mismatches(&data, &expected).is_empty());
+        data[BLOCK_SIZE as usize + 9] ^= 1;
+        assert_eq!(kind.mismatches(&data, &expected), vec![1]);
+        assert_eq!(
+            kind.mismatches(&data, &[None, None, None]),
+            Vec::<usize>::new()
+        );
+        assert!(ChecksumKind::None.mismatches(&data, &expected).is_empty());
+    }
+}

@@ -10,6 +10,9 @@ use crate::parity::{kernels, Parity};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
+    /// Another benchmark instead of the parity kernels.
+    #[command(subcommand)]
+    pub what: Option<BenchWhat>,
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -127,7 +130,17 @@ struct Row {
     rates: Vec<f64>,
 }
 
+#[derive(clap::Subcommand)]
+pub enum BenchWhat {
+    /// The read balancer on simulated disks: the linux-raid "two mirrors are
+    /// faster than three" experiment, for every policy.
+    Balance(super::bench_balance::BalanceArgs),
+}
+
 pub fn run(args: BenchArgs) -> i32 {
+    if let Some(BenchWhat::Balance(b)) = args.what {
+        return super::bench_balance::run(b);
+    }
     let chosen = match Parity::select(None) {
         Ok(parity) => parity,
         Err(e) => return super::fail(e),

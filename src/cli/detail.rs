@@ -116,18 +116,27 @@ pub fn detail_text(r: &ArrayReport) -> String {
         }
         line("Last Sync", text);
     }
-    // BALANCE: per-member read statistics (Array::member_stats) go in this
-    // table once the read-balancing work has landed.
+    line("Read Policy", r.read_policy.clone());
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "    Number   State          Read  Write  Checksum   Device"
+        "    Number   State          Read  Write  Checksum     Reads    Read MiB   Seeks  Pending   Device"
     );
     for m in &r.members {
         let _ = writeln!(
             out,
-            "    {:>6}   {:<12} {:>6} {:>6} {:>9}   {}",
-            m.slot, m.state, m.read_errors, m.write_errors, m.checksum_errors, m.name
+            "    {:>6}   {:<12} {:>6} {:>6} {:>9} {:>9} {:>11} {:>7} {:>8}   {}{}",
+            m.slot,
+            m.state,
+            m.read_errors,
+            m.write_errors,
+            m.checksum_errors,
+            m.reads,
+            m.read_bytes >> 20,
+            m.seeks,
+            m.pending,
+            m.name,
+            if m.write_mostly { " (W)" } else { "" }
         );
     }
     if let Some(rep) = &r.replacing {

@@ -2,6 +2,7 @@
 //! arguments and a `run` that returns the exit code.
 
 pub mod bench;
+pub mod bench_balance;
 pub mod config;
 pub mod create;
 pub mod detail;

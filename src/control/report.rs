@@ -57,6 +57,9 @@ pub struct ArrayReport {
     /// How the last background work of this mount ended.
     pub last_sync: Option<LastSyncReport>,
     pub speed_limit: SpeedLimitReport,
+    /// The read balancer's policy (sticky, round-robin, first, legacy).
+    #[serde(default)]
+    pub read_policy: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,6 +72,22 @@ pub struct MemberReport {
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
+    /// Read balancer figures for this member (mirror reads only).
+    #[serde(default)]
+    pub reads: u64,
+    #[serde(default)]
+    pub read_bytes: u64,
+    /// Reads that did not continue where the member's head was.
+    #[serde(default)]
+    pub seeks: u64,
+    #[serde(default)]
+    pub pending: u32,
+    #[serde(default)]
+    pub latency_us: f64,
+    #[serde(default)]
+    pub rotational: bool,
+    #[serde(default)]
+    pub write_mostly: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -151,17 +170,28 @@ impl ArrayReport {
             }
             _ => None,
         };
+        let stats = array.member_stats();
         let members: Vec<MemberReport> = status
             .members
             .iter()
-            .map(|m| MemberReport {
-                slot: m.slot,
-                name: m.name.clone(),
-                uuid: m.uuid.clone(),
-                state: m.state.clone(),
-                read_errors: m.read_errors,
-                write_errors: m.write_errors,
-                checksum_errors: m.checksum_errors,
+            .map(|m| {
+                let st = stats.iter().find(|s| s.slot == m.slot);
+                MemberReport {
+                    slot: m.slot,
+                    name: m.name.clone(),
+                    uuid: m.uuid.clone(),
+                    state: m.state.clone(),
+                    read_errors: m.read_errors,
+                    write_errors: m.write_errors,
+                    checksum_errors: m.checksum_errors,
+                    reads: st.map_or(0, |s| s.reads),
+                    read_bytes: st.map_or(0, |s| s.bytes),
+                    seeks: st.map_or(0, |s| s.seeks),
+                    pending: st.map_or(0, |s| s.pending),
+                    latency_us: st.map_or(0.0, |s| s.latency_us),
+                    rotational: st.is_some_and(|s| s.rotational),
+                    write_mostly: st.is_some_and(|s| s.write_mostly),
+                }
             })
             .collect();
         let active_devices = members.iter().filter(|m| m.state == "active").count();
@@ -224,6 +254,7 @@ impl ArrayReport {
                 message: r.message,
             }),
             speed_limit: SpeedLimitReport { min, max },
+            read_policy: array.read_policy().to_string(),
         }
     }
 }

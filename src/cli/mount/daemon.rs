@@ -149,7 +149,8 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         force: plan.options.force,
         read_only,
         parity,
-        ..Default::default()
+        read_policy: plan.options.balance.unwrap_or_default(),
+        rotational: plan.options.rotational,
     };
     let array = match assemble_paths(&plan.members, assemble_opts) {
         Ok(array) => Arc::new(array),

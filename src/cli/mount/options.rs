@@ -21,6 +21,10 @@ pub struct MountOptions {
     pub log: Option<PathBuf>,
     /// Parity kernel to use instead of the benchmarked choice.
     pub parity: Option<String>,
+    /// Read balancing policy for mirrors (sticky, round-robin, first, legacy).
+    pub balance: Option<crate::array::ReadPolicy>,
+    /// Whether image-file members behave like rotating disks (`rotational=0|1`).
+    pub rotational: Option<bool>,
     /// Per-mount flags asked for with the generic mount options.
     pub vfs: VfsFlags,
 }
@@ -105,7 +109,8 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
-    writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH, parity=KERNEL; \
+    writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH, parity=KERNEL, \
+    balance=sticky|round-robin|first|legacy, rotational=0|1; \
     and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
     nosuid, nodev, noexec, noatime, ...";
 
@@ -151,6 +156,11 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             }
             ("log", Some(v)) if !v.is_empty() => opts.log = Some(PathBuf::from(v)),
             ("parity", Some(v)) if !v.is_empty() => opts.parity = Some(v.to_string()),
+            ("balance", Some(v)) => {
+                opts.balance = Some(v.parse().map_err(|e| format!("balance={v}: {e}"))?)
+            }
+            ("rotational", Some("0")) => opts.rotational = Some(false),
+            ("rotational", Some("1")) => opts.rotational = Some(true),
             _ if generic_option(key, value).is_some() => {
                 if let Some(Generic::Flag(apply)) = generic_option(key, value) {
                     apply(&mut opts.vfs);

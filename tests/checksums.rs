@@ -49,6 +49,7 @@ fn build_with(level: Level, n: usize, chunk: u64, copies: usize, format: FormatO
         chunk,
         copies,
         name: "csum".into(),
+        ppl: false,
     };
     let array = Arc::new(create(as_members(&members), &spec).expect("create array"));
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));

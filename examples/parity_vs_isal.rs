@@ -22,8 +22,8 @@ extern "C" {
 const DATA_BLOCKS: usize = 4;
 const CHUNK: usize = 64 * 1024;
 const COLD_SET: usize = 256 << 20;
-const ROUNDS: usize = 4;
-const ROUND_TIME: Duration = Duration::from_millis(250);
+const ROUNDS: usize = 8;
+const ROUND_TIME: Duration = Duration::from_millis(100);
 
 /// A page-aligned, zeroed byte buffer (ISA-L wants aligned vectors).
 struct Arena {

@@ -143,8 +143,16 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
     if changed && !opts.read_only {
         array.write_superblocks()?;
     }
-    if array.is_dirty() && !degraded && !opts.read_only {
-        array.resync()?;
+    let members: Vec<Arc<dyn Member>> = array.present_members().into_iter().map(|(_, m)| m).collect();
+    array.bitmap.load(&members);
+    if array.is_dirty() {
+        let (regions, bytes) = array.bitmap.dirty();
+        if degraded {
+            log::warn!("array was not shut down cleanly and is degraded: {regions} regions may have inconsistent redundancy");
+        } else {
+            log::info!("array was not shut down cleanly: {regions} dirty regions ({} MiB) will be resynced", bytes >> 20);
+            array.needs_resync.store(true, std::sync::atomic::Ordering::Release);
+        }
     }
     Ok(array)
 }

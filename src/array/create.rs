@@ -126,6 +126,7 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
         .collect();
     let array = Array::from_parts(slots, sb, Parity::global())?;
     array.write_superblocks()?;
+    array.write_bitmap();
     if array.is_degraded() {
         return Err(ArrayError::Refused("a member failed while the array was being created".into()));
     }

@@ -315,6 +315,50 @@ impl Array {
 
     pub(crate) fn write_region(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
         self.ensure_writable()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (start, end) = member_span(region, offset, data.len());
+        if let Some(blocks) = self.bitmap.begin_write(start, end) {
+            if let Err(e) = self.mark_dirty_regions(&blocks) {
+                self.bitmap.end_write(start, end);
+                return Err(e);
+            }
+        }
+        let result = self.write_unmarked(region, offset, data);
+        self.bitmap.end_write(start, end);
+        result
+    }
+
+    /// Make newly set bitmap bits durable on every working member before the
+    /// write they cover starts.
+    fn mark_dirty_regions(&self, blocks: &[usize]) -> ArrayResult<()> {
+        let _serial = self.bitmap.write_guard();
+        let contents = self.bitmap.blocks(blocks);
+        let slots: Vec<usize> = (0..self.slots.len()).filter(|&s| !self.is_failed(s)).collect();
+        let mut jobs = Vec::new();
+        for &slot in &slots {
+            for (offset, block) in &contents {
+                let data: Arc<[u8]> = Arc::from(block.as_slice());
+                jobs.push((slot, Op::Write { offset: *offset, range: 0..data.len(), data }));
+            }
+        }
+        let per_slot = contents.len();
+        for (i, outcome) in self.pool.run(jobs).into_iter().enumerate() {
+            if let Err(e) = outcome {
+                self.fail_member(slots[i / per_slot.max(1)], &format!("bitmap write failed: {e}"));
+            }
+        }
+        let live: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
+        for (slot, outcome) in live.iter().zip(self.pool.run(live.iter().map(|&s| (s, Op::Sync)).collect())) {
+            if let Err(e) = outcome {
+                self.fail_member(*slot, &format!("bitmap sync failed: {e}"));
+            }
+        }
+        self.ensure_writable()
+    }
+
+    fn write_unmarked(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
         match region.geometry.level {
             Level::Raid1 | Level::Raid10 | Level::Raid0 => self.write_plain(region, offset, data),
             Level::Raid5 | Level::Raid6 => {
@@ -473,6 +517,17 @@ impl Array {
         }
         self.ensure_writable()
     }
+}
+
+/// Member offsets (absolute) that a write of `len` bytes at region offset
+/// `offset` touches on some member, whole chunks, parity included.
+fn member_span(region: &Region, offset: u64, len: usize) -> (u64, u64) {
+    let g = &region.geometry;
+    let first = g.map(offset);
+    let last = g.map(offset + len as u64 - 1);
+    let lo = first.targets.iter().map(|t| t.offset).min().unwrap_or(0) / g.chunk * g.chunk;
+    let hi = (last.targets.iter().map(|t| t.offset).max().unwrap_or(0) / g.chunk + 1) * g.chunk;
+    (region.base + lo, region.base + hi)
 }
 
 /// Split `blocks` into the others (shared) and block `m` (mutable).

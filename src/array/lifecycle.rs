@@ -13,7 +13,7 @@ use super::worker::Op;
 use super::{Array, ArrayError, ArrayResult, Region, Slot, SlotDev};
 use crate::geometry::{Geometry, Level, Role};
 use crate::member::Member;
-use crate::superblock::{GroupProfile, SlotState, SPARE_SLOT};
+use crate::superblock::{GroupProfile, SlotState, Superblock, SPARE_SLOT};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,10 +26,15 @@ use uuid::Uuid;
 const STEP_BYTES: u64 = 1 << 20;
 /// How often progress is checkpointed into the superblocks.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+/// How long a region must stay quiet before its bitmap bit is cleared.
+const BITMAP_CLEAN_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SyncAction {
+    /// Making redundancy agree again in the regions the write-intent bitmap
+    /// marks dirty, after an unclean shutdown.
+    Resync,
     /// Rebuilding a slot from the others.
     Recovery,
     /// Copying a slot onto its replacement.
@@ -43,6 +48,7 @@ pub enum SyncAction {
 impl std::fmt::Display for SyncAction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            SyncAction::Resync => "resync",
             SyncAction::Recovery => "recovery",
             SyncAction::Replace => "replace",
             SyncAction::Check => "check",
@@ -80,6 +86,8 @@ pub struct SyncResult {
 pub enum AddOutcome {
     /// It took over a failed or missing slot and is being rebuilt.
     Rebuilding { slot: usize },
+    /// It was this slot's member before: only regions written since are rebuilt.
+    ReAdded { slot: usize },
     /// The array is complete: it waits as a hot spare.
     Spare,
 }
@@ -109,6 +117,9 @@ pub(crate) struct SyncState {
     /// The member a running `replace` copies onto.
     pending_replacement: Mutex<Option<SlotDev>>,
     pub(crate) this: Mutex<Weak<Array>>,
+    /// The running recovery is a re-add: only dirty regions are copied.
+    recovery_bitmap_only: AtomicBool,
+    cleaner: Mutex<Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Default for SyncState {
@@ -123,6 +134,8 @@ impl Default for SyncState {
             spares: Mutex::new(Vec::new()),
             pending_replacement: Mutex::new(None),
             this: Mutex::new(Weak::new()),
+            cleaner: Mutex::new(None),
+            recovery_bitmap_only: AtomicBool::new(false),
         }
     }
 }
@@ -149,11 +162,65 @@ impl Array {
             if let Err(e) = self.spawn(SyncAction::Recovery, Some(slot)) {
                 log::error!("cannot resume recovery: {e}");
             }
+        } else if self.needs_resync.swap(false, Ordering::AcqRel) {
+            let (regions, bytes) = self.bitmap.dirty();
+            log::info!(
+                "resync of {regions} dirty regions ({} MiB of {} MiB allocated)",
+                bytes >> 20,
+                self.allocated_member_bytes() >> 20
+            );
+            if let Err(e) = self.spawn(SyncAction::Resync, None) {
+                log::error!("cannot start resync: {e}");
+            }
+        }
+        self.start_cleaner();
+    }
+
+    /// The bitmap cleaner: every few seconds, flush and clear the bits of
+    /// regions that saw no writes since the last pass (never while degraded).
+    fn start_cleaner(self: &Arc<Array>) {
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("raidfs-bitmap".into()).spawn(move || loop {
+            // The timeout is the cleaning period; a message or a hang-up stops it.
+            if rx.recv_timeout(BITMAP_CLEAN_EVERY) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {
+                return;
+            }
+            let Some(array) = weak.upgrade() else { return };
+            array.clean_bitmap();
+        });
+        match spawned {
+            Ok(handle) => *self.sync.cleaner.lock() = Some((tx, handle)),
+            Err(e) => log::error!("cannot start the bitmap cleaner: {e}"),
+        }
+    }
+
+    /// One cleaning pass (also used at clean shutdown).
+    pub(crate) fn clean_bitmap(&self) {
+        if self.is_degraded() {
+            self.bitmap.reset_recent();
+            return;
+        }
+        if self.flush().is_err() {
+            return;
+        }
+        let events = self.sb.lock().events;
+        if self.bitmap.clean(events) > 0 {
+            self.write_bitmap();
+        }
+    }
+
+    fn stop_cleaner(&self) {
+        let cleaner = self.sync.cleaner.lock().take();
+        if let Some((tx, handle)) = cleaner {
+            drop(tx);
+            let _ = handle.join();
         }
     }
 
     /// Stop background work (it checkpoints first) and wait for it.
     pub fn stop_background(&self) {
+        self.stop_cleaner();
         self.sync.stop.store(true, Ordering::Release);
         let handle = self.sync.running.lock().as_mut().and_then(|r| r.handle.take());
         if let Some(h) = handle {
@@ -208,6 +275,11 @@ impl Array {
         (self.sync.speed_min.load(Ordering::Relaxed), self.sync.speed_max.load(Ordering::Relaxed))
     }
 
+    /// Regions the write-intent bitmap marks dirty, and the member bytes they cover.
+    pub fn dirty_regions(&self) -> (usize, u64) {
+        self.bitmap.dirty()
+    }
+
     /// Names of the hot spares.
     pub fn spares(&self) -> Vec<String> {
         self.sync.spares.lock().iter().map(|d| d.name.clone()).collect()
@@ -244,9 +316,20 @@ impl Array {
     /// hot spare when the array is complete.
     pub fn add(&self, member: Arc<dyn Member>, name: String) -> ArrayResult<AddOutcome> {
         self.check_new_member(member.as_ref())?;
+        if let Some((slot, uuid)) = self.re_add_slot(member.as_ref()) {
+            if self.sync.running.lock().is_none() {
+                log::info!("{name} was slot {slot}: re-added; only regions written since it left are rebuilt");
+                self.install(slot, member, name)?;
+                self.slots[slot].dev.write().uuid = uuid;
+                self.sync.recovery_bitmap_only.store(true, Ordering::Release);
+                self.spawn(SyncAction::Recovery, Some(slot))?;
+                return Ok(AddOutcome::ReAdded { slot });
+            }
+        }
         let slot = (0..self.slots.len()).find(|&i| self.is_failed(i));
         match slot {
             Some(slot) if self.sync.running.lock().is_none() => {
+                self.sync.recovery_bitmap_only.store(false, Ordering::Release);
                 self.install(slot, member, name)?;
                 self.spawn(SyncAction::Recovery, Some(slot))?;
                 Ok(AddOutcome::Rebuilding { slot })
@@ -262,6 +345,17 @@ impl Array {
                 Ok(AddOutcome::Spare)
             }
         }
+    }
+
+    /// A former member of this array whose slot is empty, and that left after
+    /// the bitmap was last cleared, can catch up from the bitmap alone
+    /// (md's --re-add). Returns its slot and member UUID.
+    fn re_add_slot(&self, member: &dyn Member) -> Option<(usize, Uuid)> {
+        let (sb, _) = Superblock::read_from(member).ok()?;
+        let ours = self.sb.lock().array_uuid;
+        let slot = sb.slot as usize;
+        let fits = sb.array_uuid == ours && slot < self.slots.len() && self.is_failed(slot);
+        (fits && sb.events >= self.bitmap.events_cleared()).then_some((slot, sb.member_uuid))
     }
 
     /// Put `member` into `slot` with nothing valid yet, and record it.
@@ -419,6 +513,7 @@ impl Array {
             Ok(false) => (false, format!("{action} stopped; it resumes from its checkpoint")),
             Err(e) => (false, format!("{action} failed: {e}")),
         };
+        self.sync.recovery_bitmap_only.store(false, Ordering::Release);
         if completed {
             match (action, slot) {
                 (SyncAction::Recovery, Some(s)) => self.recovery_done(s),
@@ -514,6 +609,12 @@ impl Array {
                     return Ok(false);
                 }
                 let n = step_rows.min(rows - row);
+                let span = (region.base + row * geometry.chunk, region.base + (row + n) * geometry.chunk);
+                if self.skip_step(action, span) {
+                    row += n;
+                    done.fetch_add(n * geometry.chunk, Ordering::Relaxed);
+                    continue;
+                }
                 match action {
                     SyncAction::Recovery | SyncAction::Replace => {
                         let s = slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
@@ -522,8 +623,8 @@ impl Array {
                             self.slots[s].valid_below.store(region.base + (row + n) * geometry.chunk, Ordering::Release);
                         }
                     }
-                    SyncAction::Check | SyncAction::Repair => {
-                        let bad = self.scrub_rows(&region, row, n, action == SyncAction::Repair)?;
+                    SyncAction::Check | SyncAction::Repair | SyncAction::Resync => {
+                        let bad = self.scrub_rows(&region, row, n, action != SyncAction::Check)?;
                         mismatches.fetch_add(bad, Ordering::Relaxed);
                     }
                 }
@@ -537,6 +638,16 @@ impl Array {
             }
         }
         Ok(true)
+    }
+
+    /// Resync and re-add only touch regions the write-intent bitmap marks.
+    fn skip_step(&self, action: SyncAction, (start, end): (u64, u64)) -> bool {
+        let bitmap_only = match action {
+            SyncAction::Resync => true,
+            SyncAction::Recovery => self.sync.recovery_bitmap_only.load(Ordering::Acquire),
+            _ => false,
+        };
+        bitmap_only && !self.bitmap.any_dirty(start, end)
     }
 
     /// Keep background work between the speed limits: at the minimum while

@@ -8,11 +8,11 @@
 //! mirrored on up to three members, data groups use the array's level.
 
 mod assemble;
+mod bitmap;
 mod create;
 mod io;
 mod lifecycle;
 mod scrub;
-mod resync;
 mod state;
 mod stripe_lock;
 mod worker;
@@ -124,6 +124,9 @@ pub struct Array {
     /// Set when more members failed than some group's geometry tolerates.
     pub(crate) broken: AtomicBool,
     pub(crate) sync: lifecycle::SyncState,
+    pub(crate) bitmap: bitmap::Bitmap,
+    /// The array was dirty when assembled: resync the regions the bitmap names.
+    pub(crate) needs_resync: AtomicBool,
 }
 
 /// The data geometry a superblock describes.
@@ -147,6 +150,7 @@ impl Array {
         parity: &'static Parity,
     ) -> ArrayResult<Array> {
         let data_geometry = data_geometry(&sb)?;
+        let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
@@ -165,6 +169,8 @@ impl Array {
             parity,
             broken: AtomicBool::new(false),
             sync: lifecycle::SyncState::default(),
+            bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
+            needs_resync: AtomicBool::new(false),
         };
         array.check_tolerance();
         Ok(array)
@@ -280,6 +286,23 @@ impl Array {
             return Err(ArrayError::Failed(names.join(", ")));
         }
         Ok(())
+    }
+
+    /// Working members with their slots.
+    pub(crate) fn present_members(&self) -> Vec<(usize, Arc<dyn Member>)> {
+        (0..self.slots.len())
+            .filter(|&i| !self.is_failed(i))
+            .filter_map(|i| self.slots[i].member().map(|m| (i, m)))
+            .collect()
+    }
+
+    /// Write the whole write-intent bitmap to every working member.
+    pub(crate) fn write_bitmap(&self) {
+        let present = self.present_members();
+        let members: Vec<Arc<dyn Member>> = present.iter().map(|(_, m)| Arc::clone(m)).collect();
+        for (i, e) in self.bitmap.write_all(&members) {
+            self.fail_member(present[i].0, &format!("bitmap write failed: {e}"));
+        }
     }
 
     /// Parity kernels in use.

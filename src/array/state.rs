@@ -147,6 +147,11 @@ impl Array {
     pub fn mark_clean(&self) -> ArrayResult<()> {
         self.stop_background();
         self.flush()?;
+        // Everything is durable and consistent: no region needs a resync.
+        if !self.is_degraded() {
+            self.bitmap.reset_recent();
+            self.clean_bitmap();
+        }
         self.set_state(ArrayState::Clean)
     }
 

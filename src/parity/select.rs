@@ -1,8 +1,9 @@
 //! The start-up measurement that picks the kernels, in the spirit of md's
 //! raid6_select_algo / calibrate_xor_blocks: every supported kernel runs each
-//! operation on in-cache buffers for about a millisecond, twice, interleaved
-//! (so a frequency ramp or a neighbour's burst does not favour one kernel),
-//! and the best rate counts. The whole pass stays well under 50 ms.
+//! operation on in-cache buffers in several short windows, interleaved across
+//! kernels, and the best window counts (a frequency ramp, a preemption or a
+//! neighbour's burst spoils some windows of a kernel, rarely all of them).
+//! The whole pass stays well under 50 ms.
 
 use std::time::{Duration, Instant};
 
@@ -13,9 +14,9 @@ use super::recover::{self, Engines};
 const DATA_BLOCKS: usize = 4;
 /// Chunk size: 4 x 16 KiB + P + Q stays inside any L2.
 const CHUNK: usize = 16 * 1024;
-const ROUNDS: usize = 2;
+const ROUNDS: usize = 6;
 /// Time for all measurements together.
-const BUDGET: Duration = Duration::from_millis(36);
+const BUDGET: Duration = Duration::from_millis(24);
 const MAX_WINDOW: Duration = Duration::from_millis(2);
 
 /// What a figure measures.
@@ -40,10 +41,9 @@ fn rate(window: Duration, bytes: usize, mut op: impl FnMut()) -> u64 {
     let start = Instant::now();
     let mut runs = 0u64;
     loop {
-        for _ in 0..4 {
-            op();
-        }
-        runs += 4;
+        op();
+        op();
+        runs += 2;
         let elapsed = start.elapsed();
         if elapsed >= window {
             let bytes_done = runs as f64 * bytes as f64;

@@ -11,20 +11,26 @@ use super::vector::Vector;
 use crate::parity::scalar;
 
 const UNROLL: usize = 4;
+/// XOR needs one register per lane of the unrolled block, so it can go wider
+/// (fewer loop and pointer overheads per source) without spilling.
+const XOR_UNROLL: usize = 8;
 
-/// Runs `$body` with `$off` stepping over full blocks of `UNROLL` registers
-/// (`$n` = UNROLL) and then single registers (`$n` = 1); yields the offset
-/// where the scalar tail starts.
+/// Runs `$body` with `$off` stepping over full blocks of `$unroll` registers
+/// (`$n` = `$unroll`, `UNROLL` when not given) and then single registers
+/// (`$n` = 1); yields the offset where the scalar tail starts.
 macro_rules! blocks {
-    ($v:ty, $len:expr, |$off:ident, $n:ident| $body:expr) => {{
+    ($v:ty, $len:expr, |$off:ident, $n:ident| $body:expr) => {
+        blocks!($v, UNROLL, $len, |$off, $n| $body)
+    };
+    ($v:ty, $unroll:expr, $len:expr, |$off:ident, $n:ident| $body:expr) => {{
         let len: usize = $len;
         let mut $off = 0usize;
-        while $off + UNROLL * <$v>::BYTES <= len {
+        while $off + $unroll * <$v>::BYTES <= len {
             {
-                const $n: usize = UNROLL;
+                const $n: usize = $unroll;
                 $body;
             }
-            $off += UNROLL * <$v>::BYTES;
+            $off += $unroll * <$v>::BYTES;
         }
         while $off + <$v>::BYTES <= len {
             {
@@ -122,9 +128,9 @@ unsafe fn xor_gen_with<V: Vector, const STREAM: bool>(data: &[&[u8]], p: &mut [u
         return scalar::xor_gen(data, p, 0);
     }
     let dst = p.as_mut_ptr();
-    let done = blocks!(V, p.len(), |off, N| xor_block::<V, N, STREAM>(
-        data, dst, off
-    ));
+    let done = blocks!(V, XOR_UNROLL, p.len(), |off, N| {
+        xor_block::<V, N, STREAM>(data, dst, off)
+    });
     fence_if::<STREAM>();
     scalar::xor_gen(data, p, done);
 }

@@ -20,8 +20,7 @@ use log::{debug, error, info, warn};
 use parking_lot::Mutex;
 
 use super::convert::{
-    caller_of, errno_of, file_attr, file_type, is_serious, time_set, write_sync, HandleFlags,
-    Ttls,
+    caller_of, errno_of, file_attr, file_type, is_serious, time_set, write_sync, HandleFlags, Ttls,
 };
 use crate::fs::{self, Attr, FallocateMode, FileSystem, FsError, FsResult, SetAttr};
 

@@ -20,7 +20,7 @@ use log::{debug, error, info, warn};
 use parking_lot::Mutex;
 
 use super::convert::{
-    caller_of, errno_of, file_attr, file_type, is_serious, time_set, HandleFlags, Ttls,
+    caller_of, errno_of, file_attr, file_type, is_serious, time_set, write_sync, HandleFlags, Ttls,
 };
 use crate::fs::{self, Attr, FallocateMode, FileSystem, FsError, FsResult, SetAttr};
 
@@ -405,20 +405,14 @@ impl Filesystem for RaidFuse {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let written = try_reply!("write", reply, self.fs.write(ino.0, offset, data));
-        // Writes from the page cache (writeback mode) carry no handle of
-        // their own; the kernel follows O_SYNC ones with an fsync request.
-        let handle = HandleFlags::from_handle(fh.0);
-        if handle.sync_writes() && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
-            try_reply!(
-                "write (O_SYNC)",
-                reply,
-                self.fs.fsync(ino.0, !handle.sync_metadata())
-            );
+        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        if let Some(datasync) = write_sync(HandleFlags::from_handle(fh.0), flags.0, from_cache) {
+            try_reply!("write (O_SYNC)", reply, self.fs.fsync(ino.0, datasync));
         }
         match u32::try_from(written) {
             Ok(n) => reply.written(n),

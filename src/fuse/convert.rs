@@ -153,6 +153,25 @@ impl HandleFlags {
     }
 }
 
+/// Whether a WRITE request must be made durable before it is answered, and
+/// if so whether `datasync` suffices: `Some(datasync)` or `None`.
+///
+/// `handle` is what the file was opened with; `request` the flags the kernel
+/// sent with this write (the open flags plus O_DSYNC/O_SYNC for an
+/// RWF_DSYNC/RWF_SYNC write). Only writes through a direct-I/O handle
+/// (FOPEN_DIRECT_IO, our O_DIRECT opens) are synced here: the kernel sends
+/// the page-cache writes of synchronous files through `generic_write_sync`,
+/// which follows them with an FSYNC request of its own, so syncing them here
+/// too made every O_DSYNC write pay for two full syncs. Writes from the
+/// kernel's writeback cache never carry a caller's sync flag.
+pub fn write_sync(handle: HandleFlags, request: i32, from_cache: bool) -> Option<bool> {
+    let wanted = HandleFlags(handle.0 | request);
+    if from_cache || !handle.direct() || !wanted.sync_writes() {
+        return None;
+    }
+    Some(!wanted.sync_metadata())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +196,22 @@ mod tests {
         let sync = HandleFlags(libc::O_WRONLY | libc::O_SYNC);
         assert!(sync.sync_writes() && sync.sync_metadata() && !sync.direct());
         assert!(!HandleFlags(libc::O_RDONLY).sync_writes());
+    }
+
+    #[test]
+    fn only_direct_handles_are_synced_in_the_write() {
+        let direct_dsync = HandleFlags(libc::O_WRONLY | libc::O_DIRECT | libc::O_DSYNC);
+        assert_eq!(write_sync(direct_dsync, 0, false), Some(true));
+        let direct_sync = HandleFlags(libc::O_WRONLY | libc::O_DIRECT | libc::O_SYNC);
+        assert_eq!(write_sync(direct_sync, 0, false), Some(false));
+        // RWF_DSYNC on a plain O_DIRECT handle arrives in the request's flags.
+        let direct = HandleFlags(libc::O_WRONLY | libc::O_DIRECT);
+        assert_eq!(write_sync(direct, libc::O_DSYNC, false), Some(true));
+        assert_eq!(write_sync(direct, 0, false), None);
+        // Page-cache handles: the kernel sends FSYNC after the write itself.
+        let cached_dsync = HandleFlags(libc::O_WRONLY | libc::O_DSYNC);
+        assert_eq!(write_sync(cached_dsync, libc::O_DSYNC, false), None);
+        assert_eq!(write_sync(direct_dsync, 0, true), None);
     }
 
     #[test]

@@ -109,7 +109,7 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
-    writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH, parity=KERNEL, \
+    writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, read_ahead_kb=N, log=PATH, parity=KERNEL, \
     balance=sticky|round-robin|first|legacy, rotational=0|1; \
     and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
     nosuid, nodev, noexec, noatime, ...";
@@ -150,6 +150,16 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                     _ => {
                         return Err(format!(
                             "threads={v}: expected a number of threads from 1 to 256"
+                        ))
+                    }
+                }
+            }
+            ("read_ahead_kb", Some(v)) => {
+                opts.fuse.read_ahead = match v.parse::<u32>() {
+                    Ok(kib) if kib <= 65_536 => kib * 1024,
+                    _ => {
+                        return Err(format!(
+                            "read_ahead_kb={v}: expected KiB from 0 (kernel default) to 65536"
                         ))
                     }
                 }
@@ -266,6 +276,11 @@ mod tests {
         let opts = parse(&[]).unwrap();
         assert!(!opts.fuse.read_only && !opts.fuse.allow_other && !opts.force);
         assert_eq!(opts.fuse.entry_timeout, Duration::from_secs(1));
+        assert_eq!(opts.fuse.read_ahead, 1 << 20);
+        let none = parse(&["read_ahead_kb=0".into()]).unwrap();
+        assert_eq!(none.fuse.read_ahead, 0);
+        let big = parse(&["read_ahead_kb=4096".into()]).unwrap();
+        assert_eq!(big.fuse.read_ahead, 4 << 20);
     }
 
     #[test]
@@ -282,6 +297,8 @@ mod tests {
         assert!(parse(&["threads=0".into()]).is_err());
         assert!(parse(&["sync".into()]).is_err(), "sync cannot be honoured");
         assert!(parse(&["nofail=1".into()]).is_err());
+        assert!(parse(&["read_ahead_kb=x".into()]).is_err());
+        assert!(parse(&["read_ahead_kb=70000".into()]).is_err());
     }
 
     #[test]

@@ -24,7 +24,11 @@ fn drop_caches() {
 }
 
 /// Read every filled group sequentially in 1 MiB requests; MiB/s.
-fn read_all(array: &raidfs::array::Array, bases: &[(u64, u64)], stop: Option<&AtomicBool>) -> Result<f64, raidfs::array::ArrayError> {
+fn read_all(
+    array: &raidfs::array::Array,
+    bases: &[(u64, u64)],
+    stop: Option<&AtomicBool>,
+) -> Result<f64, raidfs::array::ArrayError> {
     let mut buf = vec![0u8; 1 << 20];
     let t = Instant::now();
     let mut bytes = 0u64;
@@ -44,7 +48,11 @@ fn read_all(array: &raidfs::array::Array, bases: &[(u64, u64)], stop: Option<&At
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = PathBuf::from(args.get(1).cloned().unwrap_or_else(|| "/var/tmp/raidfs-bench-rebuild".into()));
+    let dir = PathBuf::from(
+        args.get(1)
+            .cloned()
+            .unwrap_or_else(|| "/var/tmp/raidfs-bench-rebuild".into()),
+    );
     let member_mib: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1024);
     std::fs::create_dir_all(&dir)?;
     let paths: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("m{i}.img"))).collect();
@@ -104,7 +112,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::remove_file(&paths[3])?;
     drop_caches();
     let t = Instant::now();
-    array.add(open_member(&paths[3], Some(size))?, paths[3].display().to_string())?;
+    array.add(
+        open_member(&paths[3], Some(size))?,
+        paths[3].display().to_string(),
+    )?;
     array.wait_background();
     array.flush()?;
     let rebuild_secs = t.elapsed().as_secs_f64();
@@ -117,7 +128,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::remove_file(&paths[3])?;
     drop_caches();
     let t = Instant::now();
-    array.add(open_member(&paths[3], Some(size))?, paths[3].display().to_string())?;
+    array.add(
+        open_member(&paths[3], Some(size))?,
+        paths[3].display().to_string(),
+    )?;
     let done = Arc::new(AtomicBool::new(false));
     let reader = {
         let (array, done, bases) = (Arc::clone(&array), Arc::clone(&done), bases.clone());
@@ -130,12 +144,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let busy_rebuild = mib_per_s(rebuilt, busy_secs);
     array.mark_clean()?;
 
-    println!("member size                 {member_mib} MiB, {} MiB allocated per member", rebuilt >> 20);
+    println!(
+        "member size                 {member_mib} MiB, {} MiB allocated per member",
+        rebuilt >> 20
+    );
     println!("dd bs=1M conv=fsync copy    {dd_speed:8.1} MiB/s");
-    println!("rebuild (idle)              {rebuild_speed:8.1} MiB/s   ratio to dd {:.2}", rebuild_speed / dd_speed);
+    println!(
+        "rebuild (idle)              {rebuild_speed:8.1} MiB/s   ratio to dd {:.2}",
+        rebuild_speed / dd_speed
+    );
     println!("sequential read (idle)      {idle_read:8.1} MiB/s");
     println!("rebuild (with reader)       {busy_rebuild:8.1} MiB/s");
-    println!("sequential read (rebuild)   {busy_read:8.1} MiB/s   ratio to idle {:.2}", busy_read / idle_read);
+    println!(
+        "sequential read (rebuild)   {busy_read:8.1} MiB/s   ratio to idle {:.2}",
+        busy_read / idle_read
+    );
     for p in &paths {
         let _ = std::fs::remove_file(p);
     }

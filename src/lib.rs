@@ -12,12 +12,12 @@
 //! 8. [`control`]: the control socket of a running mount (status, member changes).
 //! 9. [`cli`]: the `raidfs` command.
 
-pub mod member;
-pub mod parity;
-pub mod geometry;
-pub mod superblock;
 pub mod array;
+pub mod cli;
+pub mod control;
 pub mod fs;
 pub mod fuse;
-pub mod control;
-pub mod cli;
+pub mod geometry;
+pub mod member;
+pub mod parity;
+pub mod superblock;

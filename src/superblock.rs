@@ -558,7 +558,7 @@ impl Superblock {
             ));
         }
         let first_free = SB_OFFSETS[1] + SUPERBLOCK_SIZE as u64;
-        if self.data_offset < first_free || self.data_offset % ALIGN != 0 {
+        if self.data_offset < first_free || !self.data_offset.is_multiple_of(ALIGN) {
             return Err(format!(
                 "data offset {} is not a multiple of {ALIGN} at or after {first_free}",
                 self.data_offset
@@ -570,7 +570,7 @@ impl Superblock {
                 self.data_offset, self.data_size
             ));
         }
-        if self.group_size == 0 || self.group_size % self.chunk != 0 {
+        if self.group_size == 0 || !self.group_size.is_multiple_of(self.chunk) {
             return Err(format!(
                 "group size {} is not a positive multiple of the chunk size {}",
                 self.group_size, self.chunk
@@ -618,7 +618,7 @@ impl Superblock {
         };
         let mut best: Option<&Superblock> = None;
         for sb in decoded.iter().flatten() {
-            if best.map_or(true, |b| sb.events > b.events) {
+            if best.is_none_or(|b| sb.events > b.events) {
                 best = Some(sb);
             }
         }

@@ -226,7 +226,9 @@ fn past_tolerance_writes_are_refused_and_data_stays() {
     let data = vec![0x5au8; 256 << 10];
     array.write(addr, &data).expect("write");
     ms[1].pull();
-    array.write(addr, &data).expect("degraded write (member 1 detected as failed)");
+    array
+        .write(addr, &data)
+        .expect("degraded write (member 1 detected as failed)");
     assert_eq!(array.failed_slots(), vec![1]);
     ms[2].pull();
     let err = array

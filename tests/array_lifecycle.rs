@@ -1,27 +1,41 @@
 //! Member lifecycle on a running array: fail, add (rebuild), hot spares,
 //! replace, rebuild resume from a checkpoint, and scrub.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use raidfs::array::{assemble, create, AddOutcome, Array, AssembleOptions, CreateSpec, GROUP_SHIFT};
+use raidfs::array::{
+    assemble, create, AddOutcome, Array, AssembleOptions, CreateSpec, GROUP_SHIFT,
+};
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
 use raidfs::superblock::GroupProfile;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
 const MEMBER_SIZE: u64 = 48 << 20;
 
 fn faulty(n: usize, prefix: &str) -> Vec<FaultyMember> {
-    (0..n).map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("{prefix}{i}")).expect("memory member")).collect()
+    (0..n)
+        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("{prefix}{i}")).expect("memory member"))
+        .collect()
 }
 
 fn handles(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
-    ms.iter().enumerate().map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("m{i}"))).collect()
+    ms.iter()
+        .enumerate()
+        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("m{i}")))
+        .collect()
 }
 
 fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {
-    let spec = CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 16 << 10, copies: 2, name: "life".into(), ppl: false };
+    let spec = CreateSpec {
+        level,
+        layout: Layout::LeftSymmetric,
+        chunk: 16 << 10,
+        copies: 2,
+        name: "life".into(),
+        ppl: false,
+    };
     let array = Arc::new(create(handles(ms), &spec).expect("create"));
     array.start_background();
     array
@@ -72,7 +86,9 @@ fn raid5_fail_add_rebuild_then_fail_another() {
     scribble(&array, &mut contents, 2);
     assert_eq!(array.failed_slots(), vec![1]);
     let fresh = FaultyMember::memory(MEMBER_SIZE, "new").expect("member");
-    let outcome = array.add(Arc::new(fresh.clone()), "new".into()).expect("add");
+    let outcome = array
+        .add(Arc::new(fresh.clone()), "new".into())
+        .expect("add");
     assert_eq!(outcome, AddOutcome::Rebuilding { slot: 1 });
     scribble(&array, &mut contents, 3); // foreground writes during the rebuild
     array.wait_background();
@@ -113,11 +129,16 @@ fn hot_spare_takes_over_a_failed_member() {
     let array = new_array(Level::Raid1, &ms);
     let contents = fill(&array, 6);
     let spare = FaultyMember::memory(MEMBER_SIZE, "spare").expect("member");
-    assert_eq!(array.add(Arc::new(spare), "spare".into()).expect("add"), AddOutcome::Spare);
+    assert_eq!(
+        array.add(Arc::new(spare), "spare".into()).expect("add"),
+        AddOutcome::Spare
+    );
     assert_eq!(array.spares(), vec!["spare".to_string()]);
     ms[2].pull();
     let (addr, data) = &contents[0];
-    array.write(*addr, &data[..4096]).expect("write notices the failure");
+    array
+        .write(*addr, &data[..4096])
+        .expect("write notices the failure");
     array.wait_background();
     assert!(array.spares().is_empty());
     assert!(!array.is_degraded(), "{:?}", array.status());
@@ -132,7 +153,9 @@ fn replace_keeps_the_old_member_until_done() {
     let array = new_array(Level::Raid5, &ms);
     let mut contents = fill(&array, 7);
     let new = FaultyMember::memory(MEMBER_SIZE, "replacement").expect("member");
-    array.replace(2, Arc::new(new.clone()), "replacement".into()).expect("replace");
+    array
+        .replace(2, Arc::new(new.clone()), "replacement".into())
+        .expect("replace");
     scribble(&array, &mut contents, 8);
     array.wait_background();
     assert!(array.last_sync_result().expect("result").completed);
@@ -154,11 +177,16 @@ fn interrupted_rebuild_resumes_from_its_checkpoint() {
     // Slow enough that the stop lands long before the end.
     array.set_speed_limits(Some(0), Some(2 << 20));
     let fresh = FaultyMember::memory(MEMBER_SIZE, "fresh").expect("member");
-    array.add(Arc::new(fresh.clone()), "fresh".into()).expect("add");
+    array
+        .add(Arc::new(fresh.clone()), "fresh".into())
+        .expect("add");
     // Wait (on the progress counter, not the clock) for the first step.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while array.sync_progress().is_some_and(|p| p.done == 0) {
-        assert!(std::time::Instant::now() < deadline, "recovery made no progress");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "recovery made no progress"
+        );
         std::thread::yield_now();
     }
     array.stop_background();
@@ -173,7 +201,10 @@ fn interrupted_rebuild_resumes_from_its_checkpoint() {
     assert!(array.is_degraded(), "the rebuild is not finished yet");
     array.start_background();
     let progress = array.sync_progress().expect("recovery resumed");
-    assert!(progress.done > 0, "resumed past the checkpoint, not from zero");
+    assert!(
+        progress.done > 0,
+        "resumed past the checkpoint, not from zero"
+    );
     array.set_speed_limits(Some(0), Some(0));
     array.wait_background();
     assert!(array.last_sync_result().expect("result").completed);
@@ -189,7 +220,7 @@ fn scrub_counts_and_repairs_parity_mismatches() {
     let contents = fill(&array, 10);
     // Flip bytes behind the array's back in the first data group, on one member.
     let sb = array.superblock();
-    let first_data = (contents[0].0 >> GROUP_SHIFT) as u64;
+    let first_data = contents[0].0 >> GROUP_SHIFT;
     let at = sb.data_offset + first_data * sb.group_size + 3 * sb.chunk + 100;
     ms[2].write_at(&[0xAA; 37], at).expect("corrupt");
     array.start_check(false).expect("check");

@@ -3,13 +3,13 @@
 //! being written. With the partial parity log it does not; without it, the
 //! same crash images show the hole (so the test can tell the difference).
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use raidfs::array::{assemble, create, AssembleOptions, CreateSpec, GROUP_SHIFT};
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
 use raidfs::superblock::GroupProfile;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
 const CHUNK: u64 = 16 << 10;
@@ -24,11 +24,22 @@ fn random(seed: u64, len: usize) -> Vec<u8> {
 /// stripe and length), lose the member of data chunk `lost_chunk` (never
 /// written), and report whether that chunk still reads back as it was.
 fn survives(ppl: bool, writes: &[(u64, usize)], lost_chunk: usize, seed: u64) -> bool {
-    let ms: Vec<FaultyMember> =
-        (0..4).map(|i| FaultyMember::memory(24 << 20, &format!("w{i}")).expect("member")).collect();
-    let handles: Vec<(Arc<dyn Member>, String)> =
-        ms.iter().enumerate().map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("w{i}"))).collect();
-    let spec = CreateSpec { level: Level::Raid5, layout: Layout::LeftSymmetric, chunk: CHUNK, copies: 1, name: "wh".into(), ppl };
+    let ms: Vec<FaultyMember> = (0..4)
+        .map(|i| FaultyMember::memory(24 << 20, &format!("w{i}")).expect("member"))
+        .collect();
+    let handles: Vec<(Arc<dyn Member>, String)> = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("w{i}")))
+        .collect();
+    let spec = CreateSpec {
+        level: Level::Raid5,
+        layout: Layout::LeftSymmetric,
+        chunk: CHUNK,
+        copies: 1,
+        name: "wh".into(),
+        ppl,
+    };
     let array = create(handles, &spec).expect("create");
     let base = (array.allocate_group(GroupProfile::Data).expect("group") as u64) << GROUP_SHIFT;
     let original = random(seed, 1 << 20);
@@ -37,7 +48,12 @@ fn survives(ppl: bool, writes: &[(u64, usize)], lost_chunk: usize, seed: u64) ->
     array.mark_dirty().expect("dirty");
     let stripe_bytes = 3 * CHUNK;
     for (n, &(at, len)) in writes.iter().enumerate() {
-        array.write(base + 3 * stripe_bytes + at, &random(seed + 100 + n as u64, len)).expect("partial write");
+        array
+            .write(
+                base + 3 * stripe_bytes + at,
+                &random(seed + 100 + n as u64, len),
+            )
+            .expect("partial write");
     }
     let lost = array.data_geometry().stripe_members(3).data[lost_chunk];
     drop(array);
@@ -52,7 +68,14 @@ fn survives(ppl: bool, writes: &[(u64, usize)], lost_chunk: usize, seed: u64) ->
             (Arc::new(image) as Arc<dyn Member>, format!("w{i}"))
         })
         .collect();
-    let array = assemble(survivors, AssembleOptions { force: !ppl, ..Default::default() }).expect("assemble degraded");
+    let array = assemble(
+        survivors,
+        AssembleOptions {
+            force: !ppl,
+            ..Default::default()
+        },
+    )
+    .expect("assemble degraded");
     let untouched = (3 * stripe_bytes + lost_chunk as u64 * CHUNK) as usize;
     let mut buf = vec![0u8; CHUNK as usize];
     array.read(base + untouched as u64, &mut buf).expect("read");
@@ -65,28 +88,55 @@ fn partial_parity_log_closes_the_write_hole() {
     let two_writes = [(1000, 6000), (2 * CHUNK + 1000, 6000)];
     let rcw = [(2 * CHUNK - 3000, 6000)];
     for seed in 0..10 {
-        assert!(survives(true, &rmw, 1, seed), "read-modify-write, seed {seed}: untouched data corrupted");
-        assert!(survives(true, &two_writes, 1, seed), "two writes to one stripe, seed {seed}: untouched data corrupted");
-        assert!(survives(true, &rcw, 0, seed), "reconstruct-write, seed {seed}: untouched data corrupted");
+        assert!(
+            survives(true, &rmw, 1, seed),
+            "read-modify-write, seed {seed}: untouched data corrupted"
+        );
+        assert!(
+            survives(true, &two_writes, 1, seed),
+            "two writes to one stripe, seed {seed}: untouched data corrupted"
+        );
+        assert!(
+            survives(true, &rcw, 0, seed),
+            "reconstruct-write, seed {seed}: untouched data corrupted"
+        );
     }
 }
 
 #[test]
 fn without_the_log_the_same_crashes_expose_the_hole() {
-    let corrupted = (0..10).filter(|&seed| !survives(false, &[(1000, 6000)], 1, seed)).count();
-    assert!(corrupted > 0, "no crash image showed the write hole; the test would not notice a broken log");
+    let corrupted = (0..10)
+        .filter(|&seed| !survives(false, &[(1000, 6000)], 1, seed))
+        .count();
+    assert!(
+        corrupted > 0,
+        "no crash image showed the write hole; the test would not notice a broken log"
+    );
 }
 
 #[test]
 fn dirty_degraded_raid5_without_the_log_needs_force() {
-    let ms: Vec<FaultyMember> = (0..3).map(|i| FaultyMember::memory(24 << 20, &format!("d{i}")).expect("member")).collect();
-    let handles: Vec<(Arc<dyn Member>, String)> =
-        ms.iter().enumerate().map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("d{i}"))).collect();
-    let spec = CreateSpec { level: Level::Raid5, layout: Layout::LeftSymmetric, chunk: CHUNK, copies: 1, name: "d".into(), ppl: false };
+    let ms: Vec<FaultyMember> = (0..3)
+        .map(|i| FaultyMember::memory(24 << 20, &format!("d{i}")).expect("member"))
+        .collect();
+    let handles: Vec<(Arc<dyn Member>, String)> = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("d{i}")))
+        .collect();
+    let spec = CreateSpec {
+        level: Level::Raid5,
+        layout: Layout::LeftSymmetric,
+        chunk: CHUNK,
+        copies: 1,
+        name: "d".into(),
+        ppl: false,
+    };
     let array = create(handles.clone(), &spec).expect("create");
     array.mark_dirty().expect("dirty");
     drop(array);
-    let err = assemble(handles[..2].to_vec(), AssembleOptions::default()).err().expect("refused");
+    let err = assemble(handles[..2].to_vec(), AssembleOptions::default())
+        .err()
+        .expect("refused");
     assert!(err.to_string().contains("--force"), "{err}");
 }
-

@@ -5,7 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs")).args(args).current_dir(cwd).output().expect("run raidfs")
+    Command::new(env!("CARGO_BIN_EXE_raidfs"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run raidfs")
 }
 
 fn stderr(o: &Output) -> String {
@@ -18,7 +22,11 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .expect("read dir")
         .map(|e| {
             let p = e.expect("entry").path();
-            let bytes = if p.is_file() { std::fs::read(&p).expect("read") } else { Vec::new() };
+            let bytes = if p.is_file() {
+                std::fs::read(&p).expect("read")
+            } else {
+                Vec::new()
+            };
             (p, bytes)
         })
         .collect();
@@ -30,17 +38,34 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 fn create_then_examine_raid5() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join("m")).expect("mkdir");
-    let o = raidfs(&["create", "--level", "5", "--size", "256M", "m/a.img", "m/b.img", "m/c.img", "m/d.img"], dir.path());
+    let o = raidfs(
+        &[
+            "create", "--level", "5", "--size", "256M", "m/a.img", "m/b.img", "m/c.img", "m/d.img",
+        ],
+        dir.path(),
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     for name in ["a", "b", "c", "d"] {
-        let meta = std::fs::metadata(dir.path().join(format!("m/{name}.img"))).expect("image exists");
+        let meta =
+            std::fs::metadata(dir.path().join(format!("m/{name}.img"))).expect("image exists");
         assert_eq!(meta.len(), 256 << 20);
     }
     let o = raidfs(&["examine", "m/a.img"], dir.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
-    for want in ["Raid Level : raid5", "Raid Devices : 4", "Layout : left-symmetric", "Chunk Size : 64K", "copy 0 good, copy 1 good", "Device Role : Active device 0", "State : clean"] {
-        assert!(text.contains(want), "examine output lacks '{want}':\n{text}");
+    for want in [
+        "Raid Level : raid5",
+        "Raid Devices : 4",
+        "Layout : left-symmetric",
+        "Chunk Size : 64K",
+        "copy 0 good, copy 1 good",
+        "Device Role : Active device 0",
+        "State : clean",
+    ] {
+        assert!(
+            text.contains(want),
+            "examine output lacks '{want}':\n{text}"
+        );
     }
     let o = raidfs(&["examine", "--json", "m/c.img"], dir.path());
     assert!(o.status.success(), "{}", stderr(&o));
@@ -53,14 +78,21 @@ fn create_then_examine_raid5() {
 #[test]
 fn examine_reports_a_damaged_copy() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let o = raidfs(&["create", "--level", "1", "--size", "64M", "a.img", "b.img"], dir.path());
+    let o = raidfs(
+        &["create", "--level", "1", "--size", "64M", "a.img", "b.img"],
+        dir.path(),
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let path = dir.path().join("a.img");
     let mut bytes = std::fs::read(&path).expect("read");
     bytes[100] ^= 0xff; // inside copy 0
     std::fs::write(&path, &bytes).expect("write");
     let o = raidfs(&["examine", "a.img"], dir.path());
-    assert!(o.status.success(), "one good copy is enough: {}", stderr(&o));
+    assert!(
+        o.status.success(),
+        "one good copy is enough: {}",
+        stderr(&o)
+    );
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("copy 0 BAD"), "{text}");
     assert!(text.contains("copy 1 good"), "{text}");
@@ -71,7 +103,10 @@ fn assert_refused(dir: &Path, args: &[&str], want: &str) {
     let o = raidfs(args, dir);
     assert!(!o.status.success(), "{args:?} must fail");
     let err = stderr(&o);
-    assert!(err.contains(want), "{args:?}: message lacks '{want}': {err}");
+    assert!(
+        err.contains(want),
+        "{args:?}: message lacks '{want}': {err}"
+    );
     assert_eq!(snapshot(dir), before, "{args:?} modified files");
 }
 
@@ -79,26 +114,83 @@ fn assert_refused(dir: &Path, args: &[&str], want: &str) {
 fn bad_input_is_refused_and_nothing_changes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    assert!(raidfs(&["create", "--level", "1", "--size", "64M", "x1.img", "x2.img"], d).status.success());
-    assert!(raidfs(&["create", "--level", "1", "--size", "64M", "y1.img", "y2.img"], d).status.success());
+    assert!(raidfs(
+        &["create", "--level", "1", "--size", "64M", "x1.img", "x2.img"],
+        d
+    )
+    .status
+    .success());
+    assert!(raidfs(
+        &["create", "--level", "1", "--size", "64M", "y1.img", "y2.img"],
+        d
+    )
+    .status
+    .success());
     std::fs::write(d.join("notes.txt"), b"precious words").expect("write");
 
     // Members of two different arrays.
-    assert_refused(d, &["create", "--level", "5", "x1.img", "x2.img", "y1.img"], "is a member of array");
+    assert_refused(
+        d,
+        &["create", "--level", "5", "x1.img", "x2.img", "y1.img"],
+        "is a member of array",
+    );
     // Too few members.
-    assert_refused(d, &["create", "--level", "5", "--size", "64M", "n1.img", "n2.img"], "too few members");
-    assert_refused(d, &["create", "--level", "6", "--size", "64M", "n1.img", "n2.img", "n3.img"], "too few members");
+    assert_refused(
+        d,
+        &[
+            "create", "--level", "5", "--size", "64M", "n1.img", "n2.img",
+        ],
+        "too few members",
+    );
+    assert_refused(
+        d,
+        &[
+            "create", "--level", "6", "--size", "64M", "n1.img", "n2.img", "n3.img",
+        ],
+        "too few members",
+    );
     // An ordinary file as a member.
-    assert_refused(d, &["create", "--level", "1", "--size", "64M", "notes.txt", "n1.img"], "non-empty file");
+    assert_refused(
+        d,
+        &[
+            "create",
+            "--level",
+            "1",
+            "--size",
+            "64M",
+            "notes.txt",
+            "n1.img",
+        ],
+        "non-empty file",
+    );
     // A new image without --size.
-    assert_refused(d, &["create", "--level", "1", "n1.img", "n2.img"], "give --size");
+    assert_refused(
+        d,
+        &["create", "--level", "1", "n1.img", "n2.img"],
+        "give --size",
+    );
     // An unknown level.
-    assert_refused(d, &["create", "--level", "7", "--size", "64M", "n1.img", "n2.img"], "unknown RAID level");
+    assert_refused(
+        d,
+        &[
+            "create", "--level", "7", "--size", "64M", "n1.img", "n2.img",
+        ],
+        "unknown RAID level",
+    );
     // The same member twice.
-    assert_refused(d, &["create", "--level", "1", "--size", "64M", "n1.img", "n1.img"], "named twice");
+    assert_refused(
+        d,
+        &[
+            "create", "--level", "1", "--size", "64M", "n1.img", "n1.img",
+        ],
+        "named twice",
+    );
 
     // --force overwrites a member of another array.
-    let o = raidfs(&["create", "--level", "1", "--force", "x1.img", "y2.img"], d);
+    let o = raidfs(
+        &["create", "--level", "1", "--force", "x1.img", "y2.img"],
+        d,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
 }
 

@@ -7,9 +7,9 @@
 mod common;
 
 use common::{fuse_available, DaemonGuard};
+use raidfs::cli::mount::registry;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use raidfs::cli::mount::registry;
 use std::ffi::CString;
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
@@ -20,7 +20,11 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs")).args(args).current_dir(cwd).output().expect("run raidfs")
+    Command::new(env!("CARGO_BIN_EXE_raidfs"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run raidfs")
 }
 
 fn check(out: Output, what: &str) -> Output {
@@ -91,8 +95,21 @@ fn setxattr(path: &Path, name: &str, value: &[u8]) {
     let p = CString::new(path.as_os_str().as_bytes()).expect("path");
     let n = CString::new(name).expect("name");
     // SAFETY: valid NUL-terminated strings and a live buffer.
-    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    assert_eq!(rc, 0, "setxattr {name}: {}", std::io::Error::last_os_error());
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "setxattr {name}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn getxattr(path: &Path, name: &str) -> Vec<u8> {
@@ -101,7 +118,11 @@ fn getxattr(path: &Path, name: &str) -> Vec<u8> {
     let mut buf = vec![0u8; 4096];
     // SAFETY: valid NUL-terminated strings and a live buffer of the given size.
     let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(rc >= 0, "getxattr {name}: {}", std::io::Error::last_os_error());
+    assert!(
+        rc >= 0,
+        "getxattr {name}: {}",
+        std::io::Error::last_os_error()
+    );
     buf.truncate(rc as usize);
     buf
 }
@@ -110,7 +131,11 @@ fn getxattr(path: &Path, name: &str) -> Vec<u8> {
 fn write_tree(root: &Path, big: usize) {
     fs::create_dir_all(root.join("a/b/c")).expect("mkdir");
     for i in 0..50u64 {
-        fs::write(root.join(format!("a/small-{i}")), pattern(i, (i as usize * 977) % 9000)).expect("small");
+        fs::write(
+            root.join(format!("a/small-{i}")),
+            pattern(i, (i as usize * 977) % 9000),
+        )
+        .expect("small");
     }
     // The large file in 8 MiB pieces from one seeded stream of pieces.
     let mut f = fs::File::create(root.join("a/b/big.bin")).expect("big");
@@ -138,7 +163,10 @@ fn write_tree(root: &Path, big: usize) {
 fn verify_tree(root: &Path, big: usize) {
     for i in 0..50u64 {
         let got = fs::read(root.join(format!("a/small-{i}"))).expect("read small");
-        assert!(got == pattern(i, (i as usize * 977) % 9000), "small-{i} differs");
+        assert!(
+            got == pattern(i, (i as usize * 977) % 9000),
+            "small-{i} differs"
+        );
     }
     let mut f = fs::File::open(root.join("a/b/big.bin")).expect("open big");
     assert_eq!(f.metadata().expect("meta").len(), big as u64);
@@ -149,22 +177,41 @@ fn verify_tree(root: &Path, big: usize) {
     while read < big {
         let len = piece.min(big - read);
         std::io::Read::read_exact(&mut f, &mut buf[..len]).expect("read big");
-        assert!(buf[..len] == pattern(1000 + n, len)[..], "big.bin differs in piece {n}");
+        assert!(
+            buf[..len] == pattern(1000 + n, len)[..],
+            "big.bin differs in piece {n}"
+        );
         read += len;
         n += 1;
     }
     let sparse = fs::read(root.join("a/sparse")).expect("read sparse");
     assert_eq!(sparse.len(), (20 << 20) + 3000);
     assert!(sparse[..5000] == pattern(7, 5000)[..]);
-    assert!(sparse[5000..20 << 20].iter().all(|&b| b == 0), "hole reads as zeros");
+    assert!(
+        sparse[5000..20 << 20].iter().all(|&b| b == 0),
+        "hole reads as zeros"
+    );
     assert!(sparse[20 << 20..] == pattern(8, 3000)[..]);
     let meta = fs::metadata(root.join("a/sparse")).expect("meta");
-    assert!(meta.blocks() * 512 < 1 << 20, "the hole takes no space: {} blocks", meta.blocks());
+    assert!(
+        meta.blocks() * 512 < 1 << 20,
+        "the hole takes no space: {} blocks",
+        meta.blocks()
+    );
     let link = fs::metadata(root.join("a/b/c/hardlink")).expect("link meta");
     assert_eq!(link.nlink(), 2);
-    assert_eq!(link.ino(), fs::metadata(root.join("a/small-3")).expect("meta").ino());
-    assert_eq!(fs::read_link(root.join("a/b/symlink")).expect("readlink"), PathBuf::from("../small-4"));
-    assert_eq!(fs::read(root.join("a/b/symlink")).expect("via symlink"), pattern(4, 4 * 977));
+    assert_eq!(
+        link.ino(),
+        fs::metadata(root.join("a/small-3")).expect("meta").ino()
+    );
+    assert_eq!(
+        fs::read_link(root.join("a/b/symlink")).expect("readlink"),
+        PathBuf::from("../small-4")
+    );
+    assert_eq!(
+        fs::read(root.join("a/b/symlink")).expect("via symlink"),
+        pattern(4, 4 * 977)
+    );
     assert_eq!(getxattr(&root.join("a/small-5"), "user.colour"), b"blue");
     assert_eq!(getxattr(&root.join("a/b"), "user.dir"), b"yes");
 }
@@ -218,24 +265,43 @@ fn degraded(level: &str, n: usize, lose: &[usize]) {
     for &i in lose {
         fs::remove_file(array.dir.path().join(&array.members[i])).expect("delete member");
     }
-    let left: Vec<String> =
-        array.members.iter().enumerate().filter(|(i, _)| !lose.contains(i)).map(|(_, m)| m.clone()).collect();
+    let left: Vec<String> = array
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !lose.contains(i))
+        .map(|(_, m)| m.clone())
+        .collect();
     check(array.mount_with(&left), "degraded mount");
     verify_tree(&array.mnt(), 40 << 20);
     // Writes go on while degraded.
     fs::write(array.mnt().join("written-degraded"), pattern(99, 300_000)).expect("degraded write");
     let log = array.log();
     for &i in lose {
-        assert!(log.contains(&format!("slot {i}")), "the mount log names missing slot {i}:\n{log}");
+        assert!(
+            log.contains(&format!("slot {i}")),
+            "the mount log names missing slot {i}:\n{log}"
+        );
     }
     assert!(log.contains("degraded"), "{log}");
     array.umount();
     let out = check(raidfs(&["examine", &left[0]], array.dir.path()), "examine");
     let text = String::from_utf8_lossy(&out.stdout);
-    let state_line = text.lines().find(|l| l.contains("Array State")).expect("state line").to_string();
-    assert_eq!(state_line.matches('.').count() - 1, lose.len(), "examine marks the missing slots: {state_line}");
+    let state_line = text
+        .lines()
+        .find(|l| l.contains("Array State"))
+        .expect("state line")
+        .to_string();
+    assert_eq!(
+        state_line.matches('.').count() - 1,
+        lose.len(),
+        "examine marks the missing slots: {state_line}"
+    );
     check(array.mount_with(&left), "second degraded mount");
-    assert_eq!(fs::read(array.mnt().join("written-degraded")).expect("read"), pattern(99, 300_000));
+    assert_eq!(
+        fs::read(array.mnt().join("written-degraded")).expect("read"),
+        pattern(99, 300_000)
+    );
     verify_tree(&array.mnt(), 40 << 20);
     array.umount();
 }
@@ -259,7 +325,11 @@ fn mount_is_refused_with_too_few_members() {
     let _guard = DaemonGuard::new(&array.mnt());
     let out = array.mount_with(&array.members[..1]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("too few"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("too few"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -275,8 +345,12 @@ fn killed_daemon_leaves_fsynced_data_and_a_clean_fsck() {
     for round in 0..6u64 {
         check(array.mount_with(&array.members), "mount");
         for (name, seed, len) in &durable {
-            let got = fs::read(array.mnt().join(name)).unwrap_or_else(|e| panic!("round {round}: {name}: {e}"));
-            assert!(got == pattern(*seed, *len), "round {round}: fsync'd {name} differs");
+            let got = fs::read(array.mnt().join(name))
+                .unwrap_or_else(|e| panic!("round {round}: {name}: {e}"));
+            assert!(
+                got == pattern(*seed, *len),
+                "round {round}: fsync'd {name} differs"
+            );
         }
         let mnt = array.mnt();
         let writer = std::thread::spawn(move || {
@@ -298,7 +372,9 @@ fn killed_daemon_leaves_fsynced_data_and_a_clean_fsck() {
         });
         // A random crash point: the writer is mid-stream when this fires.
         std::thread::sleep(Duration::from_millis(rng.gen_range(50..400)));
-        let record = registry::read(&array.mnt()).expect("registry").expect("daemon record");
+        let record = registry::read(&array.mnt())
+            .expect("registry")
+            .expect("daemon record");
         // SAFETY: the pid is the daemon this test started.
         assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
         assert!(record.wait_for_exit(Duration::from_secs(20)));
@@ -306,12 +382,22 @@ fn killed_daemon_leaves_fsynced_data_and_a_clean_fsck() {
         common::detach(&array.mnt());
         let out = array.fsck(&array.members);
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("clean"), "round {round}: fsck after kill -9:\n{text}");
+        assert!(
+            out.status.success() && text.contains("clean"),
+            "round {round}: fsck after kill -9:\n{text}"
+        );
     }
-    assert!(durable.len() > 6, "writers made progress: {}", durable.len());
+    assert!(
+        durable.len() > 6,
+        "writers made progress: {}",
+        durable.len()
+    );
     check(array.mount_with(&array.members), "final mount");
     for (name, seed, len) in &durable {
-        assert!(fs::read(array.mnt().join(name)).expect("read") == pattern(*seed, *len), "{name} differs");
+        assert!(
+            fs::read(array.mnt().join(name)).expect("read") == pattern(*seed, *len),
+            "{name} differs"
+        );
     }
     array.umount();
 }

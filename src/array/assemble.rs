@@ -35,7 +35,10 @@ pub fn open_member(path: &Path, create_size: Option<u64>) -> ArrayResult<Arc<dyn
         Some(size) => FileMember::create(path, size),
         None => FileMember::open(path, OpenOptions::default()),
     }
-    .map_err(|source| ArrayError::MemberIo { path: path.display().to_string(), source })?;
+    .map_err(|source| ArrayError::MemberIo {
+        path: path.display().to_string(),
+        source,
+    })?;
     Ok(Arc::new(member))
 }
 
@@ -53,7 +56,10 @@ pub fn assemble_paths(paths: &[PathBuf], opts: AssembleOptions) -> ArrayResult<A
 }
 
 /// Assemble an array from opened members.
-pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) -> ArrayResult<Array> {
+pub fn assemble(
+    members: Vec<(Arc<dyn Member>, String)>,
+    opts: AssembleOptions,
+) -> ArrayResult<Array> {
     if members.is_empty() {
         return Err(ArrayError::Refused("no members given".into()));
     }
@@ -68,25 +74,38 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
         by_array.entry(sb.array_uuid).or_default().push(name);
     }
     if by_array.len() > 1 {
-        let parts: Vec<String> =
-            by_array.iter().map(|(uuid, names)| format!("{} belong to {uuid}", names.join(", "))).collect();
+        let parts: Vec<String> = by_array
+            .iter()
+            .map(|(uuid, names)| format!("{} belong to {uuid}", names.join(", ")))
+            .collect();
         return Err(ArrayError::MixedArrays(parts.join("; ")));
     }
 
-    let (spares, found): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, _, sb)| sb.slot == SPARE_SLOT);
+    let (spares, found): (Vec<_>, Vec<_>) = found
+        .into_iter()
+        .partition(|(_, _, sb)| sb.slot == SPARE_SLOT);
     for (_, name, _) in &spares {
         log::info!("{name} is a spare; not used at assembly");
     }
-    let newest = found.iter().map(|(_, _, sb)| sb.events).max().ok_or_else(|| {
-        ArrayError::Refused("only spares were given; no active member to assemble from".into())
-    })?;
-    let (current, stale): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, _, sb)| sb.events == newest);
+    let newest = found
+        .iter()
+        .map(|(_, _, sb)| sb.events)
+        .max()
+        .ok_or_else(|| {
+            ArrayError::Refused("only spares were given; no active member to assemble from".into())
+        })?;
+    let (current, stale): (Vec<_>, Vec<_>) = found
+        .into_iter()
+        .partition(|(_, _, sb)| sb.events == newest);
     for (_, name, sb) in &stale {
         log::warn!(
             "{name} is stale (events {} < {newest}) and is left out; add it back to rebuild it",
             sb.events
         );
-        eprintln!("raidfs: {name} is stale (events {} < {newest}) and is left out", sb.events);
+        eprintln!(
+            "raidfs: {name} is stale (events {} < {newest}) and is left out",
+            sb.events
+        );
     }
 
     let mut reference = current[0].2.clone();
@@ -95,19 +114,25 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
     for (member, name, sb) in current {
         let slot = sb.slot as usize;
         if slot >= total {
-            return Err(ArrayError::Refused(format!("{name}: slot {slot} is outside the array's {total} slots")));
+            return Err(ArrayError::Refused(format!(
+                "{name}: slot {slot} is outside the array's {total} slots"
+            )));
         }
         if reference.slots[slot] == SlotState::Faulty {
             log::warn!("{name} is recorded as faulty; left out");
             continue;
         }
         if let Some(other) = &slots[slot] {
-            return Err(ArrayError::Refused(format!("{name} and {} both claim slot {slot}", other.name())));
+            return Err(ArrayError::Refused(format!(
+                "{name} and {} both claim slot {slot}",
+                other.name()
+            )));
         }
         let s = Slot::new(Some(member), name, sb.member_uuid);
         if reference.slots[slot] == SlotState::Rebuilding {
             // Resume from the checkpointed position; only what lies below it is valid.
-            s.valid_below.store(sb.recovery_offset, std::sync::atomic::Ordering::Release);
+            s.valid_below
+                .store(sb.recovery_offset, std::sync::atomic::Ordering::Release);
         }
         slots[slot] = Some(s);
     }
@@ -133,7 +158,12 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
     let degraded = present < total;
     let ppl = reference.features & super::FEATURE_PPL != 0 && reference.level == Level::Raid5;
     // With a partial parity log the write hole is closed at assembly below.
-    if degraded && reference.state == ArrayState::Dirty && matches!(reference.level, Level::Raid5 | Level::Raid6) && !opts.force && !ppl {
+    if degraded
+        && reference.state == ArrayState::Dirty
+        && matches!(reference.level, Level::Raid5 | Level::Raid6)
+        && !opts.force
+        && !ppl
+    {
         return Err(ArrayError::DirtyDegraded);
     }
     for s in slots.iter().filter(|s| s.member().is_none()) {
@@ -149,12 +179,21 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
         (0..array.member_count()).for_each(|slot| array.set_rotational(slot, rotational));
     }
     if array.broken.load(std::sync::atomic::Ordering::Acquire) {
-        return Err(ArrayError::TooFewMembers { have: present, total, need, level: geometry.level.to_string() });
+        return Err(ArrayError::TooFewMembers {
+            have: present,
+            total,
+            need,
+            level: geometry.level.to_string(),
+        });
     }
     if changed && !opts.read_only {
         array.write_superblocks()?;
     }
-    let members: Vec<Arc<dyn Member>> = array.present_members().into_iter().map(|(_, m)| m).collect();
+    let members: Vec<Arc<dyn Member>> = array
+        .present_members()
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect();
     array.bitmap.load(&members);
     let repair = array.is_dirty() && degraded && !opts.read_only;
     let repaired = array.ppl_recover(repair)?;
@@ -167,7 +206,9 @@ pub fn assemble(members: Vec<(Arc<dyn Member>, String)>, opts: AssembleOptions) 
             log::warn!("array was not shut down cleanly and is degraded: {regions} regions may have inconsistent redundancy");
         } else {
             log::info!("array was not shut down cleanly: {regions} dirty regions ({} MiB) will be resynced", bytes >> 20);
-            array.needs_resync.store(true, std::sync::atomic::Ordering::Release);
+            array
+                .needs_resync
+                .store(true, std::sync::atomic::Ordering::Release);
         }
     }
     Ok(array)

@@ -80,7 +80,8 @@ impl Bitmap {
 
     fn bit_range(&self, start: u64, end: u64) -> std::ops::Range<usize> {
         let first = (start.saturating_sub(self.data_offset) / self.region) as usize;
-        let last = (end.saturating_sub(self.data_offset).div_ceil(self.region) as usize).min(self.nbits);
+        let last =
+            (end.saturating_sub(self.data_offset).div_ceil(self.region) as usize).min(self.nbits);
         first.min(last)..last
     }
 
@@ -119,7 +120,12 @@ impl Bitmap {
                 continue;
             }
             let h = &area[..HEADER_SIZE];
-            let crc = u32::from_le_bytes([h[HEADER_SIZE - 4], h[HEADER_SIZE - 3], h[HEADER_SIZE - 2], h[HEADER_SIZE - 1]]);
+            let crc = u32::from_le_bytes([
+                h[HEADER_SIZE - 4],
+                h[HEADER_SIZE - 3],
+                h[HEADER_SIZE - 2],
+                h[HEADER_SIZE - 1],
+            ]);
             if &h[0..8] != MAGIC || crc32c::crc32c(&h[..HEADER_SIZE - 4]) != crc {
                 continue;
             }
@@ -145,7 +151,10 @@ impl Bitmap {
         let _w = self.writing.lock();
         let (header, bits) = {
             let st = self.state.lock();
-            (self.encode_header(st.events_cleared), Self::bit_bytes(&st.bits, self.bytes_len()))
+            (
+                self.encode_header(st.events_cleared),
+                Self::bit_bytes(&st.bits, self.bytes_len()),
+            )
         };
         let mut area = header;
         area.extend_from_slice(&bits);
@@ -153,7 +162,12 @@ impl Bitmap {
         members
             .iter()
             .enumerate()
-            .filter_map(|(i, m)| m.write_at(&area, BITMAP_OFFSET).and_then(|()| m.sync()).err().map(|e| (i, e)))
+            .filter_map(|(i, m)| {
+                m.write_at(&area, BITMAP_OFFSET)
+                    .and_then(|()| m.sync())
+                    .err()
+                    .map(|e| (i, e))
+            })
             .collect()
     }
 

@@ -8,8 +8,8 @@ use crate::geometry::{Geometry, Layout, Level};
 use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{
-    ArrayState, GroupProfile, SlotState, Superblock, SuperblockError, DEFAULT_DATA_OFFSET, FORMAT_VERSION,
-    MAX_GROUPS, MAX_MEMBERS,
+    ArrayState, GroupProfile, SlotState, Superblock, SuperblockError, DEFAULT_DATA_OFFSET,
+    FORMAT_VERSION, MAX_GROUPS, MAX_MEMBERS,
 };
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -33,7 +33,14 @@ pub struct CreateSpec {
 
 impl CreateSpec {
     pub fn new(level: Level) -> CreateSpec {
-        CreateSpec { level, layout: Layout::LeftSymmetric, chunk: 64 * 1024, copies: 2, name: String::new(), ppl: false }
+        CreateSpec {
+            level,
+            layout: Layout::LeftSymmetric,
+            chunk: 64 * 1024,
+            copies: 2,
+            name: String::new(),
+            ppl: false,
+        }
     }
 
     /// Fewest members `create` accepts for the level: what gives the level
@@ -49,7 +56,9 @@ impl CreateSpec {
 
     fn geometry(&self, members: usize) -> ArrayResult<Geometry> {
         if self.ppl && self.level != Level::Raid5 {
-            return Err(ArrayError::Refused("the partial parity log (ppl) is for RAID5 only".into()));
+            return Err(ArrayError::Refused(
+                "the partial parity log (ppl) is for RAID5 only".into(),
+            ));
         }
         if members < self.min_members() {
             return Err(ArrayError::Refused(format!(
@@ -63,7 +72,13 @@ impl CreateSpec {
             Level::Raid10 => self.copies,
             _ => 1,
         };
-        Ok(Geometry::new(self.level, members, self.chunk, copies, self.layout)?)
+        Ok(Geometry::new(
+            self.level,
+            members,
+            self.chunk,
+            copies,
+            self.layout,
+        )?)
     }
 }
 
@@ -84,7 +99,10 @@ fn choose_group_size(data_area: u64, chunk: u64) -> u64 {
 /// beyond the geometry: callers check ownership first (see [`create_paths`]).
 pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> ArrayResult<Array> {
     if members.len() > MAX_MEMBERS {
-        return Err(ArrayError::Refused(format!("too many members: {} (at most {MAX_MEMBERS})", members.len())));
+        return Err(ArrayError::Refused(format!(
+            "too many members: {} (at most {MAX_MEMBERS})",
+            members.len()
+        )));
     }
     let geometry = spec.geometry(members.len())?;
     let smallest = members.iter().map(|(m, _)| m.len()).min().unwrap_or(0);
@@ -134,21 +152,34 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
     array.write_superblocks()?;
     array.write_bitmap();
     if let Some(ppl) = &array.ppl {
-        let members: Vec<Arc<dyn Member>> = array.present_members().into_iter().map(|(_, m)| m).collect();
-        ppl.format(&members).map_err(|e| ArrayError::Refused(format!("writing the partial parity log: {e}")))?;
+        let members: Vec<Arc<dyn Member>> = array
+            .present_members()
+            .into_iter()
+            .map(|(_, m)| m)
+            .collect();
+        ppl.format(&members)
+            .map_err(|e| ArrayError::Refused(format!("writing the partial parity log: {e}")))?;
     }
     if array.is_degraded() {
-        return Err(ArrayError::Refused("a member failed while the array was being created".into()));
+        return Err(ArrayError::Refused(
+            "a member failed while the array was being created".into(),
+        ));
     }
     Ok(array)
 }
 
 /// Why an existing path may not become a member without `--force`.
 fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
-    let io_err = |source| ArrayError::MemberIo { path: path.display().to_string(), source };
+    let io_err = |source| ArrayError::MemberIo {
+        path: path.display().to_string(),
+        source,
+    };
     let meta = std::fs::symlink_metadata(path).map_err(io_err)?;
     if meta.file_type().is_symlink() {
-        return Err(ArrayError::Refused(format!("{}: is a symbolic link; give the real path", path.display())));
+        return Err(ArrayError::Refused(format!(
+            "{}: is a symbolic link; give the real path",
+            path.display()
+        )));
     }
     let mut head = vec![0u8; DEFAULT_DATA_OFFSET as usize];
     let mut file = std::fs::File::open(path).map_err(io_err)?;
@@ -163,27 +194,45 @@ fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
     }
     head.truncate(got);
     let name = path.display().to_string();
-    match Superblock::decode(&head[..head.len().min(crate::superblock::SUPERBLOCK_SIZE)], &name) {
-        Ok(sb) => return Ok(Some(format!("{name} is a member of array {} (slot {})", sb.array_uuid, sb.slot))),
+    match Superblock::decode(
+        &head[..head.len().min(crate::superblock::SUPERBLOCK_SIZE)],
+        &name,
+    ) {
+        Ok(sb) => {
+            return Ok(Some(format!(
+                "{name} is a member of array {} (slot {})",
+                sb.array_uuid, sb.slot
+            )))
+        }
         Err(SuperblockError::NotMember(_)) => {}
         Err(_) => return Ok(Some(format!("{name} holds a damaged raidfs superblock"))),
     }
     if head.iter().any(|&b| b != 0) {
-        return Ok(Some(format!("{name} is a non-empty file that is not a raidfs member")));
+        return Ok(Some(format!(
+            "{name} is a non-empty file that is not a raidfs member"
+        )));
     }
     Ok(None)
 }
 
 /// `raidfs create`: check every path, create missing image files of `size`,
 /// then create the array. Bad input is reported before anything is written.
-pub fn create_paths(paths: &[PathBuf], spec: &CreateSpec, size: Option<u64>, force: bool) -> ArrayResult<Array> {
+pub fn create_paths(
+    paths: &[PathBuf],
+    spec: &CreateSpec,
+    size: Option<u64>,
+    force: bool,
+) -> ArrayResult<Array> {
     spec.geometry(paths.len())?;
     let mut seen = std::collections::HashSet::new();
     let mut to_create = Vec::new();
     for path in paths {
         let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
         if !seen.insert(key) {
-            return Err(ArrayError::Refused(format!("{} is named twice", path.display())));
+            return Err(ArrayError::Refused(format!(
+                "{} is named twice",
+                path.display()
+            )));
         }
         if std::fs::symlink_metadata(path).is_err() {
             if size.is_none() {
@@ -197,7 +246,9 @@ pub fn create_paths(paths: &[PathBuf], spec: &CreateSpec, size: Option<u64>, for
         }
         if let Some(problem) = ownership_problem(path)? {
             if !force {
-                return Err(ArrayError::Refused(format!("{problem}; use --force to overwrite it")));
+                return Err(ArrayError::Refused(format!(
+                    "{problem}; use --force to overwrite it"
+                )));
             }
             log::warn!("{problem}; overwriting (--force)");
         }

@@ -37,7 +37,11 @@ pub(super) fn split(region: &Region, offset: u64, len: usize) -> Vec<Piece> {
         let logical = offset + done as u64;
         let in_chunk = logical % chunk;
         let n = ((chunk - in_chunk) as usize).min(len - done);
-        pieces.push(Piece { buf_off: done, len: n, map: region.geometry.map(logical) });
+        pieces.push(Piece {
+            buf_off: done,
+            len: n,
+            map: region.geometry.map(logical),
+        });
         done += n;
     }
     pieces
@@ -58,13 +62,20 @@ fn coalesce(items: impl Iterator<Item = (usize, u64, usize, usize)>) -> Vec<Run>
     for (slot, member_offset, buf_off, len) in items {
         if let Some(last) = runs.iter_mut().rev().find(|r| r.slot == slot) {
             let (_, last_buf, last_len) = last.parts[last.parts.len() - 1];
-            if last.member_offset + last.len as u64 == member_offset && last_buf + last_len == buf_off {
+            if last.member_offset + last.len as u64 == member_offset
+                && last_buf + last_len == buf_off
+            {
                 last.parts.push((last.len, buf_off, len));
                 last.len += len;
                 continue;
             }
         }
-        runs.push(Run { slot, member_offset, len, parts: vec![(0, buf_off, len)] });
+        runs.push(Run {
+            slot,
+            member_offset,
+            len,
+            parts: vec![(0, buf_off, len)],
+        });
     }
     runs
 }
@@ -95,12 +106,23 @@ impl Array {
     }
 
     fn sync_members(&self, ppl_header: Option<&[u8]>) {
-        let slots: Vec<usize> = (0..self.slots.len()).filter(|&s| !self.is_failed(s)).collect();
+        let slots: Vec<usize> = (0..self.slots.len())
+            .filter(|&s| !self.is_failed(s))
+            .collect();
         if let Some(header) = ppl_header {
             let data: Arc<[u8]> = Arc::from(header);
             let jobs = slots
                 .iter()
-                .map(|&s| (s, Op::Write { offset: super::ppl::PPL_OFFSET, data: Arc::clone(&data), range: 0..data.len() }))
+                .map(|&s| {
+                    (
+                        s,
+                        Op::Write {
+                            offset: super::ppl::PPL_OFFSET,
+                            data: Arc::clone(&data),
+                            range: 0..data.len(),
+                        },
+                    )
+                })
                 .collect();
             for (slot, outcome) in slots.iter().zip(self.pool.run(jobs)) {
                 if let Err(e) = outcome {
@@ -109,7 +131,9 @@ impl Array {
             }
         }
         let slots: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
-        let outcomes = self.pool.run(slots.iter().map(|&s| (s, Op::Sync)).collect());
+        let outcomes = self
+            .pool
+            .run(slots.iter().map(|&s| (s, Op::Sync)).collect());
         for (slot, outcome) in slots.into_iter().zip(outcomes) {
             if let Err(e) = outcome {
                 self.write_failed(slot, &format!("sync failed: {e}"));
@@ -120,8 +144,18 @@ impl Array {
     /// Log the partial parity of a partial-stripe write on the stripe's
     /// parity member, durably, before the write starts. Returns whether an
     /// entry is now in flight (to be closed with `Ppl::done`).
-    fn log_partial_parity(&self, region: &Region, stripe: u64, lo: usize, modified: &[usize], pp: &[u8], parity_slot: usize) -> ArrayResult<bool> {
-        let Some(ppl) = &self.ppl else { return Ok(false) };
+    fn log_partial_parity(
+        &self,
+        region: &Region,
+        stripe: u64,
+        lo: usize,
+        modified: &[usize],
+        pp: &[u8],
+        parity_slot: usize,
+    ) -> ArrayResult<bool> {
+        let Some(ppl) = &self.ppl else {
+            return Ok(false);
+        };
         if self.is_failed(parity_slot) || !ppl.fits(pp.len()) {
             return Ok(false);
         }
@@ -133,18 +167,41 @@ impl Array {
             }
         };
         let len = entry.len();
-        let jobs = vec![(parity_slot, Op::Write { offset, data: Arc::from(entry), range: 0..len })];
-        let written = self.pool.run(jobs).pop().unwrap_or_else(|| Err(std::io::Error::other("no result")));
+        let jobs = vec![(
+            parity_slot,
+            Op::Write {
+                offset,
+                data: Arc::from(entry),
+                range: 0..len,
+            },
+        )];
+        let written = self
+            .pool
+            .run(jobs)
+            .pop()
+            .unwrap_or_else(|| Err(std::io::Error::other("no result")));
         let synced = written.and_then(|_| {
-            self.pool.run(vec![(parity_slot, Op::Sync)]).pop().unwrap_or_else(|| Err(std::io::Error::other("no result")))
+            self.pool
+                .run(vec![(parity_slot, Op::Sync)])
+                .pop()
+                .unwrap_or_else(|| Err(std::io::Error::other("no result")))
         });
         if let Err(e) = synced {
-            self.fail_member(parity_slot, &format!("partial parity log write failed: {e}"));
+            self.fail_member(
+                parity_slot,
+                &format!("partial parity log write failed: {e}"),
+            );
         }
         Ok(true)
     }
 
-    pub(crate) fn read_region(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+    pub(crate) fn read_region(
+        &self,
+        region: &Region,
+        offset: u64,
+        buf: &mut [u8],
+        choice: Choice,
+    ) -> ArrayResult<()> {
         if is_mirror(region.geometry.level) {
             self.read_mirror(region, offset, buf, choice)
         } else {
@@ -152,7 +209,13 @@ impl Array {
         }
     }
 
-    fn read_mirror(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+    fn read_mirror(
+        &self,
+        region: &Region,
+        offset: u64,
+        buf: &mut [u8],
+        choice: Choice,
+    ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
         // Each round either succeeds or fails at least one more member, so
         // this ends after at most `members` rounds.
@@ -161,11 +224,21 @@ impl Array {
             let mut follow: Option<(usize, u64)> = None;
             for p in &pieces {
                 let target = match choice {
-                    Choice::Copy(n) => p.map.targets.get(n).filter(|t| self.readable(t.member, region, t.offset)),
+                    Choice::Copy(n) => p
+                        .map
+                        .targets
+                        .get(n)
+                        .filter(|t| self.readable(t.member, region, t.offset)),
                     _ => {
                         let rest = (buf.len() - p.buf_off) as u64;
                         let readable = |t: &Target| self.readable(t.member, region, t.offset);
-                        self.balance.choose_following(&p.map.targets, region.base, rest, follow, readable)
+                        self.balance.choose_following(
+                            &p.map.targets,
+                            region.base,
+                            rest,
+                            follow,
+                            readable,
+                        )
                     }
                 };
                 let Some(t) = target else {
@@ -179,19 +252,32 @@ impl Array {
                 follow = Some((t.member, region.base + t.offset + p.len as u64));
             }
             let runs = coalesce(plan.into_iter());
-            runs.iter().for_each(|r| self.balance.issue(r.slot, r.member_offset, r.len as u64));
+            runs.iter()
+                .for_each(|r| self.balance.issue(r.slot, r.member_offset, r.len as u64));
             let started = std::time::Instant::now();
             let outcomes = self.pool.run(
-                runs.iter().map(|r| (r.slot, Op::Read { offset: r.member_offset, len: r.len })).collect(),
+                runs.iter()
+                    .map(|r| {
+                        (
+                            r.slot,
+                            Op::Read {
+                                offset: r.member_offset,
+                                len: r.len,
+                            },
+                        )
+                    })
+                    .collect(),
             );
             let elapsed = started.elapsed();
-            runs.iter().for_each(|r| self.balance.complete(r.slot, elapsed));
+            runs.iter()
+                .for_each(|r| self.balance.complete(r.slot, elapsed));
             let mut retry = false;
             for (run, outcome) in runs.iter().zip(outcomes) {
                 match outcome {
                     Ok(bytes) => {
                         for &(run_off, buf_off, len) in &run.parts {
-                            buf[buf_off..buf_off + len].copy_from_slice(&bytes[run_off..run_off + len]);
+                            buf[buf_off..buf_off + len]
+                                .copy_from_slice(&bytes[run_off..run_off + len]);
                         }
                     }
                     Err(e) => {
@@ -207,7 +293,13 @@ impl Array {
         Err(ArrayError::Failed("mirror read kept failing".into()))
     }
 
-    fn read_striped(&self, region: &Region, offset: u64, buf: &mut [u8], choice: Choice) -> ArrayResult<()> {
+    fn read_striped(
+        &self,
+        region: &Region,
+        offset: u64,
+        buf: &mut [u8],
+        choice: Choice,
+    ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
         // Only mirrors have a choice; a parity suspect is tried under the
         // stripe locks by `verify`.
@@ -225,10 +317,25 @@ impl Array {
         }
         let runs = coalesce(direct.iter().map(|&i| {
             let p = &pieces[i];
-            (p.map.targets[0].member, region.base + p.map.targets[0].offset, p.buf_off, p.len)
+            (
+                p.map.targets[0].member,
+                region.base + p.map.targets[0].offset,
+                p.buf_off,
+                p.len,
+            )
         }));
         let outcomes = self.pool.run(
-            runs.iter().map(|r| (r.slot, Op::Read { offset: r.member_offset, len: r.len })).collect(),
+            runs.iter()
+                .map(|r| {
+                    (
+                        r.slot,
+                        Op::Read {
+                            offset: r.member_offset,
+                            len: r.len,
+                        },
+                    )
+                })
+                .collect(),
         );
         for (run, outcome) in runs.iter().zip(outcomes) {
             match outcome {
@@ -288,7 +395,10 @@ impl Array {
         let at = region.base + within;
         for _ in 0..=self.slots.len() {
             let missing: Vec<usize> = (0..members.len())
-                .filter(|&i| !self.readable(members[i], region, within + len as u64 - 1) || Some(members[i]) == suspect)
+                .filter(|&i| {
+                    !self.readable(members[i], region, within + len as u64 - 1)
+                        || Some(members[i]) == suspect
+                })
                 .collect();
             if missing.len() > geometry.tolerance() {
                 return Err(ArrayError::Failed(format!(
@@ -297,9 +407,15 @@ impl Array {
                     missing.len()
                 )));
             }
-            let present: Vec<usize> = (0..members.len()).filter(|i| !missing.contains(i)).collect();
-            let outcomes =
-                self.pool.run(present.iter().map(|&i| (members[i], Op::Read { offset: at, len })).collect());
+            let present: Vec<usize> = (0..members.len())
+                .filter(|i| !missing.contains(i))
+                .collect();
+            let outcomes = self.pool.run(
+                present
+                    .iter()
+                    .map(|&i| (members[i], Op::Read { offset: at, len }))
+                    .collect(),
+            );
             let mut blocks: Vec<Vec<u8>> = vec![Vec::new(); members.len()];
             let mut retry = false;
             for (&i, outcome) in present.iter().zip(outcomes) {
@@ -335,14 +451,20 @@ impl Array {
                 self.parity.xor_gen(&others, target);
             }
             Level::Raid6 => {
-                let mut refs: Vec<&mut [u8]> = blocks.iter_mut().map(|b| b.as_mut_slice()).collect();
+                let mut refs: Vec<&mut [u8]> =
+                    blocks.iter_mut().map(|b| b.as_mut_slice()).collect();
                 self.parity.raid6_recover(&mut refs, missing);
             }
             Level::Raid0 | Level::Raid1 | Level::Raid10 => {}
         }
     }
 
-    pub(crate) fn write_region(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
+    pub(crate) fn write_region(
+        &self,
+        region: &Region,
+        offset: u64,
+        data: &[u8],
+    ) -> ArrayResult<()> {
         self.ensure_writable()?;
         if data.is_empty() {
             return Ok(());
@@ -364,22 +486,37 @@ impl Array {
     fn mark_dirty_regions(&self, blocks: &[usize]) -> ArrayResult<()> {
         let _serial = self.bitmap.write_guard();
         let contents = self.bitmap.blocks(blocks);
-        let slots: Vec<usize> = (0..self.slots.len()).filter(|&s| !self.is_failed(s)).collect();
+        let slots: Vec<usize> = (0..self.slots.len())
+            .filter(|&s| !self.is_failed(s))
+            .collect();
         let mut jobs = Vec::new();
         for &slot in &slots {
             for (offset, block) in &contents {
                 let data: Arc<[u8]> = Arc::from(block.as_slice());
-                jobs.push((slot, Op::Write { offset: *offset, range: 0..data.len(), data }));
+                jobs.push((
+                    slot,
+                    Op::Write {
+                        offset: *offset,
+                        range: 0..data.len(),
+                        data,
+                    },
+                ));
             }
         }
         let per_slot = contents.len();
         for (i, outcome) in self.pool.run(jobs).into_iter().enumerate() {
             if let Err(e) = outcome {
-                self.fail_member(slots[i / per_slot.max(1)], &format!("bitmap write failed: {e}"));
+                self.fail_member(
+                    slots[i / per_slot.max(1)],
+                    &format!("bitmap write failed: {e}"),
+                );
             }
         }
         let live: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
-        for (slot, outcome) in live.iter().zip(self.pool.run(live.iter().map(|&s| (s, Op::Sync)).collect())) {
+        for (slot, outcome) in live
+            .iter()
+            .zip(self.pool.run(live.iter().map(|&s| (s, Op::Sync)).collect()))
+        {
             if let Err(e) = outcome {
                 self.fail_member(*slot, &format!("bitmap sync failed: {e}"));
             }
@@ -395,7 +532,10 @@ impl Array {
                 let mut start = 0;
                 while start < pieces.len() {
                     let stripe = pieces[start].map.stripe;
-                    let end = pieces[start..].iter().position(|p| p.map.stripe != stripe).map_or(pieces.len(), |n| start + n);
+                    let end = pieces[start..]
+                        .iter()
+                        .position(|p| p.map.stripe != stripe)
+                        .map_or(pieces.len(), |n| start + n);
                     self.write_stripe(region, &pieces[start..end], data)?;
                     start = end;
                 }
@@ -407,7 +547,9 @@ impl Array {
     /// Mirrors and RAID0: every piece to every working target.
     fn write_plain(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
         let pieces = split(region, offset, data.len());
-        let _guard = self.locks.lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+        let _guard = self
+            .locks
+            .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
         let shared: Arc<[u8]> = Arc::from(data);
         let mut plan = Vec::new();
         for p in &pieces {
@@ -421,7 +563,14 @@ impl Array {
             .map(|r| {
                 // `coalesce` only merges parts contiguous in the caller's buffer.
                 let first = r.parts[0].1;
-                (r.slot, Op::Write { offset: r.member_offset, data: Arc::clone(&shared), range: first..first + r.len })
+                (
+                    r.slot,
+                    Op::Write {
+                        offset: r.member_offset,
+                        data: Arc::clone(&shared),
+                        range: first..first + r.len,
+                    },
+                )
             })
             .collect();
         let outcomes = self.pool.run(jobs);
@@ -433,7 +582,11 @@ impl Array {
         // Every piece must have reached at least one working copy.
         for p in &pieces {
             if p.map.targets.iter().all(|t| self.is_failed(t.member)) {
-                return Err(ArrayError::Failed(format!("no working copy for group {} offset {:#x}", region.group, offset + p.buf_off as u64)));
+                return Err(ArrayError::Failed(format!(
+                    "no working copy for group {} offset {:#x}",
+                    region.group,
+                    offset + p.buf_off as u64
+                )));
             }
         }
         self.ensure_writable()
@@ -446,8 +599,16 @@ impl Array {
         let geometry = region.geometry;
         let stripe = pieces[0].map.stripe;
         let k = geometry.data_chunks();
-        let lo = pieces.iter().map(|p| p.map.offset_in_chunk as usize).min().unwrap_or(0);
-        let hi = pieces.iter().map(|p| p.map.offset_in_chunk as usize + p.len).max().unwrap_or(0);
+        let lo = pieces
+            .iter()
+            .map(|p| p.map.offset_in_chunk as usize)
+            .min()
+            .unwrap_or(0);
+        let hi = pieces
+            .iter()
+            .map(|p| p.map.offset_in_chunk as usize + p.len)
+            .max()
+            .unwrap_or(0);
         let width = hi - lo;
         let members = self.stripe_slots(region, stripe);
         let nparity = members.len() - k;
@@ -475,8 +636,24 @@ impl Array {
         let mut partial_parity: Option<Vec<u8>> = None;
         if !degraded && touched + nparity < k - full {
             // Read-modify-write: old data of touched chunks and old parity.
-            let wanted: Vec<usize> = (0..k).filter(|&i| new[i].is_some()).chain(k..members.len()).collect();
-            let outcomes = self.pool.run(wanted.iter().map(|&i| (members[i], Op::Read { offset: at, len: width })).collect());
+            let wanted: Vec<usize> = (0..k)
+                .filter(|&i| new[i].is_some())
+                .chain(k..members.len())
+                .collect();
+            let outcomes = self.pool.run(
+                wanted
+                    .iter()
+                    .map(|&i| {
+                        (
+                            members[i],
+                            Op::Read {
+                                offset: at,
+                                len: width,
+                            },
+                        )
+                    })
+                    .collect(),
+            );
             blocks = vec![Vec::new(); members.len()];
             let mut failed = false;
             for (&i, outcome) in wanted.iter().zip(outcomes) {
@@ -560,7 +737,14 @@ impl Array {
         result
     }
 
-    fn write_stripe_blocks(&self, members: &[usize], k: usize, new: &[Option<&Piece>], mut blocks: Vec<Vec<u8>>, at: u64) -> ArrayResult<()> {
+    fn write_stripe_blocks(
+        &self,
+        members: &[usize],
+        k: usize,
+        new: &[Option<&Piece>],
+        mut blocks: Vec<Vec<u8>>,
+        at: u64,
+    ) -> ArrayResult<()> {
         // Write touched data chunks and the parity, on working members.
         let targets: Vec<usize> = (0..members.len())
             .filter(|&i| (i >= k || new[i].is_some()) && !self.is_failed(members[i]))
@@ -570,7 +754,14 @@ impl Array {
             .map(|&i| {
                 let bytes: Arc<[u8]> = Arc::from(std::mem::take(&mut blocks[i]));
                 let len = bytes.len();
-                (members[i], Op::Write { offset: at, data: bytes, range: 0..len })
+                (
+                    members[i],
+                    Op::Write {
+                        offset: at,
+                        data: bytes,
+                        range: 0..len,
+                    },
+                )
             })
             .collect();
         for (&i, outcome) in targets.iter().zip(self.pool.run(jobs)) {
@@ -597,6 +788,10 @@ fn member_span(region: &Region, offset: u64, len: usize) -> (u64, u64) {
 fn split_out(blocks: &mut [Vec<u8>], m: usize) -> (Vec<&[u8]>, &mut [u8]) {
     let (before, rest) = blocks.split_at_mut(m);
     let (target, after) = rest.split_at_mut(1);
-    let others = before.iter().chain(after.iter()).map(|b| b.as_slice()).collect();
+    let others = before
+        .iter()
+        .chain(after.iter())
+        .map(|b| b.as_slice())
+        .collect();
     (others, target[0].as_mut_slice())
 }

@@ -183,14 +183,18 @@ impl Array {
     fn start_cleaner(self: &Arc<Array>) {
         let (tx, rx) = crossbeam_channel::bounded::<()>(1);
         let weak = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new().name("raidfs-bitmap".into()).spawn(move || loop {
-            // The timeout is the cleaning period; a message or a hang-up stops it.
-            if rx.recv_timeout(BITMAP_CLEAN_EVERY) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {
-                return;
-            }
-            let Some(array) = weak.upgrade() else { return };
-            array.clean_bitmap();
-        });
+        let spawned = std::thread::Builder::new()
+            .name("raidfs-bitmap".into())
+            .spawn(move || loop {
+                // The timeout is the cleaning period; a message or a hang-up stops it.
+                if rx.recv_timeout(BITMAP_CLEAN_EVERY)
+                    != Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                {
+                    return;
+                }
+                let Some(array) = weak.upgrade() else { return };
+                array.clean_bitmap();
+            });
         match spawned {
             Ok(handle) => *self.sync.cleaner.lock() = Some((tx, handle)),
             Err(e) => log::error!("cannot start the bitmap cleaner: {e}"),
@@ -224,7 +228,12 @@ impl Array {
     pub fn stop_background(&self) {
         self.stop_cleaner();
         self.sync.stop.store(true, Ordering::Release);
-        let handle = self.sync.running.lock().as_mut().and_then(|r| r.handle.take());
+        let handle = self
+            .sync
+            .running
+            .lock()
+            .as_mut()
+            .and_then(|r| r.handle.take());
         if let Some(h) = handle {
             let _ = h.join();
         }
@@ -233,7 +242,12 @@ impl Array {
 
     /// Wait until the running background work (if any) ends by itself.
     pub fn wait_background(&self) {
-        let handle = self.sync.running.lock().as_mut().and_then(|r| r.handle.take());
+        let handle = self
+            .sync
+            .running
+            .lock()
+            .as_mut()
+            .and_then(|r| r.handle.take());
         if let Some(h) = handle {
             let _ = h.join();
         }
@@ -247,7 +261,7 @@ impl Array {
         let secs = r.started.elapsed().as_secs_f64().max(0.001);
         // Work a resumed run had already done before this start is not speed.
         let speed = (done.saturating_sub(r.resumed_at) as f64 / secs) as u64;
-        let eta_secs = if speed > 0 { r.total.saturating_sub(done) / speed } else { 0 };
+        let eta_secs = r.total.saturating_sub(done).checked_div(speed).unwrap_or(0);
         Some(SyncProgress {
             action: r.action,
             slot: r.slot,
@@ -275,7 +289,10 @@ impl Array {
     }
 
     pub fn speed_limits(&self) -> (u64, u64) {
-        (self.sync.speed_min.load(Ordering::Relaxed), self.sync.speed_max.load(Ordering::Relaxed))
+        (
+            self.sync.speed_min.load(Ordering::Relaxed),
+            self.sync.speed_max.load(Ordering::Relaxed),
+        )
     }
 
     /// Regions the write-intent bitmap marks dirty, and the member bytes they cover.
@@ -285,7 +302,12 @@ impl Array {
 
     /// Names of the hot spares.
     pub fn spares(&self) -> Vec<String> {
-        self.sync.spares.lock().iter().map(|d| d.name.clone()).collect()
+        self.sync
+            .spares
+            .lock()
+            .iter()
+            .map(|d| d.name.clone())
+            .collect()
     }
 
     /// Find a slot by its member's name (path) or by number.
@@ -298,7 +320,10 @@ impl Array {
         let wanted = std::fs::canonicalize(who).ok();
         (0..self.slots.len()).find(|&i| {
             let name = self.slots[i].name();
-            name == who || wanted.as_ref().is_some_and(|w| std::fs::canonicalize(&name).ok().as_ref() == Some(w))
+            name == who
+                || wanted
+                    .as_ref()
+                    .is_some_and(|w| std::fs::canonicalize(&name).ok().as_ref() == Some(w))
         })
     }
 
@@ -324,7 +349,9 @@ impl Array {
                 log::info!("{name} was slot {slot}: re-added; only regions written since it left are rebuilt");
                 self.install(slot, member, name)?;
                 self.slots[slot].dev.write().uuid = uuid;
-                self.sync.recovery_bitmap_only.store(true, Ordering::Release);
+                self.sync
+                    .recovery_bitmap_only
+                    .store(true, Ordering::Release);
                 self.spawn(SyncAction::Recovery, Some(slot))?;
                 return Ok(AddOutcome::ReAdded { slot });
             }
@@ -332,7 +359,9 @@ impl Array {
         let slot = (0..self.slots.len()).find(|&i| self.is_failed(i));
         match slot {
             Some(slot) if self.sync.running.lock().is_none() => {
-                self.sync.recovery_bitmap_only.store(false, Ordering::Release);
+                self.sync
+                    .recovery_bitmap_only
+                    .store(false, Ordering::Release);
                 self.install(slot, member, name)?;
                 self.spawn(SyncAction::Recovery, Some(slot))?;
                 Ok(AddOutcome::Rebuilding { slot })
@@ -342,9 +371,17 @@ impl Array {
                 let mut sb = self.superblock();
                 sb.member_uuid = uuid;
                 sb.slot = SPARE_SLOT;
-                sb.write_to(member.as_ref()).map_err(|source| ArrayError::MemberIo { path: name.clone(), source })?;
+                sb.write_to(member.as_ref())
+                    .map_err(|source| ArrayError::MemberIo {
+                        path: name.clone(),
+                        source,
+                    })?;
                 log::info!("{name} added as a hot spare");
-                self.sync.spares.lock().push(SlotDev { member: Some(member), name, uuid });
+                self.sync.spares.lock().push(SlotDev {
+                    member: Some(member),
+                    name,
+                    uuid,
+                });
                 Ok(AddOutcome::Spare)
             }
         }
@@ -366,7 +403,11 @@ impl Array {
         let data_offset = self.sb.lock().data_offset;
         let s: &Slot = &self.slots[slot];
         s.valid_below.store(data_offset, Ordering::Release);
-        *s.dev.write() = SlotDev { member: Some(Arc::clone(&member)), name: name.clone(), uuid: Uuid::new_v4() };
+        *s.dev.write() = SlotDev {
+            member: Some(Arc::clone(&member)),
+            name: name.clone(),
+            uuid: Uuid::new_v4(),
+        };
         self.pool
             .attach(slot, member)
             .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))?;
@@ -382,14 +423,22 @@ impl Array {
 
     /// A member failed: a hot spare, if there is one, takes its place.
     pub(crate) fn take_spare(&self, slot: usize) {
-        let Some(dev) = self.sync.spares.lock().pop() else { return };
+        let Some(dev) = self.sync.spares.lock().pop() else {
+            return;
+        };
         let Some(member) = dev.member else { return };
         if self.sync.running.lock().is_some() {
-            self.sync.spares.lock().push(SlotDev { member: Some(member), name: dev.name, uuid: dev.uuid });
+            self.sync.spares.lock().push(SlotDev {
+                member: Some(member),
+                name: dev.name,
+                uuid: dev.uuid,
+            });
             return;
         }
         log::warn!("hot spare {} replaces failed slot {slot}", dev.name);
-        let result = self.install(slot, member, dev.name).and_then(|()| self.spawn(SyncAction::Recovery, Some(slot)));
+        let result = self
+            .install(slot, member, dev.name)
+            .and_then(|()| self.spawn(SyncAction::Recovery, Some(slot)));
         if let Err(e) = result {
             log::error!("spare takeover of slot {slot} failed: {e}");
         }
@@ -405,7 +454,9 @@ impl Array {
                 return Ok(());
             }
         }
-        let slot = self.slot_of(who).ok_or_else(|| ArrayError::Refused(format!("{who} is not a member of this array")))?;
+        let slot = self
+            .slot_of(who)
+            .ok_or_else(|| ArrayError::Refused(format!("{who} is not a member of this array")))?;
         if !self.is_failed(slot) {
             return Err(ArrayError::Refused(format!(
                 "{} is active; mark it failed first (raidfs fail)",
@@ -433,29 +484,50 @@ impl Array {
     pub fn replace(&self, slot: usize, member: Arc<dyn Member>, name: String) -> ArrayResult<()> {
         self.check_new_member(member.as_ref())?;
         if slot >= self.slots.len() || self.is_failed(slot) {
-            return Err(ArrayError::Refused(format!("slot {slot} is not active; use add to rebuild it")));
+            return Err(ArrayError::Refused(format!(
+                "slot {slot} is not active; use add to rebuild it"
+            )));
         }
         if self.sync.running.lock().is_some() {
-            return Err(ArrayError::Refused("other background work is running; wait for it or stop it".into()));
+            return Err(ArrayError::Refused(
+                "other background work is running; wait for it or stop it".into(),
+            ));
         }
         let uuid = Uuid::new_v4();
         let mut sb = self.superblock();
         sb.member_uuid = uuid;
         sb.slot = SPARE_SLOT;
-        sb.write_to(member.as_ref()).map_err(|source| ArrayError::MemberIo { path: name.clone(), source })?;
+        sb.write_to(member.as_ref())
+            .map_err(|source| ArrayError::MemberIo {
+                path: name.clone(),
+                source,
+            })?;
         self.pool
             .set_replacement(slot, Some(Arc::clone(&member)))
             .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))?;
-        *self.sync.pending_replacement.lock() = Some(SlotDev { member: Some(member), name, uuid });
+        *self.sync.pending_replacement.lock() = Some(SlotDev {
+            member: Some(member),
+            name,
+            uuid,
+        });
         self.spawn(SyncAction::Replace, Some(slot))
     }
 
     /// Start a scrub: `repair` rewrites redundancy that disagrees.
     pub fn start_check(&self, repair: bool) -> ArrayResult<()> {
         if self.sync.running.lock().is_some() {
-            return Err(ArrayError::Refused("other background work is running".into()));
+            return Err(ArrayError::Refused(
+                "other background work is running".into(),
+            ));
         }
-        self.spawn(if repair { SyncAction::Repair } else { SyncAction::Check }, None)
+        self.spawn(
+            if repair {
+                SyncAction::Repair
+            } else {
+                SyncAction::Check
+            },
+            None,
+        )
     }
 
     /// Member bytes of allocated groups (what background work walks).
@@ -466,7 +538,9 @@ impl Array {
 
     /// Member bytes a resumed recovery has already covered.
     fn already_done(&self, action: SyncAction, slot: Option<usize>) -> u64 {
-        let (Some(slot), SyncAction::Recovery) = (slot, action) else { return 0 };
+        let (Some(slot), SyncAction::Recovery) = (slot, action) else {
+            return 0;
+        };
         let valid = self.slots[slot].valid_below.load(Ordering::Acquire);
         let (group_size, data_offset) = {
             let sb = self.sb.lock();
@@ -474,18 +548,27 @@ impl Array {
         };
         self.groups()
             .iter()
-            .map(|(g, _)| valid.saturating_sub(data_offset + *g as u64 * group_size).min(group_size))
+            .map(|(g, _)| {
+                valid
+                    .saturating_sub(data_offset + *g as u64 * group_size)
+                    .min(group_size)
+            })
             .sum()
     }
 
     fn spawn(&self, action: SyncAction, slot: Option<usize>) -> ArrayResult<()> {
         let this = self.sync.this.lock().upgrade().ok_or_else(|| {
-            ArrayError::Refused("background work needs a running array (start_background was not called)".into())
+            ArrayError::Refused(
+                "background work needs a running array (start_background was not called)".into(),
+            )
         })?;
         let mut running = self.sync.running.lock();
         if let Some(r) = running.as_ref() {
             if r.handle.as_ref().is_some_and(|h| !h.is_finished()) {
-                return Err(ArrayError::Refused(format!("{} is already running", r.action)));
+                return Err(ArrayError::Refused(format!(
+                    "{} is already running",
+                    r.action
+                )));
             }
         }
         let resumed_at = self.already_done(action, slot);
@@ -512,13 +595,24 @@ impl Array {
         Ok(())
     }
 
-    fn finish_sync(&self, action: SyncAction, slot: Option<usize>, outcome: ArrayResult<bool>, mismatches: u64) {
+    fn finish_sync(
+        &self,
+        action: SyncAction,
+        slot: Option<usize>,
+        outcome: ArrayResult<bool>,
+        mismatches: u64,
+    ) {
         let (completed, message) = match outcome {
             Ok(true) => (true, format!("{action} finished")),
-            Ok(false) => (false, format!("{action} stopped; it resumes from its checkpoint")),
+            Ok(false) => (
+                false,
+                format!("{action} stopped; it resumes from its checkpoint"),
+            ),
             Err(e) => (false, format!("{action} failed: {e}")),
         };
-        self.sync.recovery_bitmap_only.store(false, Ordering::Release);
+        self.sync
+            .recovery_bitmap_only
+            .store(false, Ordering::Release);
         if completed {
             match (action, slot) {
                 (SyncAction::Recovery, Some(s)) => self.recovery_done(s),
@@ -541,11 +635,18 @@ impl Array {
             r.handle.take();
         }
         *self.sync.running.lock() = None;
-        *self.sync.last.lock() = Some(SyncResult { action, completed, mismatches, message });
+        *self.sync.last.lock() = Some(SyncResult {
+            action,
+            completed,
+            mismatches,
+            message,
+        });
     }
 
     fn recovery_done(&self, slot: usize) {
-        self.slots[slot].valid_below.store(u64::MAX, Ordering::Release);
+        self.slots[slot]
+            .valid_below
+            .store(u64::MAX, Ordering::Release);
         {
             let mut sb = self.sb.lock();
             sb.slots[slot] = SlotState::Active;
@@ -556,14 +657,24 @@ impl Array {
         if let Err(e) = self.write_superblocks() {
             log::error!("recording the end of recovery: {e}");
         }
-        log::info!("recovery of slot {slot} ({}) is complete", self.slots[slot].name());
+        log::info!(
+            "recovery of slot {slot} ({}) is complete",
+            self.slots[slot].name()
+        );
     }
 
     fn replacement_done(&self, slot: usize) {
-        let Some(dev) = self.sync.pending_replacement.lock().take() else { return };
-        let Some(member) = dev.member.clone() else { return };
+        let Some(dev) = self.sync.pending_replacement.lock().take() else {
+            return;
+        };
+        let Some(member) = dev.member.clone() else {
+            return;
+        };
         if self.pool.replacement_failed(slot) {
-            log::error!("replacement of slot {slot} abandoned: writes to {} failed", dev.name);
+            log::error!(
+                "replacement of slot {slot} abandoned: writes to {} failed",
+                dev.name
+            );
             let _ = self.pool.set_replacement(slot, None);
             return;
         }
@@ -584,7 +695,13 @@ impl Array {
     }
 
     /// Body of a background run. Ok(true): finished; Ok(false): stopped.
-    fn run_sync(&self, action: SyncAction, slot: Option<usize>, done: &AtomicU64, mismatches: &AtomicU64) -> ArrayResult<bool> {
+    fn run_sync(
+        &self,
+        action: SyncAction,
+        slot: Option<usize>,
+        done: &AtomicU64,
+        mismatches: &AtomicU64,
+    ) -> ArrayResult<bool> {
         let (group_size, data_offset) = {
             let sb = self.sb.lock();
             (sb.group_size, sb.data_offset)
@@ -596,8 +713,16 @@ impl Array {
             last_checkpoint: Instant::now(),
         };
         for (group, profile) in self.groups() {
-            let geometry = if profile == GroupProfile::Metadata { self.meta_geometry } else { self.data_geometry };
-            let region = Region { group, geometry, base: data_offset + group as u64 * group_size };
+            let geometry = if profile == GroupProfile::Metadata {
+                self.meta_geometry
+            } else {
+                self.data_geometry
+            };
+            let region = Region {
+                group,
+                geometry,
+                base: data_offset + group as u64 * group_size,
+            };
             let rows = group_size / geometry.chunk;
             let step_rows = (STEP_BYTES / geometry.chunk).max(1);
             let mut row = 0;
@@ -614,7 +739,10 @@ impl Array {
                     return Ok(false);
                 }
                 let n = step_rows.min(rows - row);
-                let span = (region.base + row * geometry.chunk, region.base + (row + n) * geometry.chunk);
+                let span = (
+                    region.base + row * geometry.chunk,
+                    region.base + (row + n) * geometry.chunk,
+                );
                 if self.skip_step(action, span) {
                     row += n;
                     done.fetch_add(n * geometry.chunk, Ordering::Relaxed);
@@ -622,10 +750,13 @@ impl Array {
                 }
                 match action {
                     SyncAction::Recovery | SyncAction::Replace => {
-                        let s = slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
+                        let s =
+                            slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
                         self.rebuild_rows(&region, s, row, n, action == SyncAction::Replace)?;
                         if action == SyncAction::Recovery {
-                            self.slots[s].valid_below.store(region.base + (row + n) * geometry.chunk, Ordering::Release);
+                            self.slots[s]
+                                .valid_below
+                                .store(region.base + (row + n) * geometry.chunk, Ordering::Release);
                         }
                     }
                     SyncAction::Check | SyncAction::Repair | SyncAction::Resync => {
@@ -639,7 +770,9 @@ impl Array {
                 self.pace(&mut pacer, bytes);
             }
             if let (SyncAction::Recovery, Some(s)) = (action, slot) {
-                self.slots[s].valid_below.store(region.base + group_size, Ordering::Release);
+                self.slots[s]
+                    .valid_below
+                    .store(region.base + group_size, Ordering::Release);
             }
         }
         Ok(true)
@@ -663,7 +796,13 @@ impl Array {
         let busy = foreground != p.last_foreground;
         p.last_foreground = foreground;
         let (min, max) = self.speed_limits();
-        let limit = if busy && min > 0 { Some(min) } else if max > 0 { Some(max) } else { None };
+        let limit = if busy && min > 0 {
+            Some(min)
+        } else if max > 0 {
+            Some(max)
+        } else {
+            None
+        };
         if let Some(limit) = limit {
             let due = Duration::from_secs_f64(p.done as f64 / limit as f64);
             // Pacing a rate, not synchronising: wait out the surplus in short
@@ -698,31 +837,61 @@ impl Array {
 
     /// Parity levels: rebuild `slot`'s chunks of stripes `[row, row + n)` with
     /// one large read per surviving member instead of one per stripe.
-    fn reconstruct_rows(&self, region: &Region, slot: usize, row: u64, n: u64, out: &mut [u8]) -> ArrayResult<()> {
+    fn reconstruct_rows(
+        &self,
+        region: &Region,
+        slot: usize,
+        row: u64,
+        n: u64,
+        out: &mut [u8],
+    ) -> ArrayResult<()> {
         let geometry = region.geometry;
         let chunk = geometry.chunk as usize;
         let span = n as usize * chunk;
         let at = region.base + row * geometry.chunk;
         let end = (row + n) * geometry.chunk - 1;
-        let sources: Vec<usize> =
-            (0..self.slots.len()).filter(|&m| m != slot && self.readable(m, region, end)).collect();
-        let outcomes = self.pool.run(sources.iter().map(|&m| (m, Op::Read { offset: at, len: span })).collect());
+        let sources: Vec<usize> = (0..self.slots.len())
+            .filter(|&m| m != slot && self.readable(m, region, end))
+            .collect();
+        let outcomes = self.pool.run(
+            sources
+                .iter()
+                .map(|&m| {
+                    (
+                        m,
+                        Op::Read {
+                            offset: at,
+                            len: span,
+                        },
+                    )
+                })
+                .collect(),
+        );
         let mut data: Vec<Option<Vec<u8>>> = vec![None; self.slots.len()];
         for (&m, outcome) in sources.iter().zip(outcomes) {
             match outcome {
                 Ok(bytes) => data[m] = Some(bytes),
                 Err(e) => {
                     self.fail_member(m, &format!("read failed during recovery: {e}"));
-                    return Err(ArrayError::Failed(format!("slot {m} failed during recovery")));
+                    return Err(ArrayError::Failed(format!(
+                        "slot {m} failed during recovery"
+                    )));
                 }
             }
         }
         for i in 0..n as usize {
             let members = self.stripe_slots(region, row + i as u64);
-            let Some(target) = members.iter().position(|&m| m == slot) else { continue };
-            let missing: Vec<usize> = (0..members.len()).filter(|&p| data[members[p]].is_none()).collect();
+            let Some(target) = members.iter().position(|&m| m == slot) else {
+                continue;
+            };
+            let missing: Vec<usize> = (0..members.len())
+                .filter(|&p| data[members[p]].is_none())
+                .collect();
             if missing.len() > geometry.tolerance() {
-                return Err(ArrayError::Failed(format!("stripe {} cannot be rebuilt: too many members missing", row + i as u64)));
+                return Err(ArrayError::Failed(format!(
+                    "stripe {} cannot be rebuilt: too many members missing",
+                    row + i as u64
+                )));
             }
             let mut blocks: Vec<Vec<u8>> = members
                 .iter()
@@ -739,7 +908,14 @@ impl Array {
 
     /// Write what `slot` should hold in rows `[row, row + n)` onto it (or onto
     /// its replacement).
-    fn rebuild_rows(&self, region: &Region, slot: usize, row: u64, n: u64, to_replacement: bool) -> ArrayResult<()> {
+    fn rebuild_rows(
+        &self,
+        region: &Region,
+        slot: usize,
+        row: u64,
+        n: u64,
+        to_replacement: bool,
+    ) -> ArrayResult<()> {
         let geometry = region.geometry;
         let chunk = geometry.chunk as usize;
         let keys = Self::lock_keys(&geometry, slot, row, n);
@@ -748,17 +924,31 @@ impl Array {
         if to_replacement && self.readable(slot, region, (row + n) * geometry.chunk - 1) {
             // The old member is still good: copy it.
             let at = region.base + row * geometry.chunk;
-            match self.pool.run(vec![(slot, Op::Read { offset: at, len: content.len() })]).pop() {
+            match self
+                .pool
+                .run(vec![(
+                    slot,
+                    Op::Read {
+                        offset: at,
+                        len: content.len(),
+                    },
+                )])
+                .pop()
+            {
                 Some(Ok(bytes)) => content = bytes,
                 Some(Err(e)) => {
                     self.fail_member(slot, &format!("read failed during replace: {e}"));
-                    return Err(ArrayError::Failed(format!("slot {slot} failed during replace")));
+                    return Err(ArrayError::Failed(format!(
+                        "slot {slot} failed during replace"
+                    )));
                 }
                 None => return Err(ArrayError::Failed("no result from member worker".into())),
             }
         } else {
             match geometry.level {
-                Level::Raid5 | Level::Raid6 => self.reconstruct_rows(region, slot, row, n, &mut content)?,
+                Level::Raid5 | Level::Raid6 => {
+                    self.reconstruct_rows(region, slot, row, n, &mut content)?
+                }
                 Level::Raid1 | Level::Raid10 => {
                     let capacity = geometry.capacity(self.sb.lock().group_size);
                     for i in 0..n {
@@ -772,24 +962,37 @@ impl Array {
                     }
                 }
                 Level::Raid0 => {
-                    return Err(ArrayError::Refused("RAID0 has no redundancy to rebuild from".into()));
+                    return Err(ArrayError::Refused(
+                        "RAID0 has no redundancy to rebuild from".into(),
+                    ));
                 }
             }
         }
         let at = region.base + row * geometry.chunk;
         let len = content.len();
-        let op = Op::Write { offset: at, data: Arc::from(content), range: 0..len };
+        let op = Op::Write {
+            offset: at,
+            data: Arc::from(content),
+            range: 0..len,
+        };
         let outcome = if to_replacement {
             self.pool.run_on_replacement(slot, op)
         } else {
-            self.pool.run(vec![(slot, op)]).pop().unwrap_or_else(|| Err(std::io::Error::other("no result")))
+            self.pool
+                .run(vec![(slot, op)])
+                .pop()
+                .unwrap_or_else(|| Err(std::io::Error::other("no result")))
         };
         if let Err(e) = outcome {
             if to_replacement {
-                return Err(ArrayError::Refused(format!("writing to the replacement failed: {e}")));
+                return Err(ArrayError::Refused(format!(
+                    "writing to the replacement failed: {e}"
+                )));
             }
             self.fail_member(slot, &format!("write failed during recovery: {e}"));
-            return Err(ArrayError::Failed(format!("slot {slot} failed during recovery")));
+            return Err(ArrayError::Failed(format!(
+                "slot {slot} failed during recovery"
+            )));
         }
         Ok(())
     }

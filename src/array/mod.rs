@@ -49,18 +49,28 @@ pub enum ArrayError {
     #[error("invalid geometry: {0}")]
     Geometry(#[from] GeometryError),
     #[error("{path}: {source}")]
-    MemberIo { path: String, source: std::io::Error },
+    MemberIo {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("members belong to different arrays: {0}")]
     MixedArrays(String),
     #[error("{0}")]
     Refused(String),
     #[error("too few working members: {have} of {total} present, {level} needs at least {need}")]
-    TooFewMembers { have: usize, total: usize, need: usize, level: String },
+    TooFewMembers {
+        have: usize,
+        total: usize,
+        need: usize,
+        level: String,
+    },
     #[error("array is dirty and degraded: parity may be inconsistent; assemble with --force to start it anyway")]
     DirtyDegraded,
     #[error("address {0:#x} is outside any allocated group")]
     OutOfRange(u64),
-    #[error("array has lost too many members ({0}); writes are refused to protect what is on disk")]
+    #[error(
+        "array has lost too many members ({0}); writes are refused to protect what is on disk"
+    )]
     Failed(String),
     #[error("no unallocated group left")]
     NoSpace,
@@ -143,7 +153,13 @@ pub struct Array {
 
 /// The data geometry a superblock describes.
 pub fn data_geometry(sb: &Superblock) -> Result<Geometry, GeometryError> {
-    Geometry::new(sb.level, sb.members as usize, sb.chunk, sb.copies as usize, sb.layout)
+    Geometry::new(
+        sb.level,
+        sb.members as usize,
+        sb.chunk,
+        sb.copies as usize,
+        sb.layout,
+    )
 }
 
 /// Where a logical address lands.
@@ -168,7 +184,13 @@ impl Array {
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
-            .map(|s| if s.failed.load(Ordering::Relaxed) { None } else { s.member() })
+            .map(|s| {
+                if s.failed.load(Ordering::Relaxed) {
+                    None
+                } else {
+                    s.member()
+                }
+            })
             .collect();
         let slots_len = slots.len();
         let pool = worker::WorkerPool::new(&members, 2)
@@ -216,7 +238,9 @@ impl Array {
 
     /// Slots that are not serving I/O (failed or missing).
     pub fn failed_slots(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|&i| self.is_failed(i)).collect()
+        (0..self.slots.len())
+            .filter(|&i| self.is_failed(i))
+            .collect()
     }
 
     /// Whether some slot cannot serve reads everywhere (failed, missing or
@@ -231,13 +255,16 @@ impl Array {
 
     /// Whether `slot` can serve a read at region-relative `offset` of `region`.
     pub(crate) fn readable(&self, slot: usize, region: &Region, offset: u64) -> bool {
-        !self.is_failed(slot) && region.base + offset < self.slots[slot].valid_below.load(Ordering::Acquire)
+        !self.is_failed(slot)
+            && region.base + offset < self.slots[slot].valid_below.load(Ordering::Acquire)
     }
 
     /// Slots that cannot serve reads everywhere (failed, missing or rebuilding).
     pub(crate) fn unreadable_slots(&self) -> Vec<usize> {
         (0..self.slots.len())
-            .filter(|&i| self.is_failed(i) || self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX)
+            .filter(|&i| {
+                self.is_failed(i) || self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
+            })
             .collect()
     }
 
@@ -257,7 +284,11 @@ impl Array {
         let offset = addr & ((1u64 << GROUP_SHIFT) - 1);
         let (profile, group_size, data_offset) = {
             let sb = self.sb.lock();
-            let profile = sb.groups.get(group as usize).copied().unwrap_or(GroupProfile::Unallocated);
+            let profile = sb
+                .groups
+                .get(group as usize)
+                .copied()
+                .unwrap_or(GroupProfile::Unallocated);
             (profile, sb.group_size, sb.data_offset)
         };
         let geometry = match profile {
@@ -266,16 +297,28 @@ impl Array {
             GroupProfile::Unallocated => return Err(ArrayError::OutOfRange(addr)),
         };
         let capacity = geometry.capacity(group_size);
-        if offset.checked_add(len as u64).is_none_or(|end| end > capacity) {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > capacity)
+        {
             return Err(ArrayError::OutOfRange(addr));
         }
         let base = data_offset + group as u64 * group_size;
-        Ok((Region { group, geometry, base }, offset))
+        Ok((
+            Region {
+                group,
+                geometry,
+                base,
+            },
+            offset,
+        ))
     }
 
     /// The region of allocated group `group`.
     pub(crate) fn group_region(&self, group: u32) -> Option<Region> {
-        self.region((group as u64) << GROUP_SHIFT, 0).ok().map(|(r, _)| r)
+        self.region((group as u64) << GROUP_SHIFT, 0)
+            .ok()
+            .map(|(r, _)| r)
     }
 
     /// Re-evaluate whether every allocated group can still be served.
@@ -296,7 +339,10 @@ impl Array {
                 // Mirrors: each logical chunk needs one surviving copy. The copy
                 // pattern repeats every `members` chunks.
                 (0..g.members as u64).all(|k| {
-                    g.map(k * g.chunk).targets.iter().any(|t| !failed.contains(&t.member))
+                    g.map(k * g.chunk)
+                        .targets
+                        .iter()
+                        .any(|t| !failed.contains(&t.member))
                 })
             }
         }
@@ -304,8 +350,11 @@ impl Array {
 
     pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {
         if self.broken.load(Ordering::Acquire) {
-            let names: Vec<String> =
-                self.failed_slots().iter().map(|&i| self.slots[i].name()).collect();
+            let names: Vec<String> = self
+                .failed_slots()
+                .iter()
+                .map(|&i| self.slots[i].name())
+                .collect();
             return Err(ArrayError::Failed(names.join(", ")));
         }
         Ok(())
@@ -356,8 +405,10 @@ impl Array {
     pub(crate) fn detect_rotational(&self, slot: usize) {
         let (member, name) = (self.slots[slot].member(), self.slots[slot].name());
         let rotational = member.and_then(|m| m.rotational());
-        let rotational = rotational.or_else(|| balance::detect_rotational(std::path::Path::new(&name)));
-        self.balance.set_rotational(slot, rotational.unwrap_or(true));
+        let rotational =
+            rotational.or_else(|| balance::detect_rotational(std::path::Path::new(&name)));
+        self.balance
+            .set_rotational(slot, rotational.unwrap_or(true));
     }
 
     /// Per-member read counters and balancing state.

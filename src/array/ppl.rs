@@ -95,7 +95,15 @@ impl Ppl {
 
     /// Reserve room for an entry on `slot`'s ring. None: a flush must come
     /// first (the ring is full, or the stripe was already logged this epoch).
-    pub fn reserve(&self, slot: usize, group: u32, stripe: u64, lo: u64, modified: &[usize], pp: &[u8]) -> Option<(u64, Vec<u8>)> {
+    pub fn reserve(
+        &self,
+        slot: usize,
+        group: u32,
+        stripe: u64,
+        lo: u64,
+        modified: &[usize],
+        pp: &[u8],
+    ) -> Option<(u64, Vec<u8>)> {
         let mut st = self.state.lock();
         let size = Self::entry_size(pp.len());
         if st.heads[slot] + size > self.ring_len || st.logged.contains(&(group, stripe)) {
@@ -206,7 +214,9 @@ impl Ppl {
                 group: u32::from_le_bytes([e[24], e[25], e[26], e[27]]),
                 stripe: get_u64(e, 32),
                 lo: get_u64(e, 40),
-                modified: (0..MASK_BYTES * 8).filter(|&i| mask[i / 8] & (1 << (i % 8)) != 0).collect(),
+                modified: (0..MASK_BYTES * 8)
+                    .filter(|&i| mask[i / 8] & (1 << (i % 8)) != 0)
+                    .collect(),
                 partial_parity: pp.to_vec(),
             });
             at += size;
@@ -247,7 +257,9 @@ impl super::Array {
         logged.sort_by_key(|(_, e)| e.seq);
         let mut repaired = 0;
         for (parity_slot, e) in logged {
-            let Some(region) = self.group_region(e.group) else { continue };
+            let Some(region) = self.group_region(e.group) else {
+                continue;
+            };
             let members = self.stripe_slots(&region, e.stripe);
             let k = region.geometry.data_chunks();
             if members.get(k) != Some(&parity_slot) {
@@ -255,20 +267,38 @@ impl super::Array {
             }
             // A modified chunk on a lost member was being written: nothing
             // that was not being written depends on this stripe's parity.
-            if e.modified.iter().any(|&i| members.get(i).is_none_or(|&m| self.is_failed(m))) {
+            if e.modified
+                .iter()
+                .any(|&i| members.get(i).is_none_or(|&m| self.is_failed(m)))
+            {
                 continue;
             }
             let at = region.base + e.stripe * region.geometry.chunk + e.lo;
             let len = e.partial_parity.len();
-            let jobs = e.modified.iter().map(|&i| (members[i], Op::Read { offset: at, len })).collect();
+            let jobs = e
+                .modified
+                .iter()
+                .map(|&i| (members[i], Op::Read { offset: at, len }))
+                .collect();
             let mut parity = e.partial_parity.clone();
             for outcome in self.pool.run(jobs) {
-                let bytes = outcome.map_err(|err| super::ArrayError::Refused(format!("reading a logged stripe: {err}")))?;
+                let bytes = outcome.map_err(|err| {
+                    super::ArrayError::Refused(format!("reading a logged stripe: {err}"))
+                })?;
                 self.parity.xor_into(&mut parity, &bytes);
             }
-            let job = vec![(parity_slot, Op::Write { offset: at, data: Arc::from(parity), range: 0..len })];
+            let job = vec![(
+                parity_slot,
+                Op::Write {
+                    offset: at,
+                    data: Arc::from(parity),
+                    range: 0..len,
+                },
+            )];
             if let Some(Err(err)) = self.pool.run(job).pop() {
-                return Err(super::ArrayError::Refused(format!("rewriting logged parity: {err}")));
+                return Err(super::ArrayError::Refused(format!(
+                    "rewriting logged parity: {err}"
+                )));
             }
             repaired += 1;
         }

@@ -10,7 +10,13 @@ use std::sync::Arc;
 
 impl Array {
     /// Scrub member rows `[row, row + n)` of `region`; returns mismatched bytes.
-    pub(crate) fn scrub_rows(&self, region: &Region, row: u64, n: u64, repair: bool) -> ArrayResult<u64> {
+    pub(crate) fn scrub_rows(
+        &self,
+        region: &Region,
+        row: u64,
+        n: u64,
+        repair: bool,
+    ) -> ArrayResult<u64> {
         match region.geometry.level {
             Level::Raid0 => Ok(0),
             Level::Raid5 | Level::Raid6 => {
@@ -43,11 +49,27 @@ impl Array {
         let chunk = g.chunk as usize;
         let _guard = self.locks.lock_all(region.group, [stripe]);
         let members = self.stripe_slots(region, stripe);
-        if members.iter().any(|&m| !self.readable(m, region, (stripe + 1) * g.chunk - 1)) {
+        if members
+            .iter()
+            .any(|&m| !self.readable(m, region, (stripe + 1) * g.chunk - 1))
+        {
             return Ok(0); // Degraded: nothing to compare against.
         }
         let at = region.base + stripe * g.chunk;
-        let outcomes = self.pool.run(members.iter().map(|&m| (m, Op::Read { offset: at, len: chunk })).collect());
+        let outcomes = self.pool.run(
+            members
+                .iter()
+                .map(|&m| {
+                    (
+                        m,
+                        Op::Read {
+                            offset: at,
+                            len: chunk,
+                        },
+                    )
+                })
+                .collect(),
+        );
         let mut blocks = Vec::with_capacity(members.len());
         for (&m, outcome) in members.iter().zip(outcomes) {
             match outcome {
@@ -78,7 +100,14 @@ impl Array {
                     self.slots[members[k + i]].name()
                 );
                 if repair {
-                    writes.push((members[k + i], Op::Write { offset: at, data: Arc::from(fresh), range: 0..chunk }));
+                    writes.push((
+                        members[k + i],
+                        Op::Write {
+                            offset: at,
+                            data: Arc::from(fresh),
+                            range: 0..chunk,
+                        },
+                    ));
                 }
             }
         }
@@ -91,11 +120,28 @@ impl Array {
         let chunk = g.chunk as usize;
         let map = g.map(k * g.chunk);
         let _guard = self.locks.lock_all(region.group, [k]);
-        let targets: Vec<_> = map.targets.iter().filter(|t| self.readable(t.member, region, t.offset + g.chunk - 1)).collect();
+        let targets: Vec<_> = map
+            .targets
+            .iter()
+            .filter(|t| self.readable(t.member, region, t.offset + g.chunk - 1))
+            .collect();
         if targets.len() < 2 {
             return Ok(0);
         }
-        let outcomes = self.pool.run(targets.iter().map(|t| (t.member, Op::Read { offset: region.base + t.offset, len: chunk })).collect());
+        let outcomes = self.pool.run(
+            targets
+                .iter()
+                .map(|t| {
+                    (
+                        t.member,
+                        Op::Read {
+                            offset: region.base + t.offset,
+                            len: chunk,
+                        },
+                    )
+                })
+                .collect(),
+        );
         let mut copies = Vec::new();
         for (t, outcome) in targets.iter().zip(outcomes) {
             match outcome {
@@ -106,7 +152,9 @@ impl Array {
                 }
             }
         }
-        let Some(((_, reference), others)) = copies.split_first() else { return Ok(0) };
+        let Some(((_, reference), others)) = copies.split_first() else {
+            return Ok(0);
+        };
         let shared: Arc<[u8]> = Arc::from(reference.as_slice());
         let mut bad = 0;
         let mut writes = Vec::new();
@@ -120,7 +168,14 @@ impl Array {
                     self.slots[t.member].name()
                 );
                 if repair {
-                    writes.push((t.member, Op::Write { offset: region.base + t.offset, data: Arc::clone(&shared), range: 0..chunk }));
+                    writes.push((
+                        t.member,
+                        Op::Write {
+                            offset: region.base + t.offset,
+                            data: Arc::clone(&shared),
+                            range: 0..chunk,
+                        },
+                    ));
                 }
             }
         }
@@ -138,7 +193,8 @@ impl Array {
                 self.fail_member(slot, &format!("write failed during repair: {e}"));
             }
         }
-        self.ensure_writable().map_err(|e| ArrayError::Failed(e.to_string()))
+        self.ensure_writable()
+            .map_err(|e| ArrayError::Failed(e.to_string()))
     }
 }
 

@@ -39,7 +39,10 @@ pub struct ArrayStatus {
 }
 
 pub(crate) fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Array {
@@ -95,7 +98,10 @@ impl Array {
         if self.slots[slot].failed.swap(true, Ordering::AcqRel) {
             return;
         }
-        log::error!("raidfs: member {} (slot {slot}) failed: {why}", self.slots[slot].name());
+        log::error!(
+            "raidfs: member {} (slot {slot}) failed: {why}",
+            self.slots[slot].name()
+        );
         {
             let mut sb = self.sb.lock();
             sb.slots[slot] = SlotState::Faulty;
@@ -105,7 +111,10 @@ impl Array {
         if self.broken.load(Ordering::Acquire) {
             log::error!("raidfs: too many members lost; the array no longer accepts writes");
         } else {
-            log::warn!("raidfs: array continues degraded without {}", self.slots[slot].name());
+            log::warn!(
+                "raidfs: array continues degraded without {}",
+                self.slots[slot].name()
+            );
         }
         // Failures while recording this one fail those members in turn.
         let _ = self.write_superblocks();
@@ -172,7 +181,12 @@ impl Array {
 
     /// Groups not yet allocated.
     pub fn free_group_count(&self) -> usize {
-        self.sb.lock().groups.iter().filter(|p| **p == GroupProfile::Unallocated).count()
+        self.sb
+            .lock()
+            .groups
+            .iter()
+            .filter(|p| **p == GroupProfile::Unallocated)
+            .count()
     }
 
     /// Allocate the lowest unallocated group with `profile`, durably.
@@ -180,7 +194,11 @@ impl Array {
         self.ensure_writable()?;
         let index = {
             let mut sb = self.sb.lock();
-            let Some(i) = sb.groups.iter().position(|p| *p == GroupProfile::Unallocated) else {
+            let Some(i) = sb
+                .groups
+                .iter()
+                .position(|p| *p == GroupProfile::Unallocated)
+            else {
                 return Err(ArrayError::NoSpace);
             };
             sb.groups[i] = profile;
@@ -250,7 +268,10 @@ impl Array {
                 }
             })
             .collect();
-        let map: String = members.iter().map(|m| if m.state == "active" { 'U' } else { '_' }).collect();
+        let map: String = members
+            .iter()
+            .map(|m| if m.state == "active" { 'U' } else { '_' })
+            .collect();
         ArrayStatus {
             uuid: sb.array_uuid.to_string(),
             name: sb.name.clone(),
@@ -264,7 +285,11 @@ impl Array {
                 ArrayState::Clean => "clean".into(),
                 ArrayState::Dirty => "active (dirty)".into(),
             },
-            groups_allocated: sb.groups.iter().filter(|p| **p != GroupProfile::Unallocated).count(),
+            groups_allocated: sb
+                .groups
+                .iter()
+                .filter(|p| **p != GroupProfile::Unallocated)
+                .count(),
             groups_total: sb.groups.len(),
             map: format!("[{map}]"),
         }

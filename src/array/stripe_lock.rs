@@ -18,7 +18,9 @@ pub struct StripeGuards<'a> {
 
 impl StripeLocks {
     pub fn new(size: usize) -> StripeLocks {
-        StripeLocks { table: (0..size.max(1)).map(|_| Mutex::new(())).collect() }
+        StripeLocks {
+            table: (0..size.max(1)).map(|_| Mutex::new(())).collect(),
+        }
     }
 
     fn index(&self, group: u32, stripe: u64) -> usize {
@@ -32,6 +34,8 @@ impl StripeLocks {
         let mut idx: Vec<usize> = stripes.into_iter().map(|s| self.index(group, s)).collect();
         idx.sort_unstable();
         idx.dedup();
-        StripeGuards { _guards: idx.into_iter().map(|i| self.table[i].lock()).collect() }
+        StripeGuards {
+            _guards: idx.into_iter().map(|i| self.table[i].lock()).collect(),
+        }
     }
 }

@@ -20,8 +20,15 @@ use std::thread::JoinHandle;
 /// One member operation. Buffers are owned so a worker never borrows from
 /// the caller's stack.
 pub enum Op {
-    Read { offset: u64, len: usize },
-    Write { offset: u64, data: Arc<[u8]>, range: std::ops::Range<usize> },
+    Read {
+        offset: u64,
+        len: usize,
+    },
+    Write {
+        offset: u64,
+        data: Arc<[u8]>,
+        range: std::ops::Range<usize>,
+    },
     Sync,
 }
 
@@ -29,9 +36,15 @@ impl Op {
     fn duplicate(&self) -> Option<Op> {
         match self {
             Op::Read { .. } => None,
-            Op::Write { offset, data, range } => {
-                Some(Op::Write { offset: *offset, data: Arc::clone(data), range: range.clone() })
-            }
+            Op::Write {
+                offset,
+                data,
+                range,
+            } => Some(Op::Write {
+                offset: *offset,
+                data: Arc::clone(data),
+                range: range.clone(),
+            }),
             Op::Sync => Some(Op::Sync),
         }
     }
@@ -72,7 +85,11 @@ fn perform(member: &dyn Member, op: &Op) -> Outcome {
             member.read_at(&mut buf, *offset)?;
             Ok(buf)
         }
-        Op::Write { offset, data, range } => {
+        Op::Write {
+            offset,
+            data,
+            range,
+        } => {
             member.write_at(&data[range.clone()], *offset)?;
             Ok(Vec::new())
         }
@@ -84,7 +101,10 @@ fn perform(member: &dyn Member, op: &Op) -> Outcome {
 }
 
 fn missing(slot: usize) -> io::Error {
-    io::Error::new(io::ErrorKind::NotConnected, format!("member slot {slot} is not present"))
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        format!("member slot {slot} is not present"),
+    )
 }
 
 /// Tags at or above this mark the replacement copy of a job.
@@ -92,7 +112,10 @@ const REPLACEMENT_TAG: usize = usize::MAX / 2;
 
 impl WorkerPool {
     /// Start `threads_per_member` workers for every present member.
-    pub fn new(members: &[Option<Arc<dyn Member>>], threads_per_member: usize) -> io::Result<WorkerPool> {
+    pub fn new(
+        members: &[Option<Arc<dyn Member>>],
+        threads_per_member: usize,
+    ) -> io::Result<WorkerPool> {
         let pool = WorkerPool {
             lanes: RwLock::new((0..members.len()).map(|_| Lane::default()).collect()),
             threads_per_member: threads_per_member.max(1),
@@ -113,13 +136,15 @@ impl WorkerPool {
         for n in 0..self.threads_per_member {
             let rx = rx.clone();
             let member = Arc::clone(&member);
-            let handle = std::thread::Builder::new().name(format!("raidfs-{tag}{slot}-{n}")).spawn(move || {
-                for job in rx.iter() {
-                    let outcome = perform(member.as_ref(), &job.op);
-                    // The submitter may have given up; nothing to do then.
-                    let _ = job.reply.send((job.tag, outcome));
-                }
-            })?;
+            let handle = std::thread::Builder::new()
+                .name(format!("raidfs-{tag}{slot}-{n}"))
+                .spawn(move || {
+                    for job in rx.iter() {
+                        let outcome = perform(member.as_ref(), &job.op);
+                        // The submitter may have given up; nothing to do then.
+                        let _ = job.reply.send((job.tag, outcome));
+                    }
+                })?;
             threads.push(handle);
         }
         Ok(Queue { member, tx })
@@ -157,7 +182,10 @@ impl WorkerPool {
 
     /// Run one job directly on `slot`'s replacement (the rebuild's writes).
     pub fn run_on_replacement(&self, slot: usize, op: Op) -> Outcome {
-        let member = self.lanes.read()[slot].replacement.as_ref().map(|q| Arc::clone(&q.member));
+        let member = self.lanes.read()[slot]
+            .replacement
+            .as_ref()
+            .map(|q| Arc::clone(&q.member));
         match member {
             Some(m) => perform(m.as_ref(), &op),
             None => Err(missing(slot)),
@@ -168,7 +196,11 @@ impl WorkerPool {
     /// order. A job for a slot with no member fails with `NotConnected`.
     pub fn run(&self, jobs: Vec<(usize, Op)>) -> Vec<Outcome> {
         let lanes = self.lanes.read();
-        if jobs.len() == 1 && lanes.get(jobs[0].0).is_some_and(|l| l.replacement.is_none()) {
+        if jobs.len() == 1
+            && lanes
+                .get(jobs[0].0)
+                .is_some_and(|l| l.replacement.is_none())
+        {
             let (slot, op) = &jobs[0];
             let member = lanes[*slot].main.as_ref().map(|q| Arc::clone(&q.member));
             drop(lanes);
@@ -201,13 +233,24 @@ impl WorkerPool {
             }
             if let (Some(r), Some(copy)) = (&lane.replacement, op.duplicate()) {
                 let rtag = REPLACEMENT_TAG + replacement_slots.len();
-                if r.tx.send(Job { tag: rtag, op: copy, reply: reply_tx.clone() }).is_ok() {
+                if r.tx
+                    .send(Job {
+                        tag: rtag,
+                        op: copy,
+                        reply: reply_tx.clone(),
+                    })
+                    .is_ok()
+                {
                     replacement_slots.push(slot);
                     pending += 1;
                 }
             }
             match &lane.main {
-                Some(q) => match q.tx.send(Job { tag, op, reply: reply_tx.clone() }) {
+                Some(q) => match q.tx.send(Job {
+                    tag,
+                    op,
+                    reply: reply_tx.clone(),
+                }) {
                     Ok(()) => pending += 1,
                     Err(_) => results[tag] = Some(Err(missing(slot))),
                 },
@@ -225,7 +268,9 @@ impl WorkerPool {
                     if let Err(e) = outcome {
                         let slot = replacement_slots[tag - REPLACEMENT_TAG];
                         if !self.replacement_failed[slot].swap(true, Ordering::AcqRel) {
-                            log::error!("raidfs: write to the replacement of slot {slot} failed: {e}");
+                            log::error!(
+                                "raidfs: write to the replacement of slot {slot} failed: {e}"
+                            );
                         }
                     }
                 }

@@ -50,8 +50,14 @@ fn parse_layout(s: &str) -> Result<Layout, String> {
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a size (examples: 4096, 64K, 256M, 10G)"))?;
-    let shift = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 4096, 64K, 256M, 10G)"))?;
+    let shift = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
         "" => 0,
         "K" => 10,
         "M" => 20,
@@ -59,7 +65,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "T" => 40,
         _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
     };
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 pub fn run(args: CreateArgs) -> i32 {
@@ -77,7 +84,9 @@ pub fn run(args: CreateArgs) -> i32 {
     };
     let array = std::sync::Arc::new(array);
     if let Err(e) = crate::fs::format_array(std::sync::Arc::clone(&array)) {
-        return super::fail(format!("array created but the filesystem could not be written: {e}"));
+        return super::fail(format!(
+            "array created but the filesystem could not be written: {e}"
+        ));
     }
     let status = array.status();
     println!(

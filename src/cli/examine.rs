@@ -66,7 +66,9 @@ fn verdict(v: Option<bool>) -> String {
 }
 
 fn describe(path: &str, sb: &Superblock, copies: [Option<bool>; 2]) -> Examined {
-    let array_size = data_geometry(sb).map(|g| g.capacity(sb.group_size) * sb.groups.len() as u64).unwrap_or(0);
+    let array_size = data_geometry(sb)
+        .map(|g| g.capacity(sb.group_size) * sb.groups.len() as u64)
+        .unwrap_or(0);
     Examined {
         member: path.to_string(),
         magic: "RAIDFS".into(),
@@ -83,16 +85,32 @@ fn describe(path: &str, sb: &Superblock, copies: [Option<bool>; 2]) -> Examined 
         data_size: sb.data_size,
         group_size: sb.group_size,
         groups_total: sb.groups.len(),
-        groups_metadata: sb.groups.iter().filter(|g| **g == GroupProfile::Metadata).count(),
-        groups_data: sb.groups.iter().filter(|g| **g == GroupProfile::Data).count(),
+        groups_metadata: sb
+            .groups
+            .iter()
+            .filter(|g| **g == GroupProfile::Metadata)
+            .count(),
+        groups_data: sb
+            .groups
+            .iter()
+            .filter(|g| **g == GroupProfile::Data)
+            .count(),
         array_size,
         events: sb.events,
         state: match sb.state {
             ArrayState::Clean => "clean".into(),
             ArrayState::Dirty => "active (dirty)".into(),
         },
-        role: if sb.slot == SPARE_SLOT { "spare".into() } else { format!("Active device {}", sb.slot) },
-        slots: sb.slots.iter().map(|s| format!("{s:?}").to_lowercase()).collect(),
+        role: if sb.slot == SPARE_SLOT {
+            "spare".into()
+        } else {
+            format!("Active device {}", sb.slot)
+        },
+        slots: sb
+            .slots
+            .iter()
+            .map(|s| format!("{s:?}").to_lowercase())
+            .collect(),
         recovery_offset: (sb.recovery_offset != u64::MAX).then_some(sb.recovery_offset),
         features: sb.features,
         ctime: sb.ctime,
@@ -107,20 +125,37 @@ fn print_text(e: &Examined, sb: &Superblock) {
     println!("          Magic : RAIDFS");
     println!("        Version : {}", e.version);
     println!("     Array UUID : {}", e.array_uuid);
-    println!("           Name : {}", if e.name.is_empty() { "(none)" } else { &e.name });
+    println!(
+        "           Name : {}",
+        if e.name.is_empty() { "(none)" } else { &e.name }
+    );
     println!("  Creation Time : {}", utc(e.ctime));
     println!("     Raid Level : {}", e.level);
     println!("   Raid Devices : {}", e.raid_devices);
     if sb.level == crate::geometry::Level::Raid10 {
         println!("         Copies : {}", e.copies);
     }
-    println!("     Array Size : {} bytes ({})", e.array_size, super::create::human(e.array_size));
-    println!("  Used Dev Size : {} bytes ({})", e.data_size, super::create::human(e.data_size));
+    println!(
+        "     Array Size : {} bytes ({})",
+        e.array_size,
+        super::create::human(e.array_size)
+    );
+    println!(
+        "  Used Dev Size : {} bytes ({})",
+        e.data_size,
+        super::create::human(e.data_size)
+    );
     println!("    Data Offset : {} bytes", e.data_offset);
-    println!("         Groups : {} of {} bytes ({} metadata, {} data allocated)", e.groups_total, e.group_size, e.groups_metadata, e.groups_data);
+    println!(
+        "         Groups : {} of {} bytes ({} metadata, {} data allocated)",
+        e.groups_total, e.group_size, e.groups_metadata, e.groups_data
+    );
     println!("    Device UUID : {}", e.member_uuid);
     println!("    Update Time : {}", utc(e.utime));
-    println!("       Checksum : copy 0 {}, copy 1 {}", e.checksum[0], e.checksum[1]);
+    println!(
+        "       Checksum : copy 0 {}, copy 1 {}",
+        e.checksum[0], e.checksum[1]
+    );
     println!("         Events : {}", e.events);
     println!("         Layout : {}", e.layout);
     println!("     Chunk Size : {}K", e.chunk_bytes / 1024);
@@ -145,7 +180,12 @@ pub(crate) fn utc(secs: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 pub fn run(args: ExamineArgs) -> i32 {
@@ -153,7 +193,11 @@ pub fn run(args: ExamineArgs) -> i32 {
     let mut all = Vec::new();
     for path in &args.members {
         let name = path.display().to_string();
-        let opts = OpenOptions { read_only: true, lock: false, ..OpenOptions::default() };
+        let opts = OpenOptions {
+            read_only: true,
+            lock: false,
+            ..OpenOptions::default()
+        };
         let member = match FileMember::open(path, opts) {
             Ok(m) => m,
             Err(e) => {

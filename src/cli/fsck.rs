@@ -33,13 +33,18 @@ fn superblock_problems(members: &[PathBuf]) -> Vec<String> {
     let mut problems = Vec::new();
     for path in members {
         let name = path.display().to_string();
-        let opts = OpenOptions { read_only: true, lock: false, ..OpenOptions::default() };
+        let opts = OpenOptions {
+            read_only: true,
+            lock: false,
+            ..OpenOptions::default()
+        };
         match FileMember::open(path, opts) {
             Ok(m) => match Superblock::read_from(&m) {
                 Ok((_, verdict)) => {
                     for (i, v) in verdict.copies.iter().enumerate() {
                         if *v != Some(true) {
-                            problems.push(format!("{name}: superblock copy {i} is damaged or absent"));
+                            problems
+                                .push(format!("{name}: superblock copy {i} is damaged or absent"));
                         }
                     }
                 }
@@ -53,7 +58,11 @@ fn superblock_problems(members: &[PathBuf]) -> Vec<String> {
 
 pub fn run(args: FsckArgs) -> i32 {
     let sb_problems = superblock_problems(&args.members);
-    let opts = AssembleOptions { force: args.force, read_only: !args.repair, ..Default::default() };
+    let opts = AssembleOptions {
+        force: args.force,
+        read_only: !args.repair,
+        ..Default::default()
+    };
     let array = match assemble_paths(&args.members, opts) {
         Ok(a) => Arc::new(a),
         Err(e) => {
@@ -62,7 +71,10 @@ pub fn run(args: FsckArgs) -> i32 {
         }
     };
     if array.is_degraded() {
-        println!("array is degraded: {:?} missing or faulty", array.failed_slots());
+        println!(
+            "array is degraded: {:?} missing or faulty",
+            array.failed_slots()
+        );
     }
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
     let report = match fsck(store, args.repair) {
@@ -86,7 +98,11 @@ pub fn run(args: FsckArgs) -> i32 {
     }
     println!(
         "{} inodes, {} directories, {} journal records replayed, {} bytes used, {} bytes free",
-        report.inodes, report.directories, report.journal_records, report.used_bytes, report.free_bytes
+        report.inodes,
+        report.directories,
+        report.journal_records,
+        report.used_bytes,
+        report.free_bytes
     );
     let problems = sb_problems.len() + report.problems.len();
     if problems == 0 {

@@ -10,14 +10,18 @@ pub mod examine;
 pub mod fsck;
 pub mod manage;
 pub mod mount;
+pub mod mount_helper;
 pub mod scrub;
 pub mod status;
-pub mod mount_helper;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "raidfs", version, about = "RAID arrays of image files, mounted as a POSIX filesystem through FUSE")]
+#[command(
+    name = "raidfs",
+    version,
+    about = "RAID arrays of image files, mounted as a POSIX filesystem through FUSE"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -74,7 +74,10 @@ impl Allocator {
             .range(..=off)
             .next_back()
             .ok_or_else(|| format!("extent {:#x}+{} overlaps used space", ext.addr, ext.len))?;
-        if fstart + flen < end || ext.len == 0 || off % BLOCK_SIZE != 0 || ext.len % BLOCK_SIZE != 0
+        if fstart + flen < end
+            || ext.len == 0
+            || off % BLOCK_SIZE != 0
+            || !ext.len.is_multiple_of(BLOCK_SIZE)
         {
             return Err(format!(
                 "extent {:#x}+{} overlaps used space or is misaligned",
@@ -115,7 +118,7 @@ impl Allocator {
                 if aligned + len <= start + flen {
                     return self.take_at(group_addr(gi, aligned), len);
                 }
-                if best.map_or(true, |(_, _, blen)| flen > blen) {
+                if best.is_none_or(|(_, _, blen)| flen > blen) {
                     best = Some((gi, start, flen));
                 }
             }

@@ -97,7 +97,7 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
     for (i, slot) in header.slots.iter().enumerate() {
         match read_slot(store, &header.uuid, *slot)? {
             Some(c) => {
-                if best.as_ref().map_or(true, |(_, b)| c.seq > b.seq) {
+                if best.as_ref().is_none_or(|(_, b)| c.seq > b.seq) {
                     best = Some((i, c));
                 }
             }

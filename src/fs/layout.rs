@@ -157,7 +157,7 @@ pub fn read_header(store: &dyn BlockStore, meta_group: u32) -> FsResult<(FsHeade
                         h.version
                     )));
                 }
-                if best.as_ref().map_or(true, |b| h.generation > b.generation) {
+                if best.as_ref().is_none_or(|b| h.generation > b.generation) {
                     best = Some(h);
                 }
             }

@@ -427,7 +427,7 @@ fn apply_some_sectors(image: &mut [u8], write: &Unsynced, rng: &mut SplitMix64) 
     while at < end {
         let sector_end = ((at / SECTOR) + 1) * SECTOR;
         let piece_end = sector_end.min(end);
-        if !torn || rng.next() % 2 == 0 {
+        if !torn || rng.next().is_multiple_of(2) {
             let from = (at - write.offset) as usize;
             let to = (piece_end - write.offset) as usize;
             image[at as usize..piece_end as usize].copy_from_slice(&write.new[from..to]);

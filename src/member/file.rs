@@ -230,7 +230,7 @@ impl FileMember {
         let mut bounce = AlignedBuf::new(len);
         let skip = (offset - start) as usize;
         let head_partial = skip != 0;
-        let tail_partial = (skip + buf.len()) % DIRECT_ALIGN != 0;
+        let tail_partial = !(skip + buf.len()).is_multiple_of(DIRECT_ALIGN);
         // Two partial-block writers that share a block must not interleave
         // their read-modify-write, or one would undo the other.
         let first_block = start / DIRECT_ALIGN as u64;
@@ -325,7 +325,14 @@ impl Member for FileMember {
         self.check_bounds(len as usize, offset, "zero")?;
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
-        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
         if rc == 0 {
             return Ok(());
         }
@@ -371,7 +378,9 @@ impl AlignedBuf {
 
 fn is_aligned(ptr: *const u8, len: usize, offset: u64) -> bool {
     let align = DIRECT_ALIGN as u64;
-    (ptr as usize) % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0 && offset % align == 0
+    (ptr as usize).is_multiple_of(DIRECT_ALIGN)
+        && len.is_multiple_of(DIRECT_ALIGN)
+        && offset.is_multiple_of(align)
 }
 
 /// The smallest aligned byte range `[start, end)` covering `len` bytes at `offset`.

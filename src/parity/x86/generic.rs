@@ -71,7 +71,9 @@ unsafe fn put_n<V: Vector, const N: usize, const STREAM: bool>(regs: [V; N], dst
 /// ordinary stores even from a streaming kernel.
 #[inline(always)]
 fn aligned<V: Vector>(outputs: &[*const u8]) -> bool {
-    outputs.iter().all(|p| (*p as usize) % V::BYTES == 0)
+    outputs
+        .iter()
+        .all(|p| (*p as usize).is_multiple_of(V::BYTES))
 }
 
 /// Orders streaming stores before whatever the caller does next.

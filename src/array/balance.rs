@@ -26,8 +26,9 @@ use std::time::Duration;
 /// Streams remembered per member.
 const STREAMS: usize = 4;
 /// A read within this many bytes of where a stream ended continues it (reads
-/// of one stream may arrive slightly out of order from several threads).
-const STREAM_WINDOW: u64 = 512 << 10;
+/// of one stream arrive out of order: the kernel keeps several 1 MiB readahead
+/// READs of a stream in flight, served by different FUSE threads).
+const STREAM_WINDOW: u64 = 8 << 20;
 /// A stream unused for this many mirror reads (array-wide) is no longer active.
 const ACTIVE_TICKS: u64 = 1024;
 /// A placement not issued within this many mirror reads is forgotten.

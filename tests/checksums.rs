@@ -411,7 +411,7 @@ fn two_bad_members_in_one_raid5_stripe_give_eio_there_only() {
         let got = rig.fs.read(ino, off, BLOCK as usize);
         if bad.contains(&off) {
             let e = got.expect_err("a block with no good version");
-            assert_eq!(e.errno(), libc::EIO, "{e}");
+            assert_eq!(raidfs::fuse::errno_of(&e).code(), libc::EIO, "{e}");
         } else {
             let end = (off + BLOCK).min(data.len() as u64) as usize;
             assert_eq!(

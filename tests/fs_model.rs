@@ -237,7 +237,7 @@ fn os(s: &str) -> &OsStr {
 }
 
 fn code<T>(r: FsResult<T>) -> Res<T> {
-    r.map_err(|e| e.errno())
+    r.map_err(|e| raidfs::fuse::errno_of(&e).code())
 }
 
 impl Harness {

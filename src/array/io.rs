@@ -195,6 +195,23 @@ impl Array {
         Ok(true)
     }
 
+    /// Read every run, members in parallel.
+    fn read_runs(&self, runs: &[Run]) -> Vec<super::worker::Outcome> {
+        let jobs = runs
+            .iter()
+            .map(|r| {
+                (
+                    r.slot,
+                    Op::Read {
+                        offset: r.member_offset,
+                        len: r.len,
+                    },
+                )
+            })
+            .collect();
+        self.pool.run(jobs)
+    }
+
     pub(crate) fn read_region(
         &self,
         region: &Region,
@@ -255,19 +272,7 @@ impl Array {
             runs.iter()
                 .for_each(|r| self.balance.issue(r.slot, r.member_offset, r.len as u64));
             let started = std::time::Instant::now();
-            let outcomes = self.pool.run(
-                runs.iter()
-                    .map(|r| {
-                        (
-                            r.slot,
-                            Op::Read {
-                                offset: r.member_offset,
-                                len: r.len,
-                            },
-                        )
-                    })
-                    .collect(),
-            );
+            let outcomes = self.read_runs(&runs);
             let elapsed = started.elapsed();
             runs.iter()
                 .for_each(|r| self.balance.complete(r.slot, elapsed));
@@ -324,19 +329,7 @@ impl Array {
                 p.len,
             )
         }));
-        let outcomes = self.pool.run(
-            runs.iter()
-                .map(|r| {
-                    (
-                        r.slot,
-                        Op::Read {
-                            offset: r.member_offset,
-                            len: r.len,
-                        },
-                    )
-                })
-                .collect(),
-        );
+        let outcomes = self.read_runs(&runs);
         for (run, outcome) in runs.iter().zip(outcomes) {
             match outcome {
                 Ok(bytes) => {

@@ -367,15 +367,7 @@ impl Array {
                 Ok(AddOutcome::Rebuilding { slot })
             }
             _ => {
-                let uuid = Uuid::new_v4();
-                let mut sb = self.superblock();
-                sb.member_uuid = uuid;
-                sb.slot = SPARE_SLOT;
-                sb.write_to(member.as_ref())
-                    .map_err(|source| ArrayError::MemberIo {
-                        path: name.clone(),
-                        source,
-                    })?;
+                let uuid = self.write_spare_superblock(member.as_ref(), &name)?;
                 log::info!("{name} added as a hot spare");
                 self.sync.spares.lock().push(SlotDev {
                     member: Some(member),
@@ -385,6 +377,20 @@ impl Array {
                 Ok(AddOutcome::Spare)
             }
         }
+    }
+
+    /// Claim `member` for this array as a spare (a new member UUID, no
+    /// slot yet), so no other array or tool takes it meanwhile.
+    fn write_spare_superblock(&self, member: &dyn Member, name: &str) -> ArrayResult<Uuid> {
+        let uuid = Uuid::new_v4();
+        let mut sb = self.superblock();
+        sb.member_uuid = uuid;
+        sb.slot = SPARE_SLOT;
+        sb.write_to(member).map_err(|source| ArrayError::MemberIo {
+            path: name.to_string(),
+            source,
+        })?;
+        Ok(uuid)
     }
 
     /// A former member of this array whose slot is empty, and that left after
@@ -493,15 +499,7 @@ impl Array {
                 "other background work is running; wait for it or stop it".into(),
             ));
         }
-        let uuid = Uuid::new_v4();
-        let mut sb = self.superblock();
-        sb.member_uuid = uuid;
-        sb.slot = SPARE_SLOT;
-        sb.write_to(member.as_ref())
-            .map_err(|source| ArrayError::MemberIo {
-                path: name.clone(),
-                source,
-            })?;
+        let uuid = self.write_spare_superblock(member.as_ref(), &name)?;
         self.pool
             .set_replacement(slot, Some(Arc::clone(&member)))
             .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))?;

@@ -42,7 +42,7 @@ pub use scrub::{BadCopyReport, LostBlock, ScrubReport};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
 
 /// Errors of the filesystem layer. The FUSE adapter maps each to an errno in
-/// one exhaustive match; [`FsError::errno`] is that mapping.
+/// one exhaustive match (`crate::fuse::errno_of`).
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error("no such file or directory")]
@@ -222,35 +222,6 @@ pub struct FileSystem {
     inner: Arc<Inner>,
     /// Dropping the sender stops the commit thread.
     stop_committer: Mutex<Option<crossbeam_channel::Sender<()>>>,
-}
-
-impl FsError {
-    /// The errno this error is reported as.
-    pub fn errno(&self) -> i32 {
-        match self {
-            FsError::NotFound => libc::ENOENT,
-            FsError::Exists => libc::EEXIST,
-            FsError::NotDir => libc::ENOTDIR,
-            FsError::IsDir => libc::EISDIR,
-            FsError::NotEmpty => libc::ENOTEMPTY,
-            FsError::Access => libc::EACCES,
-            FsError::Perm => libc::EPERM,
-            FsError::Invalid(_) => libc::EINVAL,
-            FsError::NameTooLong => libc::ENAMETOOLONG,
-            FsError::NoSpace => libc::ENOSPC,
-            FsError::NoAttr => libc::ENODATA,
-            FsError::Range => libc::ERANGE,
-            FsError::TooManyLinks => libc::EMLINK,
-            FsError::ReadOnly => libc::EROFS,
-            FsError::TooBig => libc::EFBIG,
-            FsError::Unsupported(_) => libc::EOPNOTSUPP,
-            FsError::Stale => libc::ESTALE,
-            FsError::Corrupt(_) => libc::EIO,
-            FsError::Store(StoreError::NoSpace) => libc::ENOSPC,
-            FsError::Store(StoreError::ReadOnly(_)) => libc::EROFS,
-            FsError::Store(_) => libc::EIO,
-        }
-    }
 }
 
 fn bytes(name: &OsStr) -> &[u8] {

@@ -270,11 +270,13 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
         "{text}"
     );
 
+    let record = raidfs::cli::mount::registry::read(&array.mnt)
+        .expect("registry")
+        .expect("daemon record");
+    assert_eq!(record.pid as i32, daemon_pid(&killed_at));
     // SAFETY: kill with the pid of the daemon this test started.
-    assert_eq!(
-        unsafe { libc::kill(daemon_pid(&killed_at), libc::SIGKILL) },
-        0
-    );
+    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
+    assert!(record.wait_for_exit(Duration::from_secs(30)));
     array.mount(&["m0", "new1", "m2", "m3"]);
 
     // The limits survive the crash, so the resumed rebuild is still slow

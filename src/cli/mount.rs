@@ -15,6 +15,9 @@ use std::time::Duration;
 use crate::fuse::{is_raidfs_mount, mounts};
 use daemon::MountPlan;
 
+/// How long a new mount waits for a dead daemon's last threads to exit.
+const STALE_DAEMON_EXIT: Duration = Duration::from_secs(30);
+
 #[derive(clap::Args)]
 pub struct MountArgs {
     /// Stay in the foreground and log to stderr.
@@ -94,13 +97,21 @@ fn check_mount_point(path: &Path) -> Result<PathBuf, String> {
     let existing =
         mounts::mount_at(&absolute).map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
     if let Some(entry) = existing {
-        let daemon = registry::read(&absolute)
-            .ok()
-            .flatten()
-            .filter(|r| r.is_alive());
+        let record = registry::read(&absolute).ok().flatten();
+        let daemon = record.clone().filter(|r| r.is_alive());
         match daemon {
             None if is_raidfs_mount(&entry) => {
                 eprintln!("raidfs: {shown}: clearing a stale raidfs mount whose daemon has exited");
+                // A killed daemon's threads may still be exiting, holding the
+                // member locks that the new assembly is about to take.
+                if let Some(dead) = record {
+                    if !dead.wait_for_exit(STALE_DAEMON_EXIT) {
+                        return Err(format!(
+                            "the old daemon (pid {}) of {shown} has not finished exiting",
+                            dead.pid
+                        ));
+                    }
+                }
                 mounts::unmount(&absolute, true)
                     .map_err(|e| format!("clearing the stale mount on {shown}: {e}"))?;
                 registry::remove(&absolute);

@@ -131,18 +131,27 @@ pub fn remove(mount_point: &Path) {
 /// daemon stays as under a PID 1 that does not reap) counts as gone.
 pub fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    running_start_time(&stat)
+}
+
+fn running_start_time(stat: &str) -> Option<u64> {
+    let (state, start) = parse_stat(stat)?;
+    (state != "Z" && state != "X").then_some(start)
+}
+
+/// State letter and start time of process `pid`, zombies included.
+fn process_state(pid: u32) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat(&stat)
 }
 
-fn parse_stat(stat: &str) -> Option<u64> {
+fn parse_stat(stat: &str) -> Option<(String, u64)> {
     // The command name (field 2) may contain spaces and parentheses.
     let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
+    let state = fields.next()?.to_string();
     // Field 22 overall; `state` was field 3.
-    fields.nth(18)?.parse().ok()
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
 }
 
 impl DaemonRecord {
@@ -166,43 +175,53 @@ impl DaemonRecord {
         }
     }
 
-    /// Wait until the daemon has exited; false on timeout.
+    /// Wait until every thread of the daemon has exited; false on timeout.
+    ///
+    /// The thread-group leader turns zombie as soon as it dies, while other
+    /// threads (a worker in the middle of member I/O) may still be exiting
+    /// and holding the member files, and with them their locks. A pidfd
+    /// becomes readable only once the whole thread group is gone, which is
+    /// the moment another process can assemble the members.
     pub fn wait_for_exit(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
         let pidfd =
             unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid as libc::pid_t, 0) } as i32;
-        if pidfd >= 0 && self.is_alive() {
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let mut pfd = libc::pollfd {
-                    fd: pidfd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                let ms = left.as_millis().min(i32::MAX as u128) as i32;
-                // SAFETY: pfd is a valid pollfd for the duration of the call.
-                let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-                if n > 0 || (n == 0 && left.is_zero()) || Instant::now() >= deadline {
-                    break;
+        if pidfd < 0 {
+            // Gone already (ESRCH), or a kernel without pidfds: fall back to
+            // the process table, which cannot see threads still exiting.
+            while self.is_alive() {
+                if Instant::now() >= deadline {
+                    return false;
                 }
-                if n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                    break;
-                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            return true;
+        }
+        // The pid is ours to wait on only if it is still the daemon (checked
+        // after the pidfd pins it, so it cannot be reused in between).
+        let same_process =
+            process_state(self.pid).is_some_and(|(_, start)| start == self.start_time);
+        let mut exited = !same_process;
+        while !exited {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            // SAFETY: pfd is a valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n > 0 {
+                exited = true;
+            } else if n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
             }
         }
-        if pidfd >= 0 {
-            // SAFETY: pidfd is an fd we own.
-            unsafe { libc::close(pidfd) };
-        }
-        // Without pidfds (old kernels) fall back to polling the process table.
-        while self.is_alive() {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        true
+        // SAFETY: pidfd is an fd we own.
+        unsafe { libc::close(pidfd) };
+        exited
     }
 }
 
@@ -236,9 +255,10 @@ mod tests {
     #[test]
     fn zombies_are_not_alive() {
         let running = "12 (raid fs) S 1 12 12 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 4242 0 0";
-        assert_eq!(parse_stat(running), Some(4242));
+        assert_eq!(running_start_time(running), Some(4242));
         let zombie = running.replace(") S ", ") Z ");
-        assert_eq!(parse_stat(&zombie), None);
+        assert_eq!(running_start_time(&zombie), None);
+        assert_eq!(parse_stat(&zombie), Some(("Z".to_string(), 4242)));
     }
 
     #[test]

@@ -131,14 +131,38 @@ impl Array {
             }
         }
         let slots: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
-        let outcomes = self
-            .pool
-            .run(slots.iter().map(|&s| (s, Op::Sync)).collect());
-        for (slot, outcome) in slots.into_iter().zip(outcomes) {
+        for (slot, outcome) in self.sync_written(&slots) {
             if let Err(e) = outcome {
                 self.write_failed(slot, &format!("sync failed: {e}"));
             }
         }
+    }
+
+    /// Sync those of `slots` that were written since their last sync, in
+    /// parallel; the outcome of each sync run. Members with nothing new are
+    /// skipped: an fsync whose journal record lands on two members would
+    /// otherwise flush every member, and a member's fdatasync with nothing
+    /// dirty may still flush the disk's cache.
+    fn sync_written(&self, slots: &[usize]) -> Vec<(usize, std::io::Result<()>)> {
+        let (slots, tickets): (Vec<usize>, Vec<_>) = slots
+            .iter()
+            .map(|&s| (s, self.pool.sync_ticket(s)))
+            .filter(|(_, ticket)| ticket.needed())
+            .unzip();
+        let outcomes = self
+            .pool
+            .run(slots.iter().map(|&s| (s, Op::Sync)).collect());
+        slots
+            .into_iter()
+            .zip(outcomes)
+            .zip(tickets)
+            .map(|((slot, outcome), ticket)| {
+                if outcome.is_ok() {
+                    self.pool.synced(slot, ticket);
+                }
+                (slot, outcome.map(|_| ()))
+            })
+            .collect()
     }
 
     /// Log the partial parity of a partial-stripe write on the stripe's
@@ -506,12 +530,9 @@ impl Array {
             }
         }
         let live: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
-        for (slot, outcome) in live
-            .iter()
-            .zip(self.pool.run(live.iter().map(|&s| (s, Op::Sync)).collect()))
-        {
+        for (slot, outcome) in self.sync_written(&live) {
             if let Err(e) = outcome {
-                self.fail_member(*slot, &format!("bitmap sync failed: {e}"));
+                self.fail_member(slot, &format!("bitmap sync failed: {e}"));
             }
         }
         self.ensure_writable()

@@ -228,8 +228,9 @@ impl Array {
                 continue;
             }
             if let Some(m) = self.slots[slot].member() {
-                if let Err(e) = m.zero_range(base, size) {
-                    self.fail_member(slot, &format!("zeroing a new group failed: {e}"));
+                match m.zero_range(base, size) {
+                    Ok(()) => self.pool.note_written(slot),
+                    Err(e) => self.fail_member(slot, &format!("zeroing a new group failed: {e}")),
                 }
             }
         }

@@ -13,7 +13,7 @@ use crate::member::Member;
 use crossbeam_channel::{bounded, unbounded, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -76,6 +76,26 @@ pub struct WorkerPool {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Set when a write to a replacement failed; the replace is abandoned.
     replacement_failed: Vec<AtomicBool>,
+    /// Per slot, so a flush can skip members nothing was written to.
+    sync_marks: Vec<SyncMark>,
+}
+
+/// Counts completed writes to one slot (main member and replacement) and
+/// remembers how many of them the last finished sync covered.
+#[derive(Default)]
+struct SyncMark {
+    written: AtomicU64,
+    synced: AtomicU64,
+}
+
+/// What a flush must sync on one slot: `Some(writes)` when writes completed
+/// since the last finished sync (the count to record once this one is done).
+pub struct SyncTicket(Option<u64>);
+
+impl SyncTicket {
+    pub fn needed(&self) -> bool {
+        self.0.is_some()
+    }
 }
 
 fn perform(member: &dyn Member, op: &Op) -> Outcome {
@@ -121,6 +141,14 @@ impl WorkerPool {
             threads_per_member: threads_per_member.max(1),
             threads: Mutex::new(Vec::new()),
             replacement_failed: (0..members.len()).map(|_| AtomicBool::new(false)).collect(),
+            // One write counted from the start: the first flush syncs
+            // everything, whatever happened before this pool existed.
+            sync_marks: (0..members.len())
+                .map(|_| SyncMark {
+                    written: AtomicU64::new(1),
+                    synced: AtomicU64::new(0),
+                })
+                .collect(),
         };
         for (slot, member) in members.iter().enumerate() {
             if let Some(m) = member {
@@ -154,6 +182,8 @@ impl WorkerPool {
     pub fn attach(&self, slot: usize, member: Arc<dyn Member>) -> io::Result<()> {
         let queue = self.start_queue(slot, member, "m")?;
         self.lanes.write()[slot].main = Some(queue);
+        // Whatever the new member went through before, the next flush syncs it.
+        self.note_written(slot);
         Ok(())
     }
 
@@ -172,6 +202,7 @@ impl WorkerPool {
         };
         self.replacement_failed[slot].store(false, Ordering::Release);
         self.lanes.write()[slot].replacement = queue;
+        self.note_written(slot);
         Ok(())
     }
 
@@ -186,9 +217,48 @@ impl WorkerPool {
             .replacement
             .as_ref()
             .map(|q| Arc::clone(&q.member));
-        match member {
+        let outcome = match member {
             Some(m) => perform(m.as_ref(), &op),
             None => Err(missing(slot)),
+        };
+        if matches!(op, Op::Write { .. }) && outcome.is_ok() {
+            self.note_written(slot);
+        }
+        outcome
+    }
+
+    /// Record that a write to `slot` completed outside the pool (zeroing a
+    /// new group), so the next flush syncs it.
+    pub fn note_written(&self, slot: usize) {
+        if let Some(mark) = self.sync_marks.get(slot) {
+            mark.written.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether `slot` has writes that no finished sync covers. Taken before
+    /// the sync starts, so writes completing meanwhile stay uncovered.
+    pub fn sync_ticket(&self, slot: usize) -> SyncTicket {
+        let Some(mark) = self.sync_marks.get(slot) else {
+            return SyncTicket(None);
+        };
+        let written = mark.written.load(Ordering::Acquire);
+        // A sync still running elsewhere has not raised `synced` yet, so a
+        // concurrent flush syncs too instead of returning before it is done.
+        SyncTicket((mark.synced.load(Ordering::Acquire) < written).then_some(written))
+    }
+
+    /// The sync taken with `ticket` finished successfully.
+    pub fn synced(&self, slot: usize, ticket: SyncTicket) {
+        if let (Some(mark), Some(written)) = (self.sync_marks.get(slot), ticket.0) {
+            mark.synced.fetch_max(written, Ordering::AcqRel);
+        }
+    }
+
+    fn note_outcomes(&self, writes: &[(usize, usize)], results: &[Outcome]) {
+        for &(tag, slot) in writes {
+            if results.get(tag).is_some_and(|r| r.is_ok()) {
+                self.note_written(slot);
+            }
         }
     }
 
@@ -204,11 +274,21 @@ impl WorkerPool {
             let (slot, op) = &jobs[0];
             let member = lanes[*slot].main.as_ref().map(|q| Arc::clone(&q.member));
             drop(lanes);
-            return vec![match member {
+            let outcome = vec![match member {
                 Some(m) => perform(m.as_ref(), op),
                 None => Err(missing(*slot)),
             }];
+            if matches!(op, Op::Write { .. }) {
+                self.note_outcomes(&[(0, *slot)], &outcome);
+            }
+            return outcome;
         }
+        let writes: Vec<(usize, usize)> = jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, op))| matches!(op, Op::Write { .. }))
+            .map(|(tag, (slot, _))| (tag, *slot))
+            .collect();
         let mut results: Vec<Option<Outcome>> = (0..jobs.len()).map(|_| None).collect();
         let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
         let mut pending = 0;
@@ -278,10 +358,12 @@ impl WorkerPool {
                 Err(_) => break,
             }
         }
-        results
+        let results: Vec<Outcome> = results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(io::Error::other("member worker stopped"))))
-            .collect()
+            .collect();
+        self.note_outcomes(&writes, &results);
+        results
     }
 }
 

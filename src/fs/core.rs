@@ -201,7 +201,7 @@ impl Inner {
                 st.free_inode(ino);
             }
         }
-        self.commit(false)
+        self.commit(false).map(|_| ())
     }
 
     pub fn is_read_only(&self) -> bool {
@@ -230,13 +230,15 @@ impl Inner {
     }
 
     /// Make every change so far durable. With `force_checkpoint` (unmount)
-    /// the full image is written even when the log has room.
-    pub fn commit(&self, force_checkpoint: bool) -> FsResult<()> {
+    /// the full image is written even when the log has room. Returns whether
+    /// a record was written, which ends with a store flush: a caller that
+    /// needs one can then skip its own.
+    pub fn commit(&self, force_checkpoint: bool) -> FsResult<bool> {
         let mut journal = self.journal.lock();
         let (payload, checkpoint, freed) = {
             let mut st = self.state.write();
             if st.batch.is_empty() && !force_checkpoint {
-                return Ok(());
+                return Ok(false);
             }
             let (rec, freed) = st.take_record();
             let bytes = encode(&rec)?;
@@ -259,7 +261,7 @@ impl Inner {
                 for ext in freed {
                     st.alloc.free(ext);
                 }
-                Ok(())
+                Ok(true)
             }
             Err(e) => {
                 // The in-memory state is now ahead of what can be made

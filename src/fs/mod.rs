@@ -285,7 +285,7 @@ impl FileSystem {
         if self.inner.is_read_only() {
             return Ok(());
         }
-        let result = self.inner.commit(true);
+        let result = self.inner.commit(true).map(|_| ());
         self.inner
             .read_only
             .store(true, std::sync::atomic::Ordering::Release);
@@ -294,8 +294,10 @@ impl FileSystem {
 
     /// Commit the journal and flush the store (sync(2)).
     pub fn sync_all(&self) -> FsResult<()> {
-        if !self.inner.is_read_only() {
-            self.inner.commit(false)?;
+        // A journal record ends with a flush of its own, covering every
+        // data write that completed before it.
+        if !self.inner.is_read_only() && self.inner.commit(false)? {
+            return Ok(());
         }
         self.inner.store.flush()?;
         Ok(())

@@ -3,7 +3,7 @@
 //! member failure on I/O errors.
 
 use super::worker::Op;
-use super::{Array, ArrayError, ArrayResult, Region};
+use super::{full_stripe, Array, ArrayError, ArrayResult, Region};
 use crate::geometry::{Level, Mapping, Target};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -543,6 +543,7 @@ impl Array {
             Level::Raid1 | Level::Raid10 | Level::Raid0 => self.write_plain(region, offset, data),
             Level::Raid5 | Level::Raid6 => {
                 let pieces = split(region, offset, data.len());
+                let mut stripes: Vec<&[Piece]> = Vec::new();
                 let mut start = 0;
                 while start < pieces.len() {
                     let stripe = pieces[start].map.stripe;
@@ -550,8 +551,22 @@ impl Array {
                         .iter()
                         .position(|p| p.map.stripe != stripe)
                         .map_or(pieces.len(), |n| start + n);
-                    self.write_stripe(region, &pieces[start..end], data)?;
+                    stripes.push(&pieces[start..end]);
                     start = end;
+                }
+                // Runs of whole stripes (all of a large request but its ends)
+                // go out together; partial ones one by one.
+                let whole = |s: &[Piece]| full_stripe::covers_stripe(region, s);
+                let mut i = 0;
+                while i < stripes.len() {
+                    let run = stripes[i..].iter().take_while(|s| whole(s)).count();
+                    if run > 0 {
+                        self.write_full_stripes(region, &stripes[i..i + run], data)?;
+                        i += run;
+                    } else {
+                        self.write_stripe(region, stripes[i], data)?;
+                        i += 1;
+                    }
                 }
                 Ok(())
             }

@@ -11,6 +11,7 @@ mod assemble;
 pub mod balance;
 mod bitmap;
 mod create;
+mod full_stripe;
 mod io;
 mod lifecycle;
 pub mod ppl;

@@ -10,7 +10,8 @@
 
 use super::io::Piece;
 use super::worker::Op;
-use super::{Array, ArrayResult, Region};
+use super::{Array, ArrayError, ArrayResult, Region};
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 /// Whether `pieces` (all of one stripe) cover every data chunk whole.
@@ -41,28 +42,28 @@ impl Array {
         self.ensure_writable()?;
 
         let span = stripes.len() * chunk;
-        let mut buffers: Vec<Option<Arc<[u8]>>> = vec![None; self.slots.len()];
+        let mut buffers: Vec<Option<MemberBuffer>> = (0..self.slots.len()).map(|_| None).collect();
         for (j, pieces) in stripes.iter().enumerate() {
             let members = self.stripe_slots(region, first + j as u64);
             let mut sources: Vec<&[u8]> = vec![&[]; k];
             for p in pieces.iter() {
                 sources[p.map.data_index] = &data[p.buf_off..p.buf_off + chunk];
             }
-            let at = j * chunk..(j + 1) * chunk;
             for (i, source) in sources.iter().enumerate() {
-                let buffer = buffers[members[i]].get_or_insert_with(|| zeroed(span));
-                unique(buffer)[at.clone()].copy_from_slice(source);
+                let buffer = buffers[members[i]].get_or_insert_with(|| MemberBuffer::new(span));
+                buffer.append(source);
             }
-            // Parity goes straight into its members' buffers; taking them
-            // out lets two of them be borrowed mutably at once.
-            let mut parity: Vec<Arc<[u8]>> = members[k..]
+            // Parity goes straight into its members' buffers (seeded with a
+            // copy of the first chunk, which the kernels overwrite); taking
+            // them out lets two be borrowed mutably at once.
+            let mut parity: Vec<MemberBuffer> = members[k..]
                 .iter()
-                .map(|&m| buffers[m].take().unwrap_or_else(|| zeroed(span)))
+                .map(|&m| buffers[m].take().unwrap_or_else(|| MemberBuffer::new(span)))
                 .collect();
             match parity.as_mut_slice() {
-                [p] => self.parity.xor_gen(&sources, &mut unique(p)[at.clone()]),
+                [p] => self.parity.xor_gen(&sources, p.append(sources[0])),
                 [p, q] => {
-                    let (p, q) = (&mut unique(p)[at.clone()], &mut unique(q)[at.clone()]);
+                    let (p, q) = (p.append(sources[0]), q.append(sources[0]));
                     self.parity.pq_gen(&sources, p, q);
                 }
                 _ => {}
@@ -73,20 +74,19 @@ impl Array {
         }
 
         let offset = region.base + first * geometry.chunk;
-        let (slots, jobs): (Vec<usize>, Vec<(usize, Op)>) = buffers
-            .into_iter()
-            .enumerate()
-            .filter(|(slot, _)| !self.is_failed(*slot))
-            .filter_map(|(slot, buffer)| {
-                let data = buffer?;
-                let op = Op::Write {
-                    offset,
-                    range: 0..data.len(),
-                    data,
-                };
-                Some((slot, (slot, op)))
-            })
-            .unzip();
+        let mut slots = Vec::new();
+        let mut jobs = Vec::new();
+        for (slot, buffer) in buffers.into_iter().enumerate() {
+            let Some(buffer) = buffer else { continue };
+            let data = buffer.finish().ok_or_else(|| {
+                ArrayError::Failed(format!("stripe buffer of slot {slot} left partly unwritten"))
+            })?;
+            if !self.is_failed(slot) {
+                let range = 0..data.len();
+                slots.push(slot);
+                jobs.push((slot, Op::Write { offset, data, range }));
+            }
+        }
         for (slot, outcome) in slots.into_iter().zip(self.pool.run(jobs)) {
             if let Err(e) = outcome {
                 self.write_failed(slot, &format!("write failed: {e}"));
@@ -96,14 +96,36 @@ impl Array {
     }
 }
 
-/// A zero-filled shared buffer, allocated in place: building the
-/// `Arc<[u8]>` from a `Vec` would copy it once more.
-fn zeroed(len: usize) -> Arc<[u8]> {
-    // SAFETY: every bit pattern, all zeros included, is a valid u8.
-    unsafe { Arc::<[u8]>::new_zeroed_slice(len).assume_init() }
+/// One member's part of the stripes, filled chunk by chunk in order and
+/// never zeroed first: zeroing 1.25 MiB per 1 MiB request was a tenth of the
+/// daemon's time in a sequential write.
+struct MemberBuffer {
+    bytes: Arc<[MaybeUninit<u8>]>,
+    filled: usize,
 }
 
-/// The bytes of a buffer this module built and has not handed out yet.
-fn unique(buffer: &mut Arc<[u8]>) -> &mut [u8] {
-    Arc::get_mut(buffer).expect("stripe buffers are shared only once submitted")
+impl MemberBuffer {
+    fn new(len: usize) -> MemberBuffer {
+        MemberBuffer {
+            bytes: Arc::new_uninit_slice(len),
+            filled: 0,
+        }
+    }
+
+    /// Copy `chunk` in after what is there; the copy, now initialised.
+    fn append(&mut self, chunk: &[u8]) -> &mut [u8] {
+        let at = self.filled;
+        self.filled += chunk.len();
+        let bytes = Arc::get_mut(&mut self.bytes).expect("member buffers are not shared before finish");
+        bytes[at..at + chunk.len()].write_copy_of_slice(chunk)
+    }
+
+    /// The bytes, once every one was written; None otherwise.
+    fn finish(self) -> Option<Arc<[u8]>> {
+        if self.filled != self.bytes.len() {
+            return None;
+        }
+        // SAFETY: `append` initialised bytes [0, filled), which is all of them.
+        Some(unsafe { self.bytes.assume_init() })
+    }
 }

@@ -79,12 +79,21 @@ impl Array {
         for (slot, buffer) in buffers.into_iter().enumerate() {
             let Some(buffer) = buffer else { continue };
             let data = buffer.finish().ok_or_else(|| {
-                ArrayError::Failed(format!("stripe buffer of slot {slot} left partly unwritten"))
+                ArrayError::Failed(format!(
+                    "stripe buffer of slot {slot} left partly unwritten"
+                ))
             })?;
             if !self.is_failed(slot) {
                 let range = 0..data.len();
                 slots.push(slot);
-                jobs.push((slot, Op::Write { offset, data, range }));
+                jobs.push((
+                    slot,
+                    Op::Write {
+                        offset,
+                        data,
+                        range,
+                    },
+                ));
             }
         }
         for (slot, outcome) in slots.into_iter().zip(self.pool.run(jobs)) {
@@ -116,7 +125,8 @@ impl MemberBuffer {
     fn append(&mut self, chunk: &[u8]) -> &mut [u8] {
         let at = self.filled;
         self.filled += chunk.len();
-        let bytes = Arc::get_mut(&mut self.bytes).expect("member buffers are not shared before finish");
+        let bytes =
+            Arc::get_mut(&mut self.bytes).expect("member buffers are not shared before finish");
         bytes[at..at + chunk.len()].write_copy_of_slice(chunk)
     }
 

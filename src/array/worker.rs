@@ -6,7 +6,8 @@
 //! every write (so `replace` can rebuild onto it while the old member stays
 //! in service). A batch of jobs is submitted together and the caller waits
 //! for every reply; a batch with a single job runs inline on the caller's
-//! thread, since a hand-off would only add latency. Lanes can be attached and
+//! thread, since a hand-off would only add latency, and so do writes that
+//! only copy into a cache (see [`Member::cached_writes`]). Lanes can be attached and
 //! detached while the array runs (add, remove, replace).
 
 use crate::member::Member;
@@ -293,22 +294,27 @@ impl WorkerPool {
         let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
         let mut pending = 0;
         let mut replacement_slots = Vec::new();
-        // The last job runs on this thread once the others are queued: the
-        // caller would only sleep meanwhile, and each hand-off costs two
-        // wake-ups (perf showed them as a fifth of the daemon's time).
+        // Writes into a cache, and the last job, run on this thread once the
+        // others are queued: the caller would only sleep meanwhile, and each
+        // hand-off costs two wake-ups (perf showed them as a fifth of the
+        // daemon's time; inline cached writes made a RAID5 sequential write
+        // 1.4x faster on a loaded 2-CPU machine).
         let Some(last) = jobs.len().checked_sub(1) else {
             return Vec::new();
         };
-        let mut inline = None;
+        let mut inline = Vec::new();
         for (tag, (slot, op)) in jobs.into_iter().enumerate() {
             let Some(lane) = lanes.get(slot) else {
                 results[tag] = Some(Err(missing(slot)));
                 continue;
             };
-            if tag == last && lane.replacement.is_none() {
+            if lane.replacement.is_none() {
                 if let Some(q) = &lane.main {
-                    inline = Some((tag, Arc::clone(&q.member), op));
-                    continue;
+                    let cached_write = matches!(op, Op::Write { .. }) && q.member.cached_writes();
+                    if tag == last || cached_write {
+                        inline.push((tag, Arc::clone(&q.member), op));
+                        continue;
+                    }
                 }
             }
             if let (Some(r), Some(copy)) = (&lane.replacement, op.duplicate()) {
@@ -339,7 +345,7 @@ impl WorkerPool {
         }
         drop(lanes);
         drop(reply_tx);
-        if let Some((tag, member, op)) = inline {
+        for (tag, member, op) in inline {
             results[tag] = Some(perform(member.as_ref(), &op));
         }
         for _ in 0..pending {

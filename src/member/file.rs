@@ -321,6 +321,10 @@ impl Member for FileMember {
         self.path.display().to_string()
     }
 
+    fn cached_writes(&self) -> bool {
+        !self.direct
+    }
+
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check_bounds(len as usize, offset, "zero")?;
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;

@@ -107,4 +107,8 @@ impl Member for MemoryMember {
     fn name(&self) -> String {
         self.name.clone()
     }
+
+    fn cached_writes(&self) -> bool {
+        true
+    }
 }

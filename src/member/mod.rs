@@ -50,4 +50,12 @@ pub trait Member: Send + Sync {
     fn rotational(&self) -> Option<bool> {
         None
     }
+    /// Whether a write only copies into a cache (the page cache of a file
+    /// opened without O_DIRECT, or memory) and so costs CPU rather than
+    /// waiting on a device. Such writes are cheaper done by the thread that
+    /// has the data than handed to a member worker, which costs two wake-ups
+    /// and, on a busy machine, a wait for a CPU.
+    fn cached_writes(&self) -> bool {
+        false
+    }
 }

@@ -210,7 +210,10 @@ fn check_agreement(parity: &Parity, stripes: &mut Stripes) {
 }
 
 fn main() {
-    let parity = match Parity::select(None) {
+    let selecting = Instant::now();
+    let selected = Parity::select(None);
+    let selection_time = selecting.elapsed();
+    let parity = match selected {
         Ok(parity) => parity,
         Err(e) => {
             eprintln!("parity_vs_isal: {e}");
@@ -220,6 +223,7 @@ fn main() {
     for line in parity.report() {
         println!("{line}");
     }
+    println!("start-up selection took {selection_time:.1?}");
     let mut hot = Stripes::new(1);
     check_agreement(&parity, &mut hot);
     // The chosen kernels forced alone: ordinary stores for every call (what

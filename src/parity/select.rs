@@ -21,7 +21,7 @@ const DATA_BLOCKS: usize = 4;
 const CHUNK: usize = 16 * 1024;
 const ROUNDS: usize = 6;
 /// Time for all measurements together.
-const BUDGET: Duration = Duration::from_millis(24);
+const BUDGET: Duration = Duration::from_millis(20);
 const MAX_WINDOW: Duration = Duration::from_millis(2);
 
 /// What a figure measures.
@@ -125,7 +125,7 @@ pub fn fastest(figures: &[Figure], operation: Operation) -> Option<&Figure> {
 /// Chunk of the cold measurement: the size the goal is set at, and large
 /// enough that the probe runs (`probe::MIN_PROBED_LEN`).
 const COLD_CHUNK: usize = 64 * 1024;
-const COLD_ROUNDS: usize = 5;
+const COLD_ROUNDS: usize = 4;
 
 /// Times each of `variants` (supported kernels' ops) on `operation`
 /// (`XorCold` or `GenCold`) over a 4 x 64 KiB stripe whose every line was

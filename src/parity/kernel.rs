@@ -27,8 +27,12 @@ pub struct Kernel {
     needs: &'static [&'static str],
     /// Whether the start-up measurement considers it. Streaming-store kernels
     /// only win when generation runs through more memory than the caches
-    /// hold, which an in-cache measurement cannot show: they are forced only.
+    /// hold, which an in-cache measurement cannot show: they are never chosen
+    /// on their own, only as a measured kernel's `streaming_twin`, or forced.
     measured: bool,
+    /// The kernel with the same arithmetic and non-temporal stores, which
+    /// `Parity` switches to for calls whose sources are not in cache.
+    streaming_twin: Option<&'static str>,
     ops: Ops,
 }
 
@@ -56,6 +60,10 @@ impl Kernel {
     /// Whether `Parity::select(None)` measures it (forced-only kernels do not).
     pub fn measured(&self) -> bool {
         self.measured
+    }
+    /// The name of the streaming-store twin used for cold sources, if any.
+    pub fn streaming_twin(&self) -> Option<&'static str> {
+        self.streaming_twin
     }
     /// The operations, only for a kernel this CPU supports.
     pub(crate) fn ops(&self) -> Option<Ops> {
@@ -96,6 +104,7 @@ const SCALAR: Kernel = Kernel {
     name: "scalar",
     needs: &[],
     measured: true,
+    streaming_twin: None,
     ops: Ops {
         xor_gen: scalar_xor_gen,
         xor_into: scalar_xor_into,
@@ -115,43 +124,64 @@ static KERNELS: &[Kernel] = {
             name: "ssse3x4",
             needs: &["sse2", "ssse3"],
             measured: true,
+            streaming_twin: None,
             ops: x86::ssse3::OPS,
         },
         Kernel {
             name: "avx2x4",
             needs: &["avx2"],
             measured: true,
+            streaming_twin: Some("avx2x4nt"),
             ops: x86::avx2::OPS,
         },
         Kernel {
             name: "avx2x4nt",
             needs: &["avx2"],
             measured: false,
+            streaming_twin: None,
             ops: x86::avx2::OPS_STREAM,
         },
         Kernel {
             name: "avx2gfni",
             needs: &["avx2", "gfni"],
             measured: true,
+            streaming_twin: Some("avx2gfnint"),
             ops: x86::avx2_gfni::OPS,
+        },
+        Kernel {
+            name: "avx2gfnint",
+            needs: &["avx2", "gfni"],
+            measured: false,
+            streaming_twin: None,
+            ops: x86::avx2_gfni::OPS_STREAM,
         },
         Kernel {
             name: "avx512x4",
             needs: &["avx512f", "avx512bw"],
             measured: true,
+            streaming_twin: Some("avx512x4nt"),
             ops: x86::avx512::OPS,
         },
         Kernel {
             name: "avx512x4nt",
             needs: &["avx512f", "avx512bw"],
             measured: false,
+            streaming_twin: None,
             ops: x86::avx512::OPS_STREAM,
         },
         Kernel {
             name: "avx512gfni",
             needs: &["avx512f", "avx512bw", "gfni"],
             measured: true,
+            streaming_twin: Some("avx512gfnint"),
             ops: x86::avx512_gfni::OPS,
+        },
+        Kernel {
+            name: "avx512gfnint",
+            needs: &["avx512f", "avx512bw", "gfni"],
+            measured: false,
+            streaming_twin: None,
+            ops: x86::avx512_gfni::OPS_STREAM,
         },
     ]
 };

@@ -4,10 +4,15 @@
 //! kernels, and the best window counts (a frequency ramp, a preemption or a
 //! neighbour's burst spoils some windows of a kernel, rarely all of them).
 //! The whole pass stays well under 50 ms.
+//!
+//! The chosen generation kernels are then timed once more against their
+//! streaming-store twins on stripes flushed from every cache level, which is
+//! what decides the kernel for calls whose sources the probe finds cold.
 
 use std::time::{Duration, Instant};
 
 use super::kernel::{Kernel, Ops};
+use super::probe;
 use super::recover::{self, Engines};
 
 /// Data blocks per measured stripe (md's gen() figures also use a wide-ish stripe).
@@ -16,7 +21,7 @@ const DATA_BLOCKS: usize = 4;
 const CHUNK: usize = 16 * 1024;
 const ROUNDS: usize = 6;
 /// Time for all measurements together.
-const BUDGET: Duration = Duration::from_millis(24);
+const BUDGET: Duration = Duration::from_millis(20);
 const MAX_WINDOW: Duration = Duration::from_millis(2);
 
 /// What a figure measures.
@@ -25,6 +30,10 @@ pub enum Operation {
     Xor,
     Gen,
     Recover,
+    /// XOR on sources and destination flushed to DRAM.
+    XorCold,
+    /// P+Q on sources and destinations flushed to DRAM.
+    GenCold,
 }
 
 /// One measured rate, in MB/s of data blocks processed.
@@ -111,4 +120,49 @@ pub fn fastest(figures: &[Figure], operation: Operation) -> Option<&Figure> {
         .iter()
         .filter(|f| f.operation == operation)
         .max_by_key(|f| f.mb_per_s)
+}
+
+/// Chunk of the cold measurement: the size the goal is set at, and large
+/// enough that the probe runs (`probe::MIN_PROBED_LEN`).
+const COLD_CHUNK: usize = 64 * 1024;
+const COLD_ROUNDS: usize = 4;
+
+/// Times each of `variants` (supported kernels' ops) on `operation`
+/// (`XorCold` or `GenCold`) over a 4 x 64 KiB stripe whose every line was
+/// flushed to DRAM just before, rounds interleaved; the best round counts.
+/// Returns MB/s of data per variant, in order.
+pub fn measure_cold(operation: Operation, variants: &[Ops]) -> Vec<u64> {
+    // One buffer, 64-byte aligned, so the streaming stores are not refused.
+    const ALIGN: usize = 64;
+    let mut buffer = vec![0u8; (DATA_BLOCKS + 2) * COLD_CHUNK + ALIGN];
+    let skip = buffer.as_ptr().align_offset(ALIGN).min(ALIGN);
+    let stripe = &mut buffer[skip..skip + (DATA_BLOCKS + 2) * COLD_CHUNK];
+    for (j, byte) in stripe.iter_mut().enumerate() {
+        *byte = (j * 7 + (j >> 9)) as u8;
+    }
+    let (data, outputs) = stripe.split_at_mut(DATA_BLOCKS * COLD_CHUNK);
+    let (p, q) = outputs.split_at_mut(COLD_CHUNK);
+    let sources: Vec<&[u8]> = data.chunks(COLD_CHUNK).collect();
+    let mut best = vec![Duration::MAX; variants.len()];
+    for _ in 0..COLD_ROUNDS {
+        for (slot, ops) in variants.iter().enumerate() {
+            for block in sources.iter().copied().chain([&*p, &*q]) {
+                probe::evict(block);
+            }
+            let start = Instant::now();
+            // SAFETY: the variants are supported kernels; all blocks are
+            // COLD_CHUNK long.
+            unsafe {
+                match operation {
+                    Operation::GenCold => (ops.pq_gen)(&sources, p, q),
+                    _ => (ops.xor_gen)(&sources, p),
+                }
+            }
+            best[slot] = best[slot].min(start.elapsed());
+        }
+    }
+    let bytes = (DATA_BLOCKS * COLD_CHUNK) as f64;
+    best.iter()
+        .map(|t| (bytes / t.as_secs_f64().max(1e-9) / 1e6) as u64)
+        .collect()
 }

@@ -579,7 +579,6 @@ impl Array {
         let _guard = self
             .locks
             .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
-        let shared: Arc<[u8]> = Arc::from(data);
         let mut plan = Vec::new();
         for p in &pieces {
             for t in p.map.targets.iter().filter(|t| !self.is_failed(t.member)) {
@@ -587,22 +586,34 @@ impl Array {
             }
         }
         let runs = coalesce(plan.into_iter());
-        let jobs = runs
+        // `coalesce` only merges parts contiguous in the caller's buffer.
+        let span = |r: &Run| r.parts[0].1..r.parts[0].1 + r.len;
+        let borrowed: Vec<(usize, u64, &[u8])> = runs
             .iter()
-            .map(|r| {
-                // `coalesce` only merges parts contiguous in the caller's buffer.
-                let first = r.parts[0].1;
-                (
-                    r.slot,
-                    Op::Write {
-                        offset: r.member_offset,
-                        data: Arc::clone(&shared),
-                        range: first..first + r.len,
-                    },
-                )
-            })
+            .map(|r| (r.slot, r.member_offset, &data[span(r)]))
             .collect();
-        let outcomes = self.pool.run(jobs);
+        let outcomes = match self.pool.write_inline(&borrowed) {
+            Some(outcomes) => outcomes,
+            None => {
+                let shared: Arc<[u8]> = Arc::from(data);
+                let jobs = runs
+                    .iter()
+                    .map(|r| {
+                        let data = Arc::clone(&shared);
+                        let range = span(r);
+                        (
+                            r.slot,
+                            Op::Write {
+                                offset: r.member_offset,
+                                data,
+                                range,
+                            },
+                        )
+                    })
+                    .collect();
+                self.pool.run(jobs)
+            }
+        };
         for (run, outcome) in runs.iter().zip(outcomes) {
             if let Err(e) = outcome {
                 self.write_failed(run.slot, &format!("write failed: {e}"));

@@ -255,6 +255,41 @@ impl WorkerPool {
         }
     }
 
+    /// Write borrowed slices, all on this thread, when every target only
+    /// copies into a cache and has no replacement attached; None (nothing
+    /// written) otherwise, and the caller submits owned jobs with [`run`].
+    /// Saves copying the caller's data into a shared buffer first.
+    ///
+    /// [`run`]: WorkerPool::run
+    pub fn write_inline(&self, writes: &[(usize, u64, &[u8])]) -> Option<Vec<Outcome>> {
+        let members: Vec<Arc<dyn Member>> = {
+            let lanes = self.lanes.read();
+            writes
+                .iter()
+                .map(|(slot, _, _)| {
+                    let lane = lanes.get(*slot)?;
+                    let queue = lane.main.as_ref()?;
+                    (lane.replacement.is_none() && queue.member.cached_writes())
+                        .then(|| Arc::clone(&queue.member))
+                })
+                .collect::<Option<_>>()?
+        };
+        let results: Vec<Outcome> = writes
+            .iter()
+            .zip(members)
+            .map(|((_, offset, bytes), member)| {
+                member.write_at(bytes, *offset).map(|()| Vec::new())
+            })
+            .collect();
+        let tagged: Vec<(usize, usize)> = writes
+            .iter()
+            .enumerate()
+            .map(|(tag, w)| (tag, w.0))
+            .collect();
+        self.note_outcomes(&tagged, &results);
+        Some(results)
+    }
+
     fn note_outcomes(&self, writes: &[(usize, usize)], results: &[Outcome]) {
         for &(tag, slot) in writes {
             if results.get(tag).is_some_and(|r| r.is_ok()) {

@@ -343,6 +343,17 @@ impl WorkerPool {
                 results[tag] = Some(Err(missing(slot)));
                 continue;
             };
+            // Reads of cached bytes are done here too; only those that would
+            // wait for the device go to the member's workers.
+            if let (Op::Read { offset, len }, Some(q)) = (&op, &lane.main) {
+                if tag != last {
+                    let mut buf = vec![0u8; *len];
+                    if q.member.read_cached(&mut buf, *offset).unwrap_or(false) {
+                        results[tag] = Some(Ok(buf));
+                        continue;
+                    }
+                }
+            }
             if lane.replacement.is_none() {
                 if let Some(q) = &lane.main {
                     let cached_write = matches!(op, Op::Write { .. }) && q.member.cached_writes();

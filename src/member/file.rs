@@ -325,6 +325,27 @@ impl Member for FileMember {
         !self.direct
     }
 
+    /// `preadv2(RWF_NOWAIT)`: fails with EAGAIN, or reads short, rather than
+    /// wait for the disk.
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        if self.direct || buf.is_empty() {
+            return Ok(false);
+        }
+        self.check_bounds(buf.len(), offset, "read")?;
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let Ok(at) = libc::off_t::try_from(offset) else {
+            return Ok(false);
+        };
+        // SAFETY: iov describes `buf`, which lives and is writable for the call.
+        let n = unsafe { libc::preadv2(self.file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        // EAGAIN (not cached), EOPNOTSUPP (no RWF_NOWAIT here), a short read:
+        // the caller reads the ordinary way.
+        Ok(usize::try_from(n).is_ok_and(|n| n == buf.len()))
+    }
+
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check_bounds(len as usize, offset, "zero")?;
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;

@@ -111,4 +111,8 @@ impl Member for MemoryMember {
     fn cached_writes(&self) -> bool {
         true
     }
+
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        self.read_at(buf, offset).map(|()| true)
+    }
 }

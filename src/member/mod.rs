@@ -58,4 +58,12 @@ pub trait Member: Send + Sync {
     fn cached_writes(&self) -> bool {
         false
     }
+    /// Read `buf.len()` bytes at `offset` only if that needs no device I/O
+    /// (the bytes are cached): true when read, false when it would have had
+    /// to wait (nothing is then promised about `buf`). Lets a caller read
+    /// cached data itself and hand only real device reads to workers.
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        let _ = (buf, offset);
+        Ok(false)
+    }
 }

@@ -205,7 +205,7 @@ impl Array {
             if stopped() {
                 return Ok(false);
             }
-            rebuild.finish(oldest, done, pacer)?;
+            rebuild.finish(oldest, done)?;
         }
         Ok(true)
     }
@@ -274,6 +274,19 @@ impl Rebuild<'_> {
     /// when the pipeline is full or their locks are in the way.
     fn start(&mut self, step: Step, done: &AtomicU64, pacer: &mut Pacer) -> ArrayResult<()> {
         let array = self.array;
+        // Pauses (pacing, checkpoints) happen with nothing in flight, so no
+        // foreground request waits on this step's stripes meanwhile.
+        if let Some(until) = array.pace_due(pacer) {
+            self.drain(done)?;
+            array.nap_until(until);
+            if array.sync.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+        }
+        if array.checkpoint_due(pacer) {
+            self.drain(done)?;
+            array.checkpoint(pacer);
+        }
         if array.skip_step(self.action, (step.at(), step.at() + step.len() as u64)) {
             self.queue.push_back(InFlight {
                 step,
@@ -286,9 +299,10 @@ impl Rebuild<'_> {
             // With nothing in flight `take` waits, so this ends.
             while self.queue.len() >= PIPELINE_DEPTH || !self.locks.take(array, &locks) {
                 if let Some(oldest) = self.queue.pop_front() {
-                    self.finish(oldest, done, pacer)?;
+                    self.finish(oldest, done)?;
                 }
             }
+            pacer.add(step.len() as u64);
             let source = self.read(&step)?;
             self.queue.push_back(InFlight {
                 step,
@@ -298,8 +312,16 @@ impl Rebuild<'_> {
         }
         while self.queue.len() > PIPELINE_DEPTH {
             if let Some(oldest) = self.queue.pop_front() {
-                self.finish(oldest, done, pacer)?;
+                self.finish(oldest, done)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Finish every step in flight.
+    fn drain(&mut self, done: &AtomicU64) -> ArrayResult<()> {
+        while let Some(oldest) = self.queue.pop_front() {
+            self.finish(oldest, done)?;
         }
         Ok(())
     }
@@ -346,7 +368,7 @@ impl Rebuild<'_> {
 
     /// Collect `flight`'s reads, rebuild its rows, write them, release its
     /// locks and advance the slot's valid mark.
-    fn finish(&mut self, flight: InFlight, done: &AtomicU64, pacer: &mut Pacer) -> ArrayResult<()> {
+    fn finish(&mut self, flight: InFlight, done: &AtomicU64) -> ArrayResult<()> {
         let InFlight {
             step,
             source,
@@ -354,20 +376,17 @@ impl Rebuild<'_> {
         } = flight;
         let bytes = step.len() as u64;
         let result = match source {
-            Source::Skipped => Ok(false),
-            source => self.rebuild_step(&step, source).map(|()| true),
+            Source::Skipped => Ok(()),
+            source => self.rebuild_step(&step, source),
         };
         self.locks.release(&locks);
-        let worked = result?;
+        result?;
         if self.action == SyncAction::Recovery {
             self.array.slots[self.slot]
                 .valid_below
                 .store(step.valid_after, Ordering::Release);
         }
         done.fetch_add(bytes, Ordering::Relaxed);
-        if worked {
-            self.array.pace(pacer, bytes);
-        }
         Ok(())
     }
 

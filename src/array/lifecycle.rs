@@ -24,7 +24,7 @@ use uuid::Uuid;
 /// own, see `rebuild.rs`).
 const STEP_BYTES: u64 = 4 << 20;
 /// How often progress is checkpointed into the superblocks.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 /// How long a region must stay quiet before its bitmap bit is cleared.
 const BITMAP_CLEAN_EVERY: Duration = Duration::from_secs(5);
 

@@ -1,7 +1,8 @@
-//! The copy loop of recovery and replace, pipelined: the reads of the next
-//! steps are under way on the member workers while this thread reconstructs
-//! and writes the current one, so the disks never wait on the CPU, on the
-//! rebuilt member's write, or on each other.
+//! The copy loop of recovery and replace, pipelined: while this thread
+//! reconstructs one step, the survivors' reads of the next steps and the
+//! write of the previous one are under way on the member workers, and a
+//! helper thread checkpoints progress, so the disks never wait on the CPU,
+//! on each other or on a checkpoint's flush.
 //!
 //! A step holds the stripe locks of its rows from the moment its reads are
 //! queued until its rows are written, so a foreground write to those stripes
@@ -15,7 +16,7 @@
 //! Reconstruction works on the read buffers in place (parity kernels over
 //! slices of whole rows), and buffers are reused from step to step.
 
-use super::lifecycle::{Pacer, SyncAction};
+use super::lifecycle::{Pacer, SyncAction, CHECKPOINT_EVERY};
 use super::worker::{Batch, Op};
 use super::{Array, ArrayError, ArrayResult, Region};
 use crate::geometry::{Geometry, Level, Role};
@@ -25,11 +26,16 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Member bytes handled per step of a rebuild.
-const STEP_BYTES: u64 = 8 << 20;
-/// Steps in flight at once, the one being written included: two keep a read
-/// queued behind the one the disk is serving while the third is written.
-const PIPELINE_DEPTH: usize = 3;
+/// Read buffers in flight at once, all members together: steps are as large
+/// as this allows (larger requests keep the disks streaming), within
+/// `MIN_STEP..=MAX_STEP` member bytes.
+const READ_BUFFER_BUDGET: u64 = 96 << 20;
+const MIN_STEP: u64 = 1 << 20;
+const MAX_STEP: u64 = 8 << 20;
+/// Steps whose survivor reads are queued while another is reconstructed.
+const READ_DEPTH: usize = 2;
+/// Steps whose write is under way while the next is reconstructed.
+const WRITE_DEPTH: usize = 1;
 
 /// Rows `[row, row + n)` of one group.
 #[derive(Clone, Copy)]
@@ -74,10 +80,21 @@ enum Source {
     Mirror,
 }
 
-struct InFlight {
+/// A step whose reads are queued.
+struct Reading {
     step: Step,
     source: Source,
     /// Lock-table slots this step holds.
+    locks: Vec<usize>,
+}
+
+/// A step whose rebuilt rows are being written.
+struct Writing {
+    step: Step,
+    /// The queued write (None: nothing to wait for, already written).
+    write: Option<Batch>,
+    /// The rows being written, reused once the write is done.
+    out: Option<Arc<[u8]>>,
     locks: Vec<usize>,
 }
 
@@ -159,12 +176,17 @@ impl Buffers {
 /// What the pipeline does with the steps it is given.
 struct Rebuild<'a> {
     array: &'a Array,
+    /// Member bytes done, as progress shows them.
+    done: &'a AtomicU64,
     action: SyncAction,
     slot: usize,
     to_replacement: bool,
     locks: HeldLocks<'a>,
     buffers: Buffers,
-    queue: VecDeque<InFlight>,
+    reading: VecDeque<Reading>,
+    writing: VecDeque<Writing>,
+    /// A helper thread checkpoints progress (else this thread does it).
+    background_checkpoints: bool,
 }
 
 impl Array {
@@ -177,37 +199,39 @@ impl Array {
         done: &AtomicU64,
         pacer: &mut Pacer,
     ) -> ArrayResult<bool> {
-        let mut rebuild = Rebuild {
-            array: self,
-            action,
-            slot,
-            to_replacement: action == SyncAction::Replace,
-            locks: HeldLocks::default(),
-            buffers: Buffers::default(),
-            queue: VecDeque::with_capacity(PIPELINE_DEPTH),
-        };
-        let stopped = || {
-            let stop = self.sync.stop.load(Ordering::Acquire);
-            if stop {
-                // In-flight steps are dropped unwritten; `valid_below` is
-                // already short of them.
-                let _ = self.write_superblocks();
+        std::thread::scope(|scope| {
+            // The checkpointer's flush (of everything written so far) runs
+            // beside the pipeline instead of stalling it. It stops when
+            // `quit` is dropped, at the end of this scope's body.
+            let (quit, quit_rx) = crossbeam_channel::bounded::<()>(0);
+            let checkpointer = std::thread::Builder::new()
+                .name(format!("raidfs-{action}-ckpt"))
+                .spawn_scoped(scope, move || {
+                    while quit_rx.recv_timeout(CHECKPOINT_EVERY)
+                        == Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                    {
+                        let _ = self.write_superblocks();
+                    }
+                });
+            if let Err(e) = &checkpointer {
+                log::warn!("{action}: checkpoints on the rebuild thread ({e})");
             }
-            stop
-        };
-        for step in self.rebuild_steps(action, slot) {
-            if stopped() {
-                return Ok(false);
-            }
-            rebuild.start(step, done, pacer)?;
-        }
-        while let Some(oldest) = rebuild.queue.pop_front() {
-            if stopped() {
-                return Ok(false);
-            }
-            rebuild.finish(oldest, done)?;
-        }
-        Ok(true)
+            let mut rebuild = Rebuild {
+                array: self,
+                done,
+                action,
+                slot,
+                to_replacement: action == SyncAction::Replace,
+                locks: HeldLocks::default(),
+                buffers: Buffers::default(),
+                reading: VecDeque::with_capacity(READ_DEPTH + 1),
+                writing: VecDeque::with_capacity(WRITE_DEPTH + 1),
+                background_checkpoints: checkpointer.is_ok(),
+            };
+            let outcome = rebuild.run(pacer);
+            drop(quit);
+            outcome
+        })
     }
 
     /// Every step of the walk, in member-offset order, from the checkpoint
@@ -219,6 +243,9 @@ impl Array {
         };
         let resume_at = (action == SyncAction::Recovery)
             .then(|| self.slots[slot].valid_below.load(Ordering::Acquire));
+        let sources = (self.slots.len() as u64).saturating_sub(1).max(1);
+        let fits = READ_BUFFER_BUDGET / ((READ_DEPTH as u64 + 1) * sources);
+        let step_bytes = (1u64 << fits.max(1).ilog2()).clamp(MIN_STEP, MAX_STEP);
         self.groups().into_iter().flat_map(move |(group, profile)| {
             let geometry = if profile == GroupProfile::Metadata {
                 self.meta_geometry
@@ -231,7 +258,7 @@ impl Array {
                 base: data_offset + group as u64 * group_size,
             };
             let rows = group_size / geometry.chunk;
-            let step_rows = (STEP_BYTES / geometry.chunk).max(1);
+            let step_rows = (step_bytes / geometry.chunk).max(1);
             let first = match resume_at {
                 Some(v) if v >= region.base + group_size => rows,
                 Some(v) => v.saturating_sub(region.base) / geometry.chunk,
@@ -270,25 +297,51 @@ impl Array {
 }
 
 impl Rebuild<'_> {
-    /// Queue `step`'s reads under its locks, finishing older steps first
+    fn run(&mut self, pacer: &mut Pacer) -> ArrayResult<bool> {
+        let array = self.array;
+        let stopped = || {
+            let stop = array.sync.stop.load(Ordering::Acquire);
+            if stop {
+                // Unwritten steps are dropped; `valid_below` is short of them.
+                let _ = array.write_superblocks();
+            }
+            stop
+        };
+        for step in array.rebuild_steps(self.action, self.slot) {
+            if stopped() {
+                return Ok(false);
+            }
+            self.start(step, pacer)?;
+        }
+        loop {
+            if stopped() {
+                return Ok(false);
+            }
+            if !self.move_along()? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Queue `step`'s reads under its locks, moving older steps along first
     /// when the pipeline is full or their locks are in the way.
-    fn start(&mut self, step: Step, done: &AtomicU64, pacer: &mut Pacer) -> ArrayResult<()> {
+    fn start(&mut self, step: Step, pacer: &mut Pacer) -> ArrayResult<()> {
         let array = self.array;
         // Pauses (pacing, checkpoints) happen with nothing in flight, so no
         // foreground request waits on this step's stripes meanwhile.
         if let Some(until) = array.pace_due(pacer) {
-            self.drain(done)?;
+            self.drain()?;
             array.nap_until(until);
             if array.sync.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
         }
-        if array.checkpoint_due(pacer) {
-            self.drain(done)?;
+        if !self.background_checkpoints && array.checkpoint_due(pacer) {
+            self.drain()?;
             array.checkpoint(pacer);
         }
         if array.skip_step(self.action, (step.at(), step.at() + step.len() as u64)) {
-            self.queue.push_back(InFlight {
+            self.reading.push_back(Reading {
                 step,
                 source: Source::Skipped,
                 locks: Vec::new(),
@@ -297,32 +350,38 @@ impl Rebuild<'_> {
             let keys = Array::lock_keys(&step.region.geometry, self.slot, step.row, step.n);
             let locks = array.locks.slots_of(step.region.group, keys);
             // With nothing in flight `take` waits, so this ends.
-            while self.queue.len() >= PIPELINE_DEPTH || !self.locks.take(array, &locks) {
-                if let Some(oldest) = self.queue.pop_front() {
-                    self.finish(oldest, done)?;
-                }
+            while self.reading.len() >= READ_DEPTH || !self.locks.take(array, &locks) {
+                self.move_along()?;
             }
             pacer.add(step.len() as u64);
             let source = self.read(&step)?;
-            self.queue.push_back(InFlight {
+            self.reading.push_back(Reading {
                 step,
                 source,
                 locks,
             });
         }
-        while self.queue.len() > PIPELINE_DEPTH {
-            if let Some(oldest) = self.queue.pop_front() {
-                self.finish(oldest, done)?;
-            }
+        while self.reading.len() > READ_DEPTH {
+            self.reconstruct_next()?;
         }
         Ok(())
     }
 
-    /// Finish every step in flight.
-    fn drain(&mut self, done: &AtomicU64) -> ArrayResult<()> {
-        while let Some(oldest) = self.queue.pop_front() {
-            self.finish(oldest, done)?;
+    /// Advance the oldest step in flight by one stage; false when none is.
+    fn move_along(&mut self) -> ArrayResult<bool> {
+        if !self.reading.is_empty() {
+            self.reconstruct_next()?;
+        } else if !self.writing.is_empty() {
+            self.retire_next()?;
+        } else {
+            return Ok(false);
         }
+        Ok(true)
+    }
+
+    /// Finish every step in flight.
+    fn drain(&mut self) -> ArrayResult<()> {
+        while self.move_along()? {}
         Ok(())
     }
 
@@ -366,31 +425,79 @@ impl Rebuild<'_> {
         }
     }
 
-    /// Collect `flight`'s reads, rebuild its rows, write them, release its
-    /// locks and advance the slot's valid mark.
-    fn finish(&mut self, flight: InFlight, done: &AtomicU64) -> ArrayResult<()> {
-        let InFlight {
+    /// Collect the oldest reading step's reads, rebuild its rows and queue
+    /// their write, keeping at most `WRITE_DEPTH` writes under way.
+    fn reconstruct_next(&mut self) -> ArrayResult<()> {
+        let Some(Reading {
             step,
             source,
             locks,
-        } = flight;
-        let bytes = step.len() as u64;
-        let result = match source {
-            Source::Skipped => Ok(()),
-            source => self.rebuild_step(&step, source),
+        }) = self.reading.pop_front()
+        else {
+            return Ok(());
+        };
+        let written = match source {
+            Source::Skipped => Ok((None, None)),
+            source => self
+                .rebuild_rows(&step, source)
+                .and_then(|out| self.write(&step, out)),
+        };
+        match written {
+            Ok((write, out)) => self.writing.push_back(Writing {
+                step,
+                write,
+                out,
+                locks,
+            }),
+            Err(e) => {
+                self.locks.release(&locks);
+                return Err(e);
+            }
+        }
+        while self.writing.len() > WRITE_DEPTH {
+            self.retire_next()?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the oldest write, release its locks and advance the slot's
+    /// valid mark and the progress counter.
+    fn retire_next(&mut self) -> ArrayResult<()> {
+        let Some(Writing {
+            step,
+            write,
+            out,
+            locks,
+        }) = self.writing.pop_front()
+        else {
+            return Ok(());
+        };
+        let outcome = match write {
+            Some(batch) => self
+                .array
+                .pool
+                .wait(batch)
+                .pop()
+                .unwrap_or_else(|| Err(std::io::Error::other("no result from member worker")))
+                .map(drop),
+            None => Ok(()),
         };
         self.locks.release(&locks);
-        result?;
+        if let Some(out) = out {
+            self.buffers.outputs.push(out);
+        }
+        outcome.map_err(|e| self.write_failed(e))?;
         if self.action == SyncAction::Recovery {
             self.array.slots[self.slot]
                 .valid_below
                 .store(step.valid_after, Ordering::Release);
         }
-        done.fetch_add(bytes, Ordering::Relaxed);
+        self.done.fetch_add(step.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    fn rebuild_step(&mut self, step: &Step, source: Source) -> ArrayResult<()> {
+    /// The rows `step` must put on the slot, from its reads.
+    fn rebuild_rows(&mut self, step: &Step, source: Source) -> ArrayResult<Arc<[u8]>> {
         let array = self.array;
         let len = step.len();
         let mut out = self.buffers.output(len);
@@ -440,9 +547,7 @@ impl Rebuild<'_> {
             }
             Source::Mirror => self.mirror_rows(step, content)?,
         }
-        self.write(step, &out, len)?;
-        self.buffers.outputs.push(out);
-        Ok(())
+        Ok(out)
     }
 
     /// Parity levels: rebuild the slot's chunk of every row straight from
@@ -534,35 +639,39 @@ impl Rebuild<'_> {
         Ok(())
     }
 
-    /// Write the rebuilt rows onto the slot (or its replacement).
-    fn write(&self, step: &Step, out: &Arc<[u8]>, len: usize) -> ArrayResult<()> {
+    /// Start writing `out` (the step's rows) onto the slot; a replace's
+    /// write to the new member is done at once. Returns the write to wait
+    /// for, and the buffer to reuse once it is done.
+    #[allow(clippy::type_complexity)]
+    fn write(
+        &self,
+        step: &Step,
+        out: Arc<[u8]>,
+    ) -> ArrayResult<(Option<Batch>, Option<Arc<[u8]>>)> {
         let array = self.array;
         let op = Op::Write {
             offset: step.at(),
-            data: Arc::clone(out),
-            range: 0..len,
+            data: Arc::clone(&out),
+            range: 0..step.len(),
         };
-        let outcome = if self.to_replacement {
-            array.pool.run_on_replacement(self.slot, op)
-        } else {
+        if self.to_replacement {
             array
                 .pool
-                .run(vec![(self.slot, op)])
-                .pop()
-                .unwrap_or_else(|| Err(std::io::Error::other("no result")))
-        };
-        match outcome {
-            Ok(_) => Ok(()),
-            Err(e) if self.to_replacement => Err(ArrayError::Refused(format!(
-                "writing to the replacement failed: {e}"
-            ))),
-            Err(e) => {
-                array.fail_member(self.slot, &format!("write failed during recovery: {e}"));
-                Err(ArrayError::Failed(format!(
-                    "slot {} failed during recovery",
-                    self.slot
-                )))
-            }
+                .run_on_replacement(self.slot, op)
+                .map_err(|e| self.write_failed(e))?;
+            return Ok((None, Some(out)));
         }
+        Ok((Some(array.pool.submit(vec![(self.slot, op)])), Some(out)))
+    }
+
+    /// A write of rebuilt rows failed: a recovering member is failed, a
+    /// replace is abandoned.
+    fn write_failed(&self, e: std::io::Error) -> ArrayError {
+        if self.to_replacement {
+            return ArrayError::Refused(format!("writing to the replacement failed: {e}"));
+        }
+        self.array
+            .fail_member(self.slot, &format!("write failed during recovery: {e}"));
+        ArrayError::Failed(format!("slot {} failed during recovery", self.slot))
     }
 }

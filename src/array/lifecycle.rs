@@ -78,6 +78,10 @@ pub struct SyncResult {
     pub completed: bool,
     pub mismatches: u64,
     pub message: String,
+    /// Member bytes done and to do, as the progress showed them last (a
+    /// resync's total is the dirty regions' bytes).
+    pub done: u64,
+    pub total: u64,
 }
 
 /// What `add` did with the new member.
@@ -99,6 +103,8 @@ struct Running {
     /// `done` at the start (a resumed recovery's checkpoint).
     resumed_at: u64,
     total: u64,
+    /// A resync's dirty regions (its `total` is their bytes).
+    dirty_regions: Option<usize>,
     mismatches: Arc<AtomicU64>,
     handle: Option<JoinHandle<()>>,
 }
@@ -281,7 +287,8 @@ impl Array {
     pub fn sync_progress(&self) -> Option<SyncProgress> {
         let running = self.sync.running.lock();
         let r = running.as_ref()?;
-        let done = r.done.load(Ordering::Relaxed);
+        // A resync's steps may overhang its regions; progress stops at the total.
+        let done = r.done.load(Ordering::Relaxed).min(r.total);
         let secs = r.started.elapsed().as_secs_f64().max(0.001);
         // Work a resumed run had already done before this start is not speed.
         let speed = (done.saturating_sub(r.resumed_at) as f64 / secs) as u64;
@@ -594,6 +601,13 @@ impl Array {
             }
         }
         let resumed_at = self.already_done(action, slot);
+        // A resync only visits dirty regions: that is its size.
+        let (dirty_regions, total) = if action == SyncAction::Resync {
+            let (regions, bytes) = self.bitmap.dirty();
+            (Some(regions), bytes)
+        } else {
+            (None, self.allocated_member_bytes())
+        };
         let done = Arc::new(AtomicU64::new(resumed_at));
         let mismatches = Arc::new(AtomicU64::new(0));
         let (d, m) = (Arc::clone(&done), Arc::clone(&mismatches));
@@ -610,7 +624,8 @@ impl Array {
             started: Instant::now(),
             done,
             resumed_at,
-            total: self.allocated_member_bytes(),
+            total,
+            dirty_regions,
             mismatches,
             handle: Some(handle),
         });
@@ -624,7 +639,21 @@ impl Array {
         outcome: ArrayResult<bool>,
         mismatches: u64,
     ) {
-        let (completed, message) = match outcome {
+        let (done, total, dirty_regions) = self
+            .sync
+            .running
+            .lock()
+            .as_ref()
+            .map(|r| {
+                let total = r.total;
+                (
+                    r.done.load(Ordering::Relaxed).min(total),
+                    total,
+                    r.dirty_regions,
+                )
+            })
+            .unwrap_or_default();
+        let (completed, mut message) = match outcome {
             Ok(true) => (true, format!("{action} finished")),
             Ok(false) => (
                 false,
@@ -632,6 +661,13 @@ impl Array {
             ),
             Err(e) => (false, format!("{action} failed: {e}")),
         };
+        if let Some(regions) = dirty_regions {
+            message.push_str(&format!(
+                ": {regions} dirty regions, {} of {} MiB",
+                done >> 20,
+                total >> 20
+            ));
+        }
         self.sync
             .recovery_bitmap_only
             .store(false, Ordering::Release);
@@ -662,6 +698,8 @@ impl Array {
             completed,
             mismatches,
             message,
+            done,
+            total,
         });
     }
 
@@ -760,7 +798,10 @@ impl Array {
                 let bytes = n * geometry.chunk;
                 if self.skip_step(action, span) {
                     row += n;
-                    done.fetch_add(bytes, Ordering::Relaxed);
+                    // A resync's size is its dirty regions alone.
+                    if action != SyncAction::Resync {
+                        done.fetch_add(bytes, Ordering::Relaxed);
+                    }
                     continue;
                 }
                 let bad = self.scrub_rows(&region, row, n, action != SyncAction::Check)?;

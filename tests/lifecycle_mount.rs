@@ -312,7 +312,7 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
 fn resync_plan(log: &str) -> Option<(u64, u64, u64)> {
     let line = log.lines().find(|l| l.contains("resync of "))?;
     let words: Vec<&str> = line[line.find("resync of ")?..]
-        .split(|c: char| c == ' ' || c == '(')
+        .split([' ', '('])
         .filter(|w| !w.is_empty())
         .collect();
     // resync of N dirty regions X MiB of Y MiB allocated)

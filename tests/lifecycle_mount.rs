@@ -1,7 +1,8 @@
 //! Member lifecycle on live mounts, through the `raidfs` binary over real
 //! image files: fail/add/replace while a writer keeps writing, a daemon
-//! killed mid-rebuild that resumes from its checkpoint, the status/detail
-//! views, and refusal of changes from other users.
+//! killed mid-rebuild that resumes from its checkpoint, a daemon killed
+//! mid-write whose next mount resyncs only the dirty regions, the
+//! status/detail views, and refusal of changes from other users.
 
 mod common;
 
@@ -302,6 +303,82 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
     verify_files(&dir, count);
     // Prove the rebuilt member right: read with another member gone.
     array.ok("fail", &["m3"]);
+    verify_files(&dir, count);
+    array.umount();
+}
+
+/// `(regions, dirty MiB, allocated MiB)` from the daemon's line
+/// `resync of N dirty regions (X MiB of Y MiB allocated)`.
+fn resync_plan(log: &str) -> Option<(u64, u64, u64)> {
+    let line = log.lines().find(|l| l.contains("resync of "))?;
+    let words: Vec<&str> = line[line.find("resync of ")?..]
+        .split([' ', '('])
+        .filter(|w| !w.is_empty())
+        .collect();
+    // resync of N dirty regions X MiB of Y MiB allocated)
+    match words.as_slice() {
+        ["resync", "of", n, "dirty", "regions", x, "MiB", "of", y, "MiB", ..] => {
+            Some((n.parse().ok()?, x.parse().ok()?, y.parse().ok()?))
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn kill_during_writes_resyncs_only_the_dirty_regions() {
+    if !fuse_available() {
+        return;
+    }
+    // Large sparse members: the write-intent bitmap has hundreds of regions,
+    // and a writer of small files dirties a few of them.
+    let array = Mounted::new("5", "2G");
+    let writer = Writer::start(&array.mnt.join("data"));
+    writer.wait_for_more(40);
+    let dir = writer.dir().to_path_buf();
+    let record = raidfs::cli::mount::registry::read(&array.mnt)
+        .expect("registry")
+        .expect("daemon record");
+    // Killed while the writer keeps writing: the array is left dirty.
+    // SAFETY: kill with the pid of the daemon this test started.
+    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
+    assert!(record.wait_for_exit(Duration::from_secs(30)));
+    let count = writer.finish_after_crash();
+
+    array.mount(&["m0", "m1", "m2", "m3"]);
+    let finished = wait_for_detail(
+        &array.mnt,
+        "the end of the resync",
+        Duration::from_secs(20),
+        |r| r["last_sync"]["action"] == "resync",
+    );
+    assert_last_sync(&finished, "resync");
+    assert_eq!(finished["map"], "[UUUU]");
+
+    // The log names the dirty regions: a small part of what is allocated.
+    let log = std::fs::read_to_string(array.path("daemon.log")).expect("daemon log");
+    let (regions, dirty_mib, allocated_mib) =
+        resync_plan(&log).unwrap_or_else(|| panic!("no resync plan in the log:\n{log}"));
+    assert!(regions > 0, "{log}");
+    assert!(
+        dirty_mib > 0 && dirty_mib * 2 <= allocated_mib,
+        "resynced {dirty_mib} MiB of {allocated_mib} MiB allocated\n{log}"
+    );
+    let summary =
+        format!("resync finished: {regions} dirty regions, {dirty_mib} of {dirty_mib} MiB");
+    assert!(log.contains(&summary), "{summary:?} not in\n{log}");
+
+    // detail shows the same size: the resync covered exactly the dirty regions.
+    let last = &finished["last_sync"];
+    assert_eq!(last["message"], summary.as_str(), "{finished:#}");
+    assert_eq!(
+        last["total"].as_u64(),
+        Some(dirty_mib << 20),
+        "{finished:#}"
+    );
+    assert_eq!(last["done"], last["total"], "{finished:#}");
+    let text = array.ok("detail", &[]);
+    assert!(text.contains(&summary), "{text}");
+
     verify_files(&dir, count);
     array.umount();
 }

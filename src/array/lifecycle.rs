@@ -9,9 +9,7 @@
 //! `valid_below` says how far it is done: reads never use it above that
 //! point, writes always go to it.
 
-use super::worker::Op;
 use super::{Array, ArrayError, ArrayResult, Region, Slot, SlotDev};
-use crate::geometry::{Geometry, Level, Role};
 use crate::member::Member;
 use crate::superblock::{GroupProfile, SlotState, Superblock, SPARE_SLOT};
 use parking_lot::Mutex;
@@ -22,10 +20,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// Member bytes handled per step of background work.
+/// Member bytes handled per step of scrub and resync (rebuilds have their
+/// own, see `rebuild.rs`).
 const STEP_BYTES: u64 = 4 << 20;
 /// How often progress is checkpointed into the superblocks.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 /// How long a region must stay quiet before its bitmap bit is cleared.
 const BITMAP_CLEAN_EVERY: Duration = Duration::from_secs(5);
 
@@ -79,6 +78,10 @@ pub struct SyncResult {
     pub completed: bool,
     pub mismatches: u64,
     pub message: String,
+    /// Member bytes done and to do, as the progress showed them last (a
+    /// resync's total is the dirty regions' bytes).
+    pub done: u64,
+    pub total: u64,
 }
 
 /// What `add` did with the new member.
@@ -100,6 +103,8 @@ struct Running {
     /// `done` at the start (a resumed recovery's checkpoint).
     resumed_at: u64,
     total: u64,
+    /// A resync's dirty regions (its `total` is their bytes).
+    dirty_regions: Option<usize>,
     mismatches: Arc<AtomicU64>,
     handle: Option<JoinHandle<()>>,
 }
@@ -108,7 +113,7 @@ struct Running {
 pub(crate) struct SyncState {
     running: Mutex<Option<Running>>,
     last: Mutex<Option<SyncResult>>,
-    stop: AtomicBool,
+    pub(super) stop: AtomicBool,
     /// md's speed_limit_min / speed_limit_max, bytes per second (0 = none).
     pub speed_min: AtomicU64,
     pub speed_max: AtomicU64,
@@ -142,12 +147,37 @@ impl Default for SyncState {
     }
 }
 
+/// How long after the last foreground request background work still counts
+/// the array as busy. Requests come in bursts, and one that waits for a
+/// stripe the background work holds completes nothing meanwhile.
+const FOREGROUND_RECENT: Duration = Duration::from_secs(1);
+
 /// Tracks elapsed time and paces background work between the speed limits.
-struct Pacer {
+pub(super) struct Pacer {
     started: Instant,
+    /// Bytes of work started so far.
     done: u64,
     last_foreground: u64,
+    /// When the foreground counter was last seen moving.
+    foreground_seen: Option<Instant>,
     last_checkpoint: Instant,
+}
+
+impl Pacer {
+    fn new(foreground: u64) -> Pacer {
+        Pacer {
+            started: Instant::now(),
+            done: 0,
+            last_foreground: foreground,
+            foreground_seen: None,
+            last_checkpoint: Instant::now(),
+        }
+    }
+
+    /// Count `bytes` more of work as started.
+    pub(super) fn add(&mut self, bytes: u64) {
+        self.done += bytes;
+    }
 }
 
 impl Array {
@@ -257,7 +287,8 @@ impl Array {
     pub fn sync_progress(&self) -> Option<SyncProgress> {
         let running = self.sync.running.lock();
         let r = running.as_ref()?;
-        let done = r.done.load(Ordering::Relaxed);
+        // A resync's steps may overhang its regions; progress stops at the total.
+        let done = r.done.load(Ordering::Relaxed).min(r.total);
         let secs = r.started.elapsed().as_secs_f64().max(0.001);
         // Work a resumed run had already done before this start is not speed.
         let speed = (done.saturating_sub(r.resumed_at) as f64 / secs) as u64;
@@ -570,6 +601,13 @@ impl Array {
             }
         }
         let resumed_at = self.already_done(action, slot);
+        // A resync only visits dirty regions: that is its size.
+        let (dirty_regions, total) = if action == SyncAction::Resync {
+            let (regions, bytes) = self.bitmap.dirty();
+            (Some(regions), bytes)
+        } else {
+            (None, self.allocated_member_bytes())
+        };
         let done = Arc::new(AtomicU64::new(resumed_at));
         let mismatches = Arc::new(AtomicU64::new(0));
         let (d, m) = (Arc::clone(&done), Arc::clone(&mismatches));
@@ -586,7 +624,8 @@ impl Array {
             started: Instant::now(),
             done,
             resumed_at,
-            total: self.allocated_member_bytes(),
+            total,
+            dirty_regions,
             mismatches,
             handle: Some(handle),
         });
@@ -600,7 +639,21 @@ impl Array {
         outcome: ArrayResult<bool>,
         mismatches: u64,
     ) {
-        let (completed, message) = match outcome {
+        let (done, total, dirty_regions) = self
+            .sync
+            .running
+            .lock()
+            .as_ref()
+            .map(|r| {
+                let total = r.total;
+                (
+                    r.done.load(Ordering::Relaxed).min(total),
+                    total,
+                    r.dirty_regions,
+                )
+            })
+            .unwrap_or_default();
+        let (completed, mut message) = match outcome {
             Ok(true) => (true, format!("{action} finished")),
             Ok(false) => (
                 false,
@@ -608,6 +661,13 @@ impl Array {
             ),
             Err(e) => (false, format!("{action} failed: {e}")),
         };
+        if let Some(regions) = dirty_regions {
+            message.push_str(&format!(
+                ": {regions} dirty regions, {} of {} MiB",
+                done >> 20,
+                total >> 20
+            ));
+        }
         self.sync
             .recovery_bitmap_only
             .store(false, Ordering::Release);
@@ -638,6 +698,8 @@ impl Array {
             completed,
             mismatches,
             message,
+            done,
+            total,
         });
     }
 
@@ -700,15 +762,14 @@ impl Array {
         done: &AtomicU64,
         mismatches: &AtomicU64,
     ) -> ArrayResult<bool> {
+        let mut pacer = Pacer::new(self.sync.foreground.load(Ordering::Relaxed));
+        if matches!(action, SyncAction::Recovery | SyncAction::Replace) {
+            let slot = slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
+            return self.run_rebuild(action, slot, done, &mut pacer);
+        }
         let (group_size, data_offset) = {
             let sb = self.sb.lock();
             (sb.group_size, sb.data_offset)
-        };
-        let mut pacer = Pacer {
-            started: Instant::now(),
-            done: 0,
-            last_foreground: self.sync.foreground.load(Ordering::Relaxed),
-            last_checkpoint: Instant::now(),
         };
         for (group, profile) in self.groups() {
             let geometry = if profile == GroupProfile::Metadata {
@@ -724,13 +785,6 @@ impl Array {
             let rows = group_size / geometry.chunk;
             let step_rows = (STEP_BYTES / geometry.chunk).max(1);
             let mut row = 0;
-            if let (SyncAction::Recovery, Some(s)) = (action, slot) {
-                let valid = self.slots[s].valid_below.load(Ordering::Acquire);
-                if valid >= region.base + group_size {
-                    continue;
-                }
-                row = valid.saturating_sub(region.base) / geometry.chunk;
-            }
             while row < rows {
                 if self.sync.stop.load(Ordering::Acquire) {
                     let _ = self.write_superblocks();
@@ -741,43 +795,27 @@ impl Array {
                     region.base + row * geometry.chunk,
                     region.base + (row + n) * geometry.chunk,
                 );
+                let bytes = n * geometry.chunk;
                 if self.skip_step(action, span) {
                     row += n;
-                    done.fetch_add(n * geometry.chunk, Ordering::Relaxed);
+                    // A resync's size is its dirty regions alone.
+                    if action != SyncAction::Resync {
+                        done.fetch_add(bytes, Ordering::Relaxed);
+                    }
                     continue;
                 }
-                match action {
-                    SyncAction::Recovery | SyncAction::Replace => {
-                        let s =
-                            slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
-                        self.rebuild_rows(&region, s, row, n, action == SyncAction::Replace)?;
-                        if action == SyncAction::Recovery {
-                            self.slots[s]
-                                .valid_below
-                                .store(region.base + (row + n) * geometry.chunk, Ordering::Release);
-                        }
-                    }
-                    SyncAction::Check | SyncAction::Repair | SyncAction::Resync => {
-                        let bad = self.scrub_rows(&region, row, n, action != SyncAction::Check)?;
-                        mismatches.fetch_add(bad, Ordering::Relaxed);
-                    }
-                }
+                let bad = self.scrub_rows(&region, row, n, action != SyncAction::Check)?;
+                mismatches.fetch_add(bad, Ordering::Relaxed);
                 row += n;
-                let bytes = n * geometry.chunk;
                 done.fetch_add(bytes, Ordering::Relaxed);
                 self.pace(&mut pacer, bytes);
-            }
-            if let (SyncAction::Recovery, Some(s)) = (action, slot) {
-                self.slots[s]
-                    .valid_below
-                    .store(region.base + group_size, Ordering::Release);
             }
         }
         Ok(true)
     }
 
     /// Resync and re-add only touch regions the write-intent bitmap marks.
-    fn skip_step(&self, action: SyncAction, (start, end): (u64, u64)) -> bool {
+    pub(super) fn skip_step(&self, action: SyncAction, (start, end): (u64, u64)) -> bool {
         let bitmap_only = match action {
             SyncAction::Resync => true,
             SyncAction::Recovery => self.sync.recovery_bitmap_only.load(Ordering::Acquire),
@@ -786,212 +824,61 @@ impl Array {
         bitmap_only && !self.bitmap.any_dirty(start, end)
     }
 
-    /// Keep background work between the speed limits: at the minimum while
-    /// foreground I/O is flowing, never above the maximum; checkpoint.
-    fn pace(&self, p: &mut Pacer, bytes: u64) {
-        p.done += bytes;
+    /// Keep background work between the speed limits (see `pace_due`) and
+    /// checkpoint, after `bytes` more were done.
+    pub(super) fn pace(&self, p: &mut Pacer, bytes: u64) {
+        p.add(bytes);
+        if let Some(until) = self.pace_due(p) {
+            self.nap_until(until);
+        }
+        if self.checkpoint_due(p) {
+            self.checkpoint(p);
+        }
+    }
+
+    /// When background work may go on, if it is ahead of the limit in force:
+    /// the minimum while foreground I/O is flowing, else the maximum.
+    pub(super) fn pace_due(&self, p: &mut Pacer) -> Option<Instant> {
         let foreground = self.sync.foreground.load(Ordering::Relaxed);
-        let busy = foreground != p.last_foreground;
-        p.last_foreground = foreground;
+        if foreground != p.last_foreground {
+            p.last_foreground = foreground;
+            p.foreground_seen = Some(Instant::now());
+        }
+        let busy = p
+            .foreground_seen
+            .is_some_and(|t| t.elapsed() < FOREGROUND_RECENT);
         let (min, max) = self.speed_limits();
         let limit = if busy && min > 0 {
-            Some(min)
+            min
         } else if max > 0 {
-            Some(max)
+            max
         } else {
-            None
+            return None;
         };
-        if let Some(limit) = limit {
-            let due = Duration::from_secs_f64(p.done as f64 / limit as f64);
-            // Pacing a rate, not synchronising: wait out the surplus in short
-            // naps so a stop request is seen quickly.
-            while !self.sync.stop.load(Ordering::Acquire) {
-                let elapsed = p.started.elapsed();
-                if due <= elapsed {
-                    break;
-                }
-                std::thread::sleep((due - elapsed).min(Duration::from_millis(100)));
+        let due = p.started + Duration::from_secs_f64(p.done as f64 / limit as f64);
+        (due > Instant::now()).then_some(due)
+    }
+
+    /// Wait until `until`, or a stop request.
+    pub(super) fn nap_until(&self, until: Instant) {
+        // Pacing a rate, not synchronising: wait out the surplus in short
+        // naps so a stop request is seen quickly.
+        while !self.sync.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if until <= now {
+                break;
             }
-        }
-        if p.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-            p.last_checkpoint = Instant::now();
-            let _ = self.write_superblocks();
+            std::thread::sleep((until - now).min(Duration::from_millis(100)));
         }
     }
 
-    /// Stripes (parity levels) or logical chunks (mirrors) held by member
-    /// rows `[row, row + n)` of `slot`.
-    fn lock_keys(geometry: &Geometry, slot: usize, row: u64, n: u64) -> Vec<u64> {
-        match geometry.level {
-            Level::Raid1 | Level::Raid10 => (row..row + n)
-                .filter_map(|r| match geometry.reverse(slot, r * geometry.chunk) {
-                    Role::Data { logical, .. } => Some(logical / geometry.chunk),
-                    _ => None,
-                })
-                .collect(),
-            _ => (row..row + n).collect(),
-        }
+    pub(super) fn checkpoint_due(&self, p: &Pacer) -> bool {
+        p.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
     }
 
-    /// Parity levels: rebuild `slot`'s chunks of stripes `[row, row + n)` with
-    /// one large read per surviving member instead of one per stripe.
-    fn reconstruct_rows(
-        &self,
-        region: &Region,
-        slot: usize,
-        row: u64,
-        n: u64,
-        out: &mut [u8],
-    ) -> ArrayResult<()> {
-        let geometry = region.geometry;
-        let chunk = geometry.chunk as usize;
-        let span = n as usize * chunk;
-        let at = region.base + row * geometry.chunk;
-        let end = (row + n) * geometry.chunk - 1;
-        let sources: Vec<usize> = (0..self.slots.len())
-            .filter(|&m| m != slot && self.readable(m, region, end))
-            .collect();
-        let outcomes = self.pool.run(
-            sources
-                .iter()
-                .map(|&m| {
-                    (
-                        m,
-                        Op::Read {
-                            offset: at,
-                            len: span,
-                        },
-                    )
-                })
-                .collect(),
-        );
-        let mut data: Vec<Option<Vec<u8>>> = vec![None; self.slots.len()];
-        for (&m, outcome) in sources.iter().zip(outcomes) {
-            match outcome {
-                Ok(bytes) => data[m] = Some(bytes),
-                Err(e) => {
-                    self.fail_member(m, &format!("read failed during recovery: {e}"));
-                    return Err(ArrayError::Failed(format!(
-                        "slot {m} failed during recovery"
-                    )));
-                }
-            }
-        }
-        for i in 0..n as usize {
-            let members = self.stripe_slots(region, row + i as u64);
-            let Some(target) = members.iter().position(|&m| m == slot) else {
-                continue;
-            };
-            let missing: Vec<usize> = (0..members.len())
-                .filter(|&p| data[members[p]].is_none())
-                .collect();
-            if missing.len() > geometry.tolerance() {
-                return Err(ArrayError::Failed(format!(
-                    "stripe {} cannot be rebuilt: too many members missing",
-                    row + i as u64
-                )));
-            }
-            let mut blocks: Vec<Vec<u8>> = members
-                .iter()
-                .map(|&m| match &data[m] {
-                    Some(bytes) => bytes[i * chunk..(i + 1) * chunk].to_vec(),
-                    None => vec![0u8; chunk],
-                })
-                .collect();
-            self.recover(geometry.level, &mut blocks, &missing);
-            out[i * chunk..(i + 1) * chunk].copy_from_slice(&blocks[target]);
-        }
-        Ok(())
-    }
-
-    /// Write what `slot` should hold in rows `[row, row + n)` onto it (or onto
-    /// its replacement).
-    fn rebuild_rows(
-        &self,
-        region: &Region,
-        slot: usize,
-        row: u64,
-        n: u64,
-        to_replacement: bool,
-    ) -> ArrayResult<()> {
-        let geometry = region.geometry;
-        let chunk = geometry.chunk as usize;
-        let keys = Self::lock_keys(&geometry, slot, row, n);
-        let _guard = self.locks.lock_all(region.group, keys);
-        let mut content = vec![0u8; n as usize * chunk];
-        if to_replacement && self.readable(slot, region, (row + n) * geometry.chunk - 1) {
-            // The old member is still good: copy it.
-            let at = region.base + row * geometry.chunk;
-            match self
-                .pool
-                .run(vec![(
-                    slot,
-                    Op::Read {
-                        offset: at,
-                        len: content.len(),
-                    },
-                )])
-                .pop()
-            {
-                Some(Ok(bytes)) => content = bytes,
-                Some(Err(e)) => {
-                    self.fail_member(slot, &format!("read failed during replace: {e}"));
-                    return Err(ArrayError::Failed(format!(
-                        "slot {slot} failed during replace"
-                    )));
-                }
-                None => return Err(ArrayError::Failed("no result from member worker".into())),
-            }
-        } else {
-            match geometry.level {
-                Level::Raid5 | Level::Raid6 => {
-                    self.reconstruct_rows(region, slot, row, n, &mut content)?
-                }
-                Level::Raid1 | Level::Raid10 => {
-                    let capacity = geometry.capacity(self.sb.lock().group_size);
-                    for i in 0..n {
-                        let out = &mut content[i as usize * chunk..(i as usize + 1) * chunk];
-                        match geometry.reverse(slot, (row + i) * geometry.chunk) {
-                            Role::Data { logical, .. } if logical < capacity => {
-                                self.read_region(region, logical, out, super::io::Choice::Any)?;
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                Level::Raid0 => {
-                    return Err(ArrayError::Refused(
-                        "RAID0 has no redundancy to rebuild from".into(),
-                    ));
-                }
-            }
-        }
-        let at = region.base + row * geometry.chunk;
-        let len = content.len();
-        let op = Op::Write {
-            offset: at,
-            data: Arc::from(content),
-            range: 0..len,
-        };
-        let outcome = if to_replacement {
-            self.pool.run_on_replacement(slot, op)
-        } else {
-            self.pool
-                .run(vec![(slot, op)])
-                .pop()
-                .unwrap_or_else(|| Err(std::io::Error::other("no result")))
-        };
-        if let Err(e) = outcome {
-            if to_replacement {
-                return Err(ArrayError::Refused(format!(
-                    "writing to the replacement failed: {e}"
-                )));
-            }
-            self.fail_member(slot, &format!("write failed during recovery: {e}"));
-            return Err(ArrayError::Failed(format!(
-                "slot {slot} failed during recovery"
-            )));
-        }
-        Ok(())
+    /// Record progress (a rebuild's `valid_below`) in the superblocks.
+    pub(super) fn checkpoint(&self, p: &mut Pacer) {
+        p.last_checkpoint = Instant::now();
+        let _ = self.write_superblocks();
     }
 }

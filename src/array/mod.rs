@@ -15,6 +15,7 @@ mod full_stripe;
 mod io;
 mod lifecycle;
 pub mod ppl;
+mod rebuild;
 mod scrub;
 mod state;
 mod stripe_lock;
@@ -39,6 +40,11 @@ use uuid::Uuid;
 
 /// Superblock feature bit: partial-parity log (closes the RAID5 write hole).
 pub const FEATURE_PPL: u64 = 1 << 1;
+
+/// Stripe-lock table size. A rebuild holds a few steps' worth of stripes
+/// (hundreds of slots) while foreground writes hash into the same table, so
+/// it is kept large enough that they rarely collide.
+const STRIPE_LOCK_SLOTS: usize = 4096;
 
 /// Bits of a logical address that hold the offset within a group.
 pub const GROUP_SHIFT: u32 = 40;
@@ -203,7 +209,7 @@ impl Array {
             data_geometry,
             meta_geometry,
             pool,
-            locks: stripe_lock::StripeLocks::new(1024),
+            locks: stripe_lock::StripeLocks::new(STRIPE_LOCK_SLOTS),
             parity,
             broken: AtomicBool::new(false),
             sync: lifecycle::SyncState::default(),

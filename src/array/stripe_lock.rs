@@ -4,7 +4,9 @@
 //!
 //! A fixed table of mutexes is indexed by a hash of (group, stripe); a
 //! collision only costs some parallelism. Multi-stripe operations lock in
-//! ascending table order, so two of them can never deadlock.
+//! ascending table order, so two of them can never deadlock. Background
+//! work that holds several steps' locks at once takes table slots one by one
+//! (`try_lock_slot`) and never waits while it holds any, for the same reason.
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -31,11 +33,30 @@ impl StripeLocks {
 
     /// Lock every stripe in `stripes` of `group`.
     pub fn lock_all(&self, group: u32, stripes: impl IntoIterator<Item = u64>) -> StripeGuards<'_> {
+        StripeGuards {
+            _guards: self
+                .slots_of(group, stripes)
+                .into_iter()
+                .map(|i| self.table[i].lock())
+                .collect(),
+        }
+    }
+
+    /// Table slots of `stripes` of `group`, ascending, without repeats.
+    pub fn slots_of(&self, group: u32, stripes: impl IntoIterator<Item = u64>) -> Vec<usize> {
         let mut idx: Vec<usize> = stripes.into_iter().map(|s| self.index(group, s)).collect();
         idx.sort_unstable();
         idx.dedup();
-        StripeGuards {
-            _guards: idx.into_iter().map(|i| self.table[i].lock()).collect(),
-        }
+        idx
+    }
+
+    /// Lock one table slot, waiting for it.
+    pub fn lock_slot(&self, slot: usize) -> MutexGuard<'_, ()> {
+        self.table[slot].lock()
+    }
+
+    /// Lock one table slot if nobody holds it.
+    pub fn try_lock_slot(&self, slot: usize) -> Option<MutexGuard<'_, ()>> {
+        self.table[slot].try_lock()
     }
 }

@@ -11,7 +11,7 @@
 //! detached while the array runs (add, remove, replace).
 
 use crate::member::Member;
-use crossbeam_channel::{bounded, unbounded, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +25,12 @@ pub enum Op {
         offset: u64,
         len: usize,
     },
+    /// A read into a buffer the caller lends (and gets back in the
+    /// outcome), so a long-running loop allocates nothing per request.
+    ReadInto {
+        offset: u64,
+        buf: Vec<u8>,
+    },
     Write {
         offset: u64,
         data: Arc<[u8]>,
@@ -36,7 +42,7 @@ pub enum Op {
 impl Op {
     fn duplicate(&self) -> Option<Op> {
         match self {
-            Op::Read { .. } => None,
+            Op::Read { .. } | Op::ReadInto { .. } => None,
             Op::Write {
                 offset,
                 data,
@@ -99,11 +105,15 @@ impl SyncTicket {
     }
 }
 
-fn perform(member: &dyn Member, op: &Op) -> Outcome {
+fn perform(member: &dyn Member, op: Op) -> Outcome {
     match op {
         Op::Read { offset, len } => {
-            let mut buf = vec![0u8; *len];
-            member.read_at(&mut buf, *offset)?;
+            let mut buf = vec![0u8; len];
+            member.read_at(&mut buf, offset)?;
+            Ok(buf)
+        }
+        Op::ReadInto { offset, mut buf } => {
+            member.read_at(&mut buf, offset)?;
             Ok(buf)
         }
         Op::Write {
@@ -111,7 +121,7 @@ fn perform(member: &dyn Member, op: &Op) -> Outcome {
             data,
             range,
         } => {
-            member.write_at(&data[range.clone()], *offset)?;
+            member.write_at(&data[range], offset)?;
             Ok(Vec::new())
         }
         Op::Sync => {
@@ -169,7 +179,7 @@ impl WorkerPool {
                 .name(format!("raidfs-{tag}{slot}-{n}"))
                 .spawn(move || {
                     for job in rx.iter() {
-                        let outcome = perform(member.as_ref(), &job.op);
+                        let outcome = perform(member.as_ref(), job.op);
                         // The submitter may have given up; nothing to do then.
                         let _ = job.reply.send((job.tag, outcome));
                     }
@@ -218,11 +228,12 @@ impl WorkerPool {
             .replacement
             .as_ref()
             .map(|q| Arc::clone(&q.member));
+        let is_write = matches!(op, Op::Write { .. });
         let outcome = match member {
-            Some(m) => perform(m.as_ref(), &op),
+            Some(m) => perform(m.as_ref(), op),
             None => Err(missing(slot)),
         };
-        if matches!(op, Op::Write { .. }) && outcome.is_ok() {
+        if is_write && outcome.is_ok() {
             self.note_written(slot);
         }
         outcome
@@ -300,71 +311,105 @@ impl WorkerPool {
 
     /// Run `jobs` (member slot, op) and return their outcomes in the same
     /// order. A job for a slot with no member fails with `NotConnected`.
-    pub fn run(&self, jobs: Vec<(usize, Op)>) -> Vec<Outcome> {
+    pub fn run(&self, mut jobs: Vec<(usize, Op)>) -> Vec<Outcome> {
         let lanes = self.lanes.read();
         if jobs.len() == 1
             && lanes
                 .get(jobs[0].0)
                 .is_some_and(|l| l.replacement.is_none())
         {
-            let (slot, op) = &jobs[0];
-            let member = lanes[*slot].main.as_ref().map(|q| Arc::clone(&q.member));
+            let Some((slot, op)) = jobs.pop() else {
+                return Vec::new();
+            };
+            let member = lanes[slot].main.as_ref().map(|q| Arc::clone(&q.member));
             drop(lanes);
+            let is_write = matches!(op, Op::Write { .. });
             let outcome = vec![match member {
                 Some(m) => perform(m.as_ref(), op),
-                None => Err(missing(*slot)),
+                None => Err(missing(slot)),
             }];
-            if matches!(op, Op::Write { .. }) {
-                self.note_outcomes(&[(0, *slot)], &outcome);
+            if is_write {
+                self.note_outcomes(&[(0, slot)], &outcome);
             }
             return outcome;
         }
-        let writes: Vec<(usize, usize)> = jobs
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, op))| matches!(op, Op::Write { .. }))
-            .map(|(tag, (slot, _))| (tag, *slot))
-            .collect();
-        let mut results: Vec<Option<Outcome>> = (0..jobs.len()).map(|_| None).collect();
-        let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
-        let mut pending = 0;
-        let mut replacement_slots = Vec::new();
-        // Writes into a cache, and the last job, run on this thread once the
-        // others are queued: the caller would only sleep meanwhile, and each
-        // hand-off costs two wake-ups (perf showed them as a fifth of the
-        // daemon's time; inline cached writes made a RAID5 sequential write
-        // 1.4x faster on a loaded 2-CPU machine).
-        let Some(last) = jobs.len().checked_sub(1) else {
-            return Vec::new();
+        drop(lanes);
+        // Writes into a cache, cached reads, and the last job run on this
+        // thread once the others are queued: the caller would only sleep
+        // meanwhile, and each hand-off costs two wake-ups (perf showed them
+        // as a fifth of the daemon's time; inline cached writes made a RAID5
+        // sequential write 1.4x faster on a loaded 2-CPU machine).
+        let (mut batch, inline) = self.queue_jobs(jobs, true);
+        for (tag, member, op) in inline {
+            batch.results[tag] = Some(perform(member.as_ref(), op));
+        }
+        self.wait(batch)
+    }
+
+    /// Queue `jobs` on the workers and return at once; [`WorkerPool::wait`]
+    /// collects their outcomes. Lets a caller overlap its own work (or
+    /// other jobs) with these.
+    pub fn submit(&self, jobs: Vec<(usize, Op)>) -> Batch {
+        self.queue_jobs(jobs, false).0
+    }
+
+    /// Queue `jobs`; with `inline_ok`, cached reads are done here and
+    /// cached writes and the last job (those with no replacement copy) are
+    /// handed back for the caller to run.
+    #[allow(clippy::type_complexity)]
+    fn queue_jobs(
+        &self,
+        jobs: Vec<(usize, Op)>,
+        inline_ok: bool,
+    ) -> (Batch, Vec<(usize, Arc<dyn Member>, Op)>) {
+        let lanes = self.lanes.read();
+        let mut batch = Batch {
+            results: (0..jobs.len()).map(|_| None).collect(),
+            replies: None,
+            pending: 0,
+            replacement_slots: Vec::new(),
+            writes: jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, op))| matches!(op, Op::Write { .. }))
+                .map(|(tag, (slot, _))| (tag, *slot))
+                .collect(),
         };
         let mut inline = Vec::new();
+        let Some(last) = jobs.len().checked_sub(1) else {
+            return (batch, inline);
+        };
+        let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
         for (tag, (slot, op)) in jobs.into_iter().enumerate() {
             let Some(lane) = lanes.get(slot) else {
-                results[tag] = Some(Err(missing(slot)));
+                batch.results[tag] = Some(Err(missing(slot)));
                 continue;
             };
-            // Reads of cached bytes are done here too; only those that would
-            // wait for the device go to the member's workers.
-            if let (Op::Read { offset, len }, Some(q)) = (&op, &lane.main) {
-                if tag != last {
-                    let mut buf = vec![0u8; *len];
-                    if q.member.read_cached(&mut buf, *offset).unwrap_or(false) {
-                        results[tag] = Some(Ok(buf));
-                        continue;
+            if inline_ok {
+                // Reads of cached bytes are done here too; only those that
+                // would wait for the device go to the member's workers.
+                if let (Op::Read { offset, len }, Some(q)) = (&op, &lane.main) {
+                    if tag != last {
+                        let mut buf = vec![0u8; *len];
+                        if q.member.read_cached(&mut buf, *offset).unwrap_or(false) {
+                            batch.results[tag] = Some(Ok(buf));
+                            continue;
+                        }
                     }
                 }
-            }
-            if lane.replacement.is_none() {
-                if let Some(q) = &lane.main {
-                    let cached_write = matches!(op, Op::Write { .. }) && q.member.cached_writes();
-                    if tag == last || cached_write {
-                        inline.push((tag, Arc::clone(&q.member), op));
-                        continue;
+                if lane.replacement.is_none() {
+                    if let Some(q) = &lane.main {
+                        let cached_write =
+                            matches!(op, Op::Write { .. }) && q.member.cached_writes();
+                        if tag == last || cached_write {
+                            inline.push((tag, Arc::clone(&q.member), op));
+                            continue;
+                        }
                     }
                 }
             }
             if let (Some(r), Some(copy)) = (&lane.replacement, op.duplicate()) {
-                let rtag = REPLACEMENT_TAG + replacement_slots.len();
+                let rtag = REPLACEMENT_TAG + batch.replacement_slots.len();
                 if r.tx
                     .send(Job {
                         tag: rtag,
@@ -373,8 +418,8 @@ impl WorkerPool {
                     })
                     .is_ok()
                 {
-                    replacement_slots.push(slot);
-                    pending += 1;
+                    batch.replacement_slots.push(slot);
+                    batch.pending += 1;
                 }
             }
             match &lane.main {
@@ -383,40 +428,56 @@ impl WorkerPool {
                     op,
                     reply: reply_tx.clone(),
                 }) {
-                    Ok(()) => pending += 1,
-                    Err(_) => results[tag] = Some(Err(missing(slot))),
+                    Ok(()) => batch.pending += 1,
+                    Err(_) => batch.results[tag] = Some(Err(missing(slot))),
                 },
-                None => results[tag] = Some(Err(missing(slot))),
+                None => batch.results[tag] = Some(Err(missing(slot))),
             }
         }
-        drop(lanes);
-        drop(reply_tx);
-        for (tag, member, op) in inline {
-            results[tag] = Some(perform(member.as_ref(), &op));
-        }
-        for _ in 0..pending {
-            match reply_rx.recv() {
-                Ok((tag, outcome)) if tag >= REPLACEMENT_TAG => {
-                    if let Err(e) = outcome {
-                        let slot = replacement_slots[tag - REPLACEMENT_TAG];
-                        if !self.replacement_failed[slot].swap(true, Ordering::AcqRel) {
-                            log::error!(
-                                "raidfs: write to the replacement of slot {slot} failed: {e}"
-                            );
+        batch.replies = Some(reply_rx);
+        (batch, inline)
+    }
+
+    /// Wait for every job of `batch`; outcomes in submission order.
+    pub fn wait(&self, mut batch: Batch) -> Vec<Outcome> {
+        if let Some(replies) = batch.replies.take() {
+            for _ in 0..batch.pending {
+                match replies.recv() {
+                    Ok((tag, outcome)) if tag >= REPLACEMENT_TAG => {
+                        if let Err(e) = outcome {
+                            let slot = batch.replacement_slots[tag - REPLACEMENT_TAG];
+                            if !self.replacement_failed[slot].swap(true, Ordering::AcqRel) {
+                                log::error!(
+                                    "raidfs: write to the replacement of slot {slot} failed: {e}"
+                                );
+                            }
                         }
                     }
+                    Ok((tag, outcome)) => batch.results[tag] = Some(outcome),
+                    Err(_) => break,
                 }
-                Ok((tag, outcome)) => results[tag] = Some(outcome),
-                Err(_) => break,
             }
         }
-        let results: Vec<Outcome> = results
+        let results: Vec<Outcome> = batch
+            .results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(io::Error::other("member worker stopped"))))
             .collect();
-        self.note_outcomes(&writes, &results);
+        self.note_outcomes(&batch.writes, &results);
         results
     }
+}
+
+/// Jobs queued by [`WorkerPool::submit`], not yet collected.
+pub struct Batch {
+    results: Vec<Option<Outcome>>,
+    replies: Option<Receiver<(usize, Outcome)>>,
+    /// Replies still to come (replacement copies included).
+    pending: usize,
+    /// Slot of each replacement copy, by its tag's offset.
+    replacement_slots: Vec<usize>,
+    /// (tag, slot) of every write, counted for flushes once it succeeds.
+    writes: Vec<(usize, usize)>,
 }
 
 impl Drop for WorkerPool {

@@ -117,6 +117,12 @@ pub struct LastSyncReport {
     pub completed: bool,
     pub mismatches: u64,
     pub message: String,
+    /// Member bytes done and to do when it ended (a resync's total is the
+    /// bytes of its dirty regions).
+    #[serde(default)]
+    pub done: u64,
+    #[serde(default)]
+    pub total: u64,
 }
 
 /// md's speed_limit_min / speed_limit_max in bytes per second; 0 = none.
@@ -252,6 +258,8 @@ impl ArrayReport {
                 completed: r.completed,
                 mismatches: r.mismatches,
                 message: r.message,
+                done: r.done,
+                total: r.total,
             }),
             speed_limit: SpeedLimitReport { min, max },
             read_policy: array.read_policy().to_string(),

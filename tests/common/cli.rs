@@ -153,6 +153,17 @@ impl Writer {
             .expect("writing through the mount")
     }
 
+    /// Stop after the mount went away under the writer (its daemon was
+    /// killed): how many files were written and synced before that. The
+    /// one in progress, if any, is not counted.
+    pub fn finish_after_crash(mut self) -> usize {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        self.written.load(Ordering::Acquire)
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -130,6 +130,13 @@ fn mount_write_umount_remount_verify() {
     assert_eq!(fs::read(mnt.join("small.txt")).unwrap(), b"raid");
     assert!(ok(&setup.umount("mnt")));
     assert_eq!(setup.member_state(), "clean");
+    // Two healthy mounts and unmounts: nothing for an operator to chase.
+    let log = fs::read_to_string(setup.path("daemon.log")).unwrap();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" ERROR ") || l.contains(" WARN "))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
 }
 
 #[test]

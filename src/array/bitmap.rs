@@ -18,6 +18,8 @@ pub const BITMAP_OFFSET: u64 = 64 << 10;
 const HEADER_SIZE: usize = 4096;
 const BLOCK: usize = 4096;
 const MAGIC: &[u8; 8] = b"RAIDBMP1";
+/// Regions set ahead of a sequential writer (see [`Bitmap::begin_write`]).
+const SEQUENTIAL_LOOKAHEAD: usize = 8;
 /// Regions per member at most; the bits fit well before the data offset.
 const MAX_REGIONS: u64 = 1024;
 
@@ -191,8 +193,21 @@ impl Bitmap {
         if !newly {
             return None;
         }
+        // A writer moving on from the region just before is sequential: set
+        // the next few regions in the same synced write, so a long copy pays
+        // one bitmap sync per SEQUENTIAL_LOOKAHEAD regions instead of one
+        // per region (each sync waits for every member's disk). After a
+        // crash that costs at most that many extra regions of resync.
+        let mut end = range.end;
+        if range.start > 0 && test(&st.bits, range.start - 1) {
+            end = (range.end + SEQUENTIAL_LOOKAHEAD).min(self.nbits);
+            for b in range.end..end {
+                set(&mut st.recent, b);
+                set(&mut st.bits, b);
+            }
+        }
         let first_block = range.start / 8 / BLOCK;
-        let last_block = (range.end.saturating_sub(1)) / 8 / BLOCK;
+        let last_block = (end.saturating_sub(1)) / 8 / BLOCK;
         Some((first_block..=last_block).collect())
     }
 

@@ -506,15 +506,16 @@ impl Array {
         let slots: Vec<usize> = (0..self.slots.len())
             .filter(|&s| !self.is_failed(s))
             .collect();
+        // Durable writes of just these blocks: a sync of the whole member
+        // would also wait for all of its data written so far.
         let mut jobs = Vec::new();
         for &slot in &slots {
             for (offset, block) in &contents {
                 let data: Arc<[u8]> = Arc::from(block.as_slice());
                 jobs.push((
                     slot,
-                    Op::Write {
+                    Op::WriteDurable {
                         offset: *offset,
-                        range: 0..data.len(),
                         data,
                     },
                 ));
@@ -527,12 +528,6 @@ impl Array {
                     slots[i / per_slot.max(1)],
                     &format!("bitmap write failed: {e}"),
                 );
-            }
-        }
-        let live: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
-        for (slot, outcome) in self.sync_written(&live) {
-            if let Err(e) = outcome {
-                self.fail_member(slot, &format!("bitmap sync failed: {e}"));
             }
         }
         self.ensure_writable()

@@ -36,6 +36,11 @@ pub enum Op {
         data: Arc<[u8]>,
         range: std::ops::Range<usize>,
     },
+    /// A write that is durable when it returns (see `Member::write_durable`).
+    WriteDurable {
+        offset: u64,
+        data: Arc<[u8]>,
+    },
     Sync,
 }
 
@@ -51,6 +56,10 @@ impl Op {
                 offset: *offset,
                 data: Arc::clone(data),
                 range: range.clone(),
+            }),
+            Op::WriteDurable { offset, data } => Some(Op::WriteDurable {
+                offset: *offset,
+                data: Arc::clone(data),
             }),
             Op::Sync => Some(Op::Sync),
         }
@@ -122,6 +131,10 @@ fn perform(member: &dyn Member, op: Op) -> Outcome {
             range,
         } => {
             member.write_at(&data[range], offset)?;
+            Ok(Vec::new())
+        }
+        Op::WriteDurable { offset, data } => {
+            member.write_durable(&data, offset)?;
             Ok(Vec::new())
         }
         Op::Sync => {

@@ -393,6 +393,39 @@ impl Member for FaultyMember {
         Ok(())
     }
 
+    /// A write plus a sync of just its range: nothing else becomes durable.
+    /// Older unsynced writes under the range are patched so that undoing
+    /// them in a crash image brings back these bytes, not older ones.
+    fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let range = offset..offset.saturating_add(buf.len() as u64);
+        self.admit(Op::Write, Some(range.clone()))?;
+        self.admit(Op::Sync, None)?;
+        let inner = &self.shared.inner;
+        let mut unsynced = self.shared.unsynced.lock();
+        inner.write_at(buf, offset)?;
+        inner.sync()?;
+        for u in unsynced.iter_mut() {
+            let (lo, hi) = (
+                u.offset.max(range.start),
+                (u.offset + u.old.len() as u64).min(range.end),
+            );
+            if lo < hi {
+                let (at_u, at_buf, n) = (
+                    (lo - u.offset) as usize,
+                    (lo - offset) as usize,
+                    (hi - lo) as usize,
+                );
+                u.old[at_u..at_u + n].copy_from_slice(&buf[at_buf..at_buf + n]);
+            }
+        }
+        drop(unsynced);
+        self.shared
+            .counters
+            .bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.admit(Op::Sync, None)?;
         // Only writes completed before the barrier started are guaranteed durable.

@@ -353,6 +353,51 @@ impl Member for FileMember {
         !self.direct
     }
 
+    fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.direct {
+            self.write_at(buf, offset)?;
+            return self.sync();
+        }
+        self.check_bounds(buf.len(), offset, "write")?;
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &buf[done..];
+            let iov = libc::iovec {
+                iov_base: rest.as_ptr() as *mut libc::c_void,
+                iov_len: rest.len(),
+            };
+            let at = libc::off_t::try_from(offset + done as u64)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            // SAFETY: iov describes `rest`, which lives for the call; the
+            // kernel only reads from it.
+            let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, at, libc::RWF_DSYNC) };
+            match usize::try_from(n) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => done += n,
+                Err(_) => {
+                    let e = io::Error::last_os_error();
+                    match e.raw_os_error() {
+                        Some(libc::EINTR) => {}
+                        // No RWF_DSYNC here: write, then sync the whole file.
+                        Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
+                            self.write_at(rest, offset + done as u64)?;
+                            return self.sync();
+                        }
+                        _ => {
+                            return Err(self.context(
+                                "durable write",
+                                rest.len(),
+                                offset + done as u64,
+                                e,
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `preadv2(RWF_NOWAIT)`: fails with EAGAIN, or reads short, rather than
     /// wait for the disk.
     fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {

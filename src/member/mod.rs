@@ -50,6 +50,14 @@ pub trait Member: Send + Sync {
     fn rotational(&self) -> Option<bool> {
         None
     }
+    /// Write `buf` at `offset` and make that range durable before
+    /// returning, without waiting for the member's other unsynced writes
+    /// (image files: `pwritev2(RWF_DSYNC)`). Used for small metadata that
+    /// must be on disk before other writes start (the write-intent bitmap).
+    fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.sync()
+    }
     /// Whether a write only copies into a cache (the page cache of a file
     /// opened without O_DIRECT, or memory) and so costs CPU rather than
     /// waiting on a device. Such writes are cheaper done by the thread that

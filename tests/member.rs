@@ -453,7 +453,7 @@ fn faulty_file_member_counts_and_forwards() {
 #[test]
 fn durable_writes_sync_their_range_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
-    let file = FileMember::create(&dir.path().join("d.img"), 256 * 1024).unwrap();
+    let file = FileMember::create(dir.path().join("d.img"), 256 * 1024).unwrap();
     let data = pattern(8192, 3);
     file.write_durable(&data, 4096).unwrap();
     assert!(file.write_durable(&data, 256 * 1024 - 100).is_err());

@@ -9,9 +9,9 @@
 //! `valid_below` says how far it is done: reads never use it above that
 //! point, writes always go to it.
 
-use super::{Array, ArrayError, ArrayResult, Region, Slot, SlotDev};
+use super::{Array, ArrayError, ArrayResult, Slot, SlotDev};
 use crate::member::Member;
-use crate::superblock::{GroupProfile, SlotState, Superblock, SPARE_SLOT};
+use crate::superblock::{SlotState, Superblock, SPARE_SLOT};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -767,21 +767,12 @@ impl Array {
             let slot = slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
             return self.run_rebuild(action, slot, done, &mut pacer);
         }
-        let (group_size, data_offset) = {
-            let sb = self.sb.lock();
-            (sb.group_size, sb.data_offset)
-        };
-        for (group, profile) in self.groups() {
-            let geometry = if profile == GroupProfile::Metadata {
-                self.meta_geometry
-            } else {
-                self.data_geometry
+        let group_size = self.sb.lock().group_size;
+        for (group, _) in self.groups() {
+            let Some(region) = self.group_region(group) else {
+                continue;
             };
-            let region = Region {
-                group,
-                geometry,
-                base: data_offset + group as u64 * group_size,
-            };
+            let geometry = region.geometry;
             let rows = group_size / geometry.chunk;
             let step_rows = (STEP_BYTES / geometry.chunk).max(1);
             let mut row = 0;

@@ -20,7 +20,6 @@ use super::lifecycle::{Pacer, SyncAction, CHECKPOINT_EVERY};
 use super::worker::{Batch, Op};
 use super::{Array, ArrayError, ArrayResult, Region};
 use crate::geometry::{Geometry, Level, Role};
-use crate::superblock::GroupProfile;
 use parking_lot::MutexGuard;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -237,26 +236,16 @@ impl Array {
     /// Every step of the walk, in member-offset order, from the checkpoint
     /// of a resumed recovery.
     fn rebuild_steps(&self, action: SyncAction, slot: usize) -> impl Iterator<Item = Step> + '_ {
-        let (group_size, data_offset) = {
-            let sb = self.sb.lock();
-            (sb.group_size, sb.data_offset)
-        };
+        let group_size = self.sb.lock().group_size;
         let resume_at = (action == SyncAction::Recovery)
             .then(|| self.slots[slot].valid_below.load(Ordering::Acquire));
         let sources = (self.slots.len() as u64).saturating_sub(1).max(1);
         let fits = READ_BUFFER_BUDGET / ((READ_DEPTH as u64 + 1) * sources);
         let step_bytes = (1u64 << fits.max(1).ilog2()).clamp(MIN_STEP, MAX_STEP);
-        self.groups().into_iter().flat_map(move |(group, profile)| {
-            let geometry = if profile == GroupProfile::Metadata {
-                self.meta_geometry
-            } else {
-                self.data_geometry
-            };
-            let region = Region {
-                group,
-                geometry,
-                base: data_offset + group as u64 * group_size,
-            };
+        let regions = self.groups().into_iter();
+        let regions = regions.filter_map(|(group, _)| self.group_region(group));
+        regions.flat_map(move |region| {
+            let geometry = region.geometry;
             let rows = group_size / geometry.chunk;
             let step_rows = (step_bytes / geometry.chunk).max(1);
             let first = match resume_at {

@@ -73,6 +73,18 @@ impl Mounted {
         stdout(&out)
     }
 
+    /// SIGKILL the daemon and wait until all of it is gone (its members
+    /// are free to assemble again); its pid.
+    fn kill_daemon(&self) -> i32 {
+        let record = raidfs::cli::mount::registry::read(&self.mnt)
+            .expect("registry")
+            .expect("daemon record");
+        // SAFETY: kill with the pid of the daemon this test started.
+        assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
+        assert!(record.wait_for_exit(Duration::from_secs(30)));
+        record.pid as i32
+    }
+
     fn detail(&self) -> serde_json::Value {
         detail_json(&self.mnt)
     }
@@ -271,13 +283,7 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
         "{text}"
     );
 
-    let record = raidfs::cli::mount::registry::read(&array.mnt)
-        .expect("registry")
-        .expect("daemon record");
-    assert_eq!(record.pid as i32, daemon_pid(&killed_at));
-    // SAFETY: kill with the pid of the daemon this test started.
-    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-    assert!(record.wait_for_exit(Duration::from_secs(30)));
+    assert_eq!(array.kill_daemon(), daemon_pid(&killed_at));
     array.mount(&["m0", "new1", "m2", "m3"]);
 
     // The limits survive the crash, so the resumed rebuild is still slow
@@ -335,13 +341,8 @@ fn kill_during_writes_resyncs_only_the_dirty_regions() {
     let writer = Writer::start(&array.mnt.join("data"));
     writer.wait_for_more(40);
     let dir = writer.dir().to_path_buf();
-    let record = raidfs::cli::mount::registry::read(&array.mnt)
-        .expect("registry")
-        .expect("daemon record");
     // Killed while the writer keeps writing: the array is left dirty.
-    // SAFETY: kill with the pid of the daemon this test started.
-    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-    assert!(record.wait_for_exit(Duration::from_secs(30)));
+    array.kill_daemon();
     let count = writer.finish_after_crash();
 
     array.mount(&["m0", "m1", "m2", "m3"]);

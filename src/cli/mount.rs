@@ -172,29 +172,6 @@ fn default_log_path(mount_point: &Path) -> PathBuf {
     }
 }
 
-/// How long a busy mount point may stay busy before umount gives up.
-const BUSY_GRACE: Duration = Duration::from_secs(3);
-
-/// Unmount, retrying while the mount is busy for up to [`BUSY_GRACE`]: an
-/// open file that is about to close (a process forked with a descriptor on
-/// the mount between fork and exec, a scanner passing through) should not
-/// fail the unmount. mdadm retries `--stop` for the same reason (udev and
-/// blkid opening the device).
-fn unmount_with_grace(path: &Path, lazy: bool) -> std::io::Result<()> {
-    let deadline = std::time::Instant::now() + BUSY_GRACE;
-    loop {
-        match mounts::unmount(path, lazy) {
-            Err(e)
-                if e.raw_os_error() == Some(libc::EBUSY)
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            other => return other,
-        }
-    }
-}
-
 pub fn run_umount(args: UmountArgs) -> i32 {
     match umount(&args) {
         Ok(()) => 0,
@@ -218,7 +195,7 @@ fn umount(args: &UmountArgs) -> Result<(), String> {
         .ok()
         .flatten()
         .filter(|r| r.is_alive());
-    unmount_with_grace(&path, args.lazy).map_err(|e| match e.raw_os_error() {
+    mounts::unmount_with_grace(&path, args.lazy).map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => {
             format!("{shown} is busy (files are open on it); close them or use --lazy")
         }

@@ -104,6 +104,29 @@ pub fn absolute_lexical(path: &Path) -> io::Result<PathBuf> {
 /// Unmount `path`: `umount2(path, 0)`, or with `lazy` detach it
 /// (MNT_DETACH: gone from the namespace now, finished when the last open
 /// file closes). Falls back to `fusermount3 -u` when not permitted (not root).
+/// How long a busy mount point may stay busy before an unmount gives up.
+const BUSY_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// [`unmount`], retrying while the mount is busy for up to [`BUSY_GRACE`]:
+/// an open file that is about to close (a process forked with a descriptor
+/// on the mount, between its fork and exec; a scanner passing through)
+/// should not fail the unmount. mdadm retries `--stop` for the same reason
+/// (udev and blkid opening the device).
+pub fn unmount_with_grace(path: &Path, lazy: bool) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + BUSY_GRACE;
+    loop {
+        match unmount(path, lazy) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 pub fn unmount(path: &Path, lazy: bool) -> io::Result<()> {
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
         io::Error::new(

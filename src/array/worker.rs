@@ -393,7 +393,7 @@ impl WorkerPool {
             return (batch, inline);
         };
         let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
-        for (tag, (slot, op)) in jobs.into_iter().enumerate() {
+        for (tag, (slot, mut op)) in jobs.into_iter().enumerate() {
             let Some(lane) = lanes.get(slot) else {
                 batch.results[tag] = Some(Err(missing(slot)));
                 continue;
@@ -401,13 +401,16 @@ impl WorkerPool {
             if inline_ok {
                 // Reads of cached bytes are done here too; only those that
                 // would wait for the device go to the member's workers.
+                // Members that cache writes are the ones that can say a read
+                // is cached; on a miss the buffer travels on to the worker.
                 if let (Op::Read { offset, len }, Some(q)) = (&op, &lane.main) {
-                    if tag != last {
-                        let mut buf = vec![0u8; *len];
-                        if q.member.read_cached(&mut buf, *offset).unwrap_or(false) {
+                    if tag != last && q.member.cached_writes() {
+                        let (offset, mut buf) = (*offset, vec![0u8; *len]);
+                        if q.member.read_cached(&mut buf, offset).unwrap_or(false) {
                             batch.results[tag] = Some(Ok(buf));
                             continue;
                         }
+                        op = Op::ReadInto { offset, buf };
                     }
                 }
                 if lane.replacement.is_none() {

@@ -70,6 +70,7 @@ pub trait Member: Send + Sync {
     /// (the bytes are cached): true when read, false when it would have had
     /// to wait (nothing is then promised about `buf`). Lets a caller read
     /// cached data itself and hand only real device reads to workers.
+    /// Asked only of members whose [`Member::cached_writes`] is true.
     fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         let _ = (buf, offset);
         Ok(false)

@@ -76,6 +76,46 @@ fn write_read_round_trip_and_bounds() {
 }
 
 #[test]
+fn vectored_writes_land_one_after_another_on_every_kind_of_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 8u64 << 20;
+    let buffered = FileMember::create(dir.path().join("b.img"), size).unwrap();
+    let direct_path = dir.path().join("d.img");
+    drop(FileMember::create(&direct_path, size).unwrap());
+    let direct = FileMember::open(&direct_path, direct()).unwrap();
+    let memory = MemoryMember::new(size).unwrap();
+    // Uneven parts (one empty), more than one page each, from one buffer
+    // at unaligned places, as a full-stripe write passes them.
+    let source = pattern(700_000, 9);
+    let parts: Vec<&[u8]> = vec![
+        &source[5..65_541],
+        &source[100_000..100_000],
+        &source[200_001..462_145],
+        &source[500_000..700_000],
+    ];
+    let expected: Vec<u8> = parts.concat();
+    let members: [&dyn Member; 3] = [&buffered, &direct, &memory];
+    for m in members {
+        m.write_vectored_at(&parts, 1 << 20).unwrap();
+        let mut back = vec![0u8; expected.len() + 8192];
+        m.read_at(&mut back, (1 << 20) - 4096).unwrap();
+        assert!(back[..4096].iter().all(|&b| b == 0), "{}: before", m.name());
+        assert!(
+            back[4096..4096 + expected.len()] == expected[..],
+            "{}",
+            m.name()
+        );
+        assert!(
+            back[4096 + expected.len()..].iter().all(|&b| b == 0),
+            "{}: after",
+            m.name()
+        );
+        let beyond = m.write_vectored_at(&parts, size - 4096);
+        assert!(beyond.is_err(), "{}: a write past the end", m.name());
+    }
+}
+
+#[test]
 fn short_file_reads_fail_instead_of_returning_zeros() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("short.img");

@@ -18,10 +18,13 @@ pub const BITMAP_OFFSET: u64 = 64 << 10;
 const HEADER_SIZE: usize = 4096;
 const BLOCK: usize = 4096;
 const MAGIC: &[u8; 8] = b"RAIDBMP1";
-/// Regions set ahead of a sequential writer (see [`Bitmap::begin_write`]).
-const SEQUENTIAL_LOOKAHEAD: usize = 8;
+/// Regions kept set ahead of a sequential writer (see [`Bitmap::begin_write`]).
+const SEQUENTIAL_LOOKAHEAD: usize = 16;
 /// Regions per member at most; the bits fit well before the data offset.
 const MAX_REGIONS: u64 = 1024;
+// Every bit lives in the first block after the header, so one block write
+// makes any set of bits durable.
+const _: () = assert!(MAX_REGIONS as usize <= BLOCK * 8);
 
 /// Region size: a power of two of at least 4 MiB and about 1/1024 of the
 /// data area. Each region that turns dirty costs a synced bitmap write, so
@@ -35,7 +38,12 @@ pub fn region_size(data_size: u64) -> u64 {
 }
 
 struct State {
+    /// Bits as they must be on the members before their regions are written.
     bits: Vec<u64>,
+    /// Bits as the last completed bitmap write left them on the members.
+    durable: Vec<u64>,
+    /// A background write of bits set ahead of a sequential writer is queued.
+    premark_queued: bool,
     /// Writes in flight per bit.
     pending: Vec<u16>,
     /// Bits written since the last cleaning pass.
@@ -61,6 +69,20 @@ fn set(words: &mut [u64], bit: usize) {
     words[bit / 64] |= 1 << (bit % 64);
 }
 
+/// What a writer must do before writing (see [`Bitmap::begin_write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intent {
+    /// Every bit covering the write is durable: write now.
+    Ready,
+    /// Make the bits durable first ([`Bitmap::snapshot`] under
+    /// [`Bitmap::write_guard`], then [`Bitmap::written`]).
+    MarkFirst,
+    /// Write now; bits were set ahead of this sequential writer and should
+    /// be made durable in the background before it gets there (a writer
+    /// arriving first finds them not durable and marks them itself).
+    Premark,
+}
+
 impl Bitmap {
     pub fn new(data_offset: u64, data_size: u64) -> Bitmap {
         let region = region_size(data_size);
@@ -72,6 +94,8 @@ impl Bitmap {
             nbits,
             state: Mutex::new(State {
                 bits: vec![0; words],
+                durable: vec![0; words],
+                premark_queued: false,
                 pending: vec![0; nbits],
                 recent: vec![0; words],
                 events_cleared: 0,
@@ -144,6 +168,7 @@ impl Bitmap {
                 let mut w = [0u8; 8];
                 w[..chunk.len()].copy_from_slice(chunk);
                 st.bits[i] |= u64::from_le_bytes(w);
+                st.durable[i] |= u64::from_le_bytes(w);
             }
         }
     }
@@ -151,17 +176,14 @@ impl Bitmap {
     /// Write the whole bitmap (header and bits) to `members`, synced.
     pub fn write_all(&self, members: &[Arc<dyn Member>]) -> Vec<(usize, io::Error)> {
         let _w = self.writing.lock();
-        let (header, bits) = {
+        let (header, snapshot) = {
             let st = self.state.lock();
-            (
-                self.encode_header(st.events_cleared),
-                Self::bit_bytes(&st.bits, self.bytes_len()),
-            )
+            (self.encode_header(st.events_cleared), st.bits.clone())
         };
         let mut area = header;
-        area.extend_from_slice(&bits);
+        area.extend_from_slice(&Self::bit_bytes(&snapshot, self.bytes_len()));
         area.resize(self.area_len(), 0);
-        members
+        let failures: Vec<(usize, io::Error)> = members
             .iter()
             .enumerate()
             .filter_map(|(i, m)| {
@@ -170,60 +192,89 @@ impl Bitmap {
                     .err()
                     .map(|e| (i, e))
             })
-            .collect()
+            .collect();
+        // Members that failed are taken out by the caller; the others hold
+        // the snapshot now.
+        self.state.lock().durable = snapshot;
+        failures
     }
 
-    /// Before a write to member offsets `[start, end)`: count it in flight
-    /// and return the bitmap blocks that must be written (and synced) first
-    /// because a bit went from clear to set. Write them with [`Bitmap::blocks`]
-    /// under [`Bitmap::write_guard`], so a newer block is never overwritten by
-    /// an older snapshot.
-    pub fn begin_write(&self, start: u64, end: u64) -> Option<Vec<usize>> {
+    /// Before a write to member offsets `[start, end)`: count it in flight,
+    /// set its bits, and say whether they must be made durable first.
+    ///
+    /// A writer moving on from the region just before is sequential: the
+    /// next [`SEQUENTIAL_LOOKAHEAD`] regions are set too, so a long copy pays
+    /// one bitmap write per several regions; and once fewer than half of
+    /// them are left ahead, the next ones are set and written in the
+    /// background ([`Intent::Premark`]) while the writer goes on, so it does
+    /// not wait for the bitmap at all. After a crash that costs at most that
+    /// many regions of extra resync.
+    pub fn begin_write(&self, start: u64, end: u64) -> Intent {
         let range = self.bit_range(start, end);
         let mut st = self.state.lock();
-        let mut newly = false;
+        let mut mark_now = false;
         for b in range.clone() {
             st.pending[b] = st.pending[b].saturating_add(1);
             set(&mut st.recent, b);
-            if !test(&st.bits, b) {
-                set(&mut st.bits, b);
-                newly = true;
-            }
+            set(&mut st.bits, b);
+            mark_now |= !test(&st.durable, b);
         }
-        if !newly {
-            return None;
+        let sequential = range.start > 0 && test(&st.bits, range.start - 1);
+        if !sequential {
+            return if mark_now {
+                Intent::MarkFirst
+            } else {
+                Intent::Ready
+            };
         }
-        // A writer moving on from the region just before is sequential: set
-        // the next few regions in the same synced write, so a long copy pays
-        // one bitmap sync per SEQUENTIAL_LOOKAHEAD regions instead of one
-        // per region (each sync waits for every member's disk). After a
-        // crash that costs at most that many extra regions of resync.
-        let mut end = range.end;
-        if range.start > 0 && test(&st.bits, range.start - 1) {
-            end = (range.end + SEQUENTIAL_LOOKAHEAD).min(self.nbits);
-            for b in range.end..end {
+        let runway = (range.end..self.nbits)
+            .take_while(|&b| test(&st.bits, b))
+            .count();
+        let extend = runway < SEQUENTIAL_LOOKAHEAD / 2 && (mark_now || !st.premark_queued);
+        if extend {
+            for b in range.end + runway..(range.end + SEQUENTIAL_LOOKAHEAD).min(self.nbits) {
                 set(&mut st.recent, b);
                 set(&mut st.bits, b);
             }
         }
-        let first_block = range.start / 8 / BLOCK;
-        let last_block = (end.saturating_sub(1)) / 8 / BLOCK;
-        Some((first_block..=last_block).collect())
+        if mark_now {
+            Intent::MarkFirst
+        } else if extend && st.bits != st.durable {
+            st.premark_queued = true;
+            Intent::Premark
+        } else {
+            Intent::Ready
+        }
     }
 
-    /// Current contents of bitmap blocks `indices`, with their member offsets.
-    pub fn blocks(&self, indices: &[usize]) -> Vec<(u64, Vec<u8>)> {
-        let bytes = Self::bit_bytes(&self.state.lock().bits, self.bytes_len());
-        indices
-            .iter()
-            .map(|&blk| {
-                let mut block = vec![0u8; BLOCK];
-                let from = (blk * BLOCK).min(bytes.len());
-                let to = (from + BLOCK).min(bytes.len());
-                block[..to - from].copy_from_slice(&bytes[from..to]);
-                (BITMAP_OFFSET + (HEADER_SIZE + blk * BLOCK) as u64, block)
-            })
-            .collect()
+    /// Whether every bit covering member offsets `[start, end)` is durable.
+    pub fn is_durable(&self, start: u64, end: u64) -> bool {
+        let st = self.state.lock();
+        self.bit_range(start, end).all(|b| test(&st.durable, b))
+    }
+
+    /// The bits block to write now (member offset and contents) and the
+    /// bits it holds, or `None` when the members hold every set bit already.
+    /// Call under [`Bitmap::write_guard`], then [`Bitmap::written`].
+    pub fn snapshot(&self) -> Option<(u64, Vec<u8>, Vec<u64>)> {
+        let st = self.state.lock();
+        if st.bits == st.durable {
+            return None;
+        }
+        let mut block = Self::bit_bytes(&st.bits, self.bytes_len());
+        block.resize(BLOCK, 0);
+        Some((BITMAP_OFFSET + HEADER_SIZE as u64, block, st.bits.clone()))
+    }
+
+    /// The block of [`Bitmap::snapshot`] is durable on every working member.
+    pub fn written(&self, snapshot: Vec<u64>) {
+        self.state.lock().durable = snapshot;
+    }
+
+    /// The background write asked for by [`Intent::Premark`] is over (or
+    /// will not happen).
+    pub fn premark_done(&self) {
+        self.state.lock().premark_queued = false;
     }
 
     /// The write to `[start, end)` is done.
@@ -249,6 +300,9 @@ impl Bitmap {
         for b in 0..self.nbits {
             if test(&st.bits, b) && !test(&st.recent, b) && st.pending[b] == 0 {
                 st.bits[b / 64] &= !(1 << (b % 64));
+                // Soon cleared on the members too: a writer setting it again
+                // must write it again.
+                st.durable[b / 64] &= !(1 << (b % 64));
                 cleared += 1;
             }
         }
@@ -279,5 +333,103 @@ impl Bitmap {
         let st = self.state.lock();
         let n = (0..self.nbits).filter(|&b| test(&st.bits, b)).count();
         (n, n as u64 * self.region)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DATA_OFFSET: u64 = 1 << 20;
+    const REGION: u64 = 4 << 20;
+
+    /// A bitmap of 256 regions of 4 MiB.
+    fn bitmap() -> Bitmap {
+        let b = Bitmap::new(DATA_OFFSET, 256 * REGION);
+        assert_eq!(b.region, REGION);
+        b
+    }
+
+    /// Member offsets of a 4 KiB write at the start of region `r`.
+    fn span(r: u64) -> (u64, u64) {
+        let start = DATA_OFFSET + r * REGION;
+        (start, start + 4096)
+    }
+
+    fn begin(b: &Bitmap, r: u64) -> Intent {
+        let (s, e) = span(r);
+        b.begin_write(s, e)
+    }
+
+    fn make_durable(b: &Bitmap) {
+        let _serial = b.write_guard();
+        if let Some((_, _, snapshot)) = b.snapshot() {
+            b.written(snapshot);
+        }
+    }
+
+    #[test]
+    fn a_write_waits_until_its_bit_is_durable_even_when_another_writer_set_it() {
+        let b = bitmap();
+        assert_eq!(begin(&b, 5), Intent::MarkFirst);
+        // The first writer has set the bit but not written it yet: a second
+        // writer of the region must not go ahead on the in-memory bit.
+        assert_eq!(begin(&b, 5), Intent::MarkFirst);
+        let (s, e) = span(5);
+        assert!(!b.is_durable(s, e));
+        let (offset, block, snapshot) = b.snapshot().expect("bits to write");
+        assert_eq!(offset, BITMAP_OFFSET + HEADER_SIZE as u64);
+        assert_eq!(block.len(), BLOCK);
+        assert_eq!(block[0], 1 << 5);
+        b.written(snapshot);
+        assert!(b.is_durable(s, e));
+        assert_eq!(begin(&b, 5), Intent::Ready);
+        assert!(b.snapshot().is_none(), "nothing left to write");
+    }
+
+    #[test]
+    fn a_sequential_writer_is_marked_ahead_and_in_the_background() {
+        let b = bitmap();
+        assert_eq!(begin(&b, 0), Intent::MarkFirst);
+        make_durable(&b);
+        // Moving on from region 0: region 1 and the lookahead are set and
+        // written in the same mark.
+        assert_eq!(begin(&b, 1), Intent::MarkFirst);
+        make_durable(&b);
+        let last_ahead = 1 + SEQUENTIAL_LOOKAHEAD as u64;
+        let (s, e) = (span(2).0, span(last_ahead).1);
+        assert!(b.is_durable(s, e), "regions 2..={last_ahead} durable");
+        assert!(!b.is_durable(span(last_ahead + 1).0, span(last_ahead + 1).1));
+        // While half the lookahead is left the writer just writes.
+        let half = SEQUENTIAL_LOOKAHEAD as u64 / 2;
+        for r in 2..=last_ahead - half {
+            assert_eq!(begin(&b, r), Intent::Ready, "region {r}");
+        }
+        // Then the next regions are set for a background write...
+        let r = last_ahead - half + 1;
+        assert_eq!(begin(&b, r), Intent::Premark);
+        let beyond = span(last_ahead + 1);
+        assert!(!b.is_durable(beyond.0, beyond.1));
+        // ...only one at a time, and the writer goes on meanwhile.
+        assert_eq!(begin(&b, r + 1), Intent::Ready);
+        // A writer that gets there before the background write must mark.
+        assert_eq!(begin(&b, last_ahead + 1), Intent::MarkFirst);
+        make_durable(&b);
+        b.premark_done();
+        assert!(b.is_durable(beyond.0, beyond.1));
+    }
+
+    #[test]
+    fn a_cleaned_bit_must_be_written_again() {
+        let b = bitmap();
+        assert_eq!(begin(&b, 9), Intent::MarkFirst);
+        make_durable(&b);
+        let (s, e) = span(9);
+        b.end_write(s, e);
+        // The first pass forgets the recent write, the second clears.
+        assert_eq!(b.clean(1), 0);
+        assert_eq!(b.clean(2), 1);
+        assert!(!b.is_durable(s, e));
+        assert_eq!(begin(&b, 9), Intent::MarkFirst);
     }
 }

@@ -1,10 +1,10 @@
 //! Full-stripe writes on RAID5/6: the fast path for large sequential I/O.
 //!
 //! When a request covers whole stripes, no old data is needed: parity is
-//! computed straight from the caller's buffer, the data is copied once into
-//! one contiguous buffer per member (a run of consecutive stripes lands
-//! contiguously on every member), and every member gets a single write in
-//! one batch. The general path (`write_stripe`) would zero a block per
+//! computed straight from the caller's buffer, and every member gets a
+//! single vectored write of its chunks (a run of consecutive stripes lands
+//! contiguously on every member) straight from that buffer, with no copy
+//! (members that need owned buffers, for a worker, get a gathered copy). The general path (`write_stripe`) would zero a block per
 //! chunk, copy the data in, copy it again into a shared buffer, and wait
 //! for the slowest member once per stripe.
 
@@ -41,25 +41,19 @@ impl Array {
             .lock_all(region.group, stripes.iter().map(|s| s[0].map.stripe));
         self.ensure_writable()?;
 
+        // Parity first, into one buffer per parity position covering every
+        // stripe (seeded with a copy of the first chunk, which the kernels
+        // overwrite: the buffers are never zeroed).
         let span = stripes.len() * chunk;
-        let mut buffers: Vec<Option<MemberBuffer>> = (0..self.slots.len()).map(|_| None).collect();
+        let parity_count = geometry.members - k;
+        let mut parity: Vec<MemberBuffer> =
+            (0..parity_count).map(|_| MemberBuffer::new(span)).collect();
+        let mut members_of = Vec::with_capacity(stripes.len());
         for (j, pieces) in stripes.iter().enumerate() {
-            let members = self.stripe_slots(region, first + j as u64);
             let mut sources: Vec<&[u8]> = vec![&[]; k];
             for p in pieces.iter() {
                 sources[p.map.data_index] = &data[p.buf_off..p.buf_off + chunk];
             }
-            for (i, source) in sources.iter().enumerate() {
-                let buffer = buffers[members[i]].get_or_insert_with(|| MemberBuffer::new(span));
-                buffer.append(source);
-            }
-            // Parity goes straight into its members' buffers (seeded with a
-            // copy of the first chunk, which the kernels overwrite); taking
-            // them out lets two be borrowed mutably at once.
-            let mut parity: Vec<MemberBuffer> = members[k..]
-                .iter()
-                .map(|&m| buffers[m].take().unwrap_or_else(|| MemberBuffer::new(span)))
-                .collect();
             match parity.as_mut_slice() {
                 [p] => self.parity.xor_gen(&sources, p.append(sources[0])),
                 [p, q] => {
@@ -68,37 +62,61 @@ impl Array {
                 }
                 _ => {}
             }
-            for (&m, buffer) in members[k..].iter().zip(parity) {
-                buffers[m] = Some(buffer);
-            }
+            members_of.push((self.stripe_slots(region, first + j as u64), sources));
         }
+        let parity: Vec<Arc<[u8]>> = parity
+            .into_iter()
+            .map(|b| {
+                b.finish()
+                    .ok_or_else(|| ArrayError::Failed("parity buffer left partly unwritten".into()))
+            })
+            .collect::<ArrayResult<_>>()?;
 
-        let offset = region.base + first * geometry.chunk;
-        let mut slots = Vec::new();
-        let mut jobs = Vec::new();
-        for (slot, buffer) in buffers.into_iter().enumerate() {
-            let Some(buffer) = buffer else { continue };
-            let data = buffer.finish().ok_or_else(|| {
-                ArrayError::Failed(format!(
-                    "stripe buffer of slot {slot} left partly unwritten"
-                ))
-            })?;
-            if !self.is_failed(slot) {
-                let range = 0..data.len();
-                slots.push(slot);
-                jobs.push((
-                    slot,
-                    Op::Write {
-                        offset,
-                        data,
-                        range,
-                    },
-                ));
+        // Each member's chunks, stripe after stripe, land contiguously on it:
+        // its data chunks straight from the caller's buffer, its parity
+        // chunks from the parity buffers.
+        let mut parts: Vec<Vec<&[u8]>> = vec![Vec::new(); self.slots.len()];
+        for (j, (members, sources)) in members_of.iter().enumerate() {
+            for (i, &slot) in members.iter().enumerate() {
+                let part = match sources.get(i) {
+                    Some(source) => *source,
+                    None => &parity[i - k][j * chunk..(j + 1) * chunk],
+                };
+                parts[slot].push(part);
             }
         }
-        for (slot, outcome) in slots.into_iter().zip(self.pool.run(jobs)) {
+        let offset = region.base + first * geometry.chunk;
+        let writes: Vec<(usize, u64, Vec<&[u8]>)> = parts
+            .into_iter()
+            .enumerate()
+            .filter(|(slot, parts)| !parts.is_empty() && !self.is_failed(*slot))
+            .map(|(slot, parts)| (slot, offset, parts))
+            .collect();
+        let outcomes = match self.pool.write_inline(&writes) {
+            Some(outcomes) => outcomes,
+            None => {
+                // Workers need owned buffers: gather each member's parts.
+                let jobs = writes
+                    .iter()
+                    .map(|(slot, offset, parts)| {
+                        let data: Arc<[u8]> = Arc::from(parts.concat());
+                        let range = 0..data.len();
+                        (
+                            *slot,
+                            Op::Write {
+                                offset: *offset,
+                                data,
+                                range,
+                            },
+                        )
+                    })
+                    .collect();
+                self.pool.run(jobs)
+            }
+        };
+        for ((slot, _, _), outcome) in writes.iter().zip(outcomes) {
             if let Err(e) = outcome {
-                self.write_failed(slot, &format!("write failed: {e}"));
+                self.write_failed(*slot, &format!("write failed: {e}"));
             }
         }
         self.ensure_writable()

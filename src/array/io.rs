@@ -2,6 +2,7 @@
 //! reads by reconstruction, read-modify-write versus reconstruct-write, and
 //! member failure on I/O errors.
 
+use super::bitmap::Intent;
 use super::worker::Op;
 use super::{full_stripe, Array, ArrayError, ArrayResult, Region};
 use crate::geometry::{Level, Mapping, Target};
@@ -487,49 +488,58 @@ impl Array {
             return Ok(());
         }
         let (start, end) = member_span(region, offset, data.len());
-        if let Some(blocks) = self.bitmap.begin_write(start, end) {
-            if let Err(e) = self.mark_dirty_regions(&blocks) {
-                self.bitmap.end_write(start, end);
-                return Err(e);
+        match self.bitmap.begin_write(start, end) {
+            Intent::Ready => {}
+            Intent::MarkFirst => {
+                if let Err(e) = self.mark_dirty_regions(Some((start, end))) {
+                    self.bitmap.end_write(start, end);
+                    return Err(e);
+                }
             }
+            Intent::Premark => self.request_premark(),
         }
         let result = self.write_unmarked(region, offset, data);
         self.bitmap.end_write(start, end);
         result
     }
 
-    /// Make newly set bitmap bits durable on every working member before the
-    /// write they cover starts.
-    fn mark_dirty_regions(&self, blocks: &[usize]) -> ArrayResult<()> {
+    /// Make the set bitmap bits durable on every working member: before a
+    /// write to member offsets `span` (nothing to do if another writer has
+    /// made them durable meanwhile), or with `None` all of them (the
+    /// background write of bits set ahead of a sequential writer).
+    pub(crate) fn mark_dirty_regions(&self, span: Option<(u64, u64)>) -> ArrayResult<()> {
         let _serial = self.bitmap.write_guard();
-        let contents = self.bitmap.blocks(blocks);
+        if span.is_some_and(|(start, end)| self.bitmap.is_durable(start, end)) {
+            return Ok(());
+        }
+        let Some((offset, block, snapshot)) = self.bitmap.snapshot() else {
+            return Ok(());
+        };
         let slots: Vec<usize> = (0..self.slots.len())
             .filter(|&s| !self.is_failed(s))
             .collect();
-        // Durable writes of just these blocks: a sync of the whole member
+        // Durable writes of just this block: a sync of the whole member
         // would also wait for all of its data written so far.
-        let mut jobs = Vec::new();
-        for &slot in &slots {
-            for (offset, block) in &contents {
-                let data: Arc<[u8]> = Arc::from(block.as_slice());
-                jobs.push((
+        let data: Arc<[u8]> = Arc::from(block);
+        let jobs = slots
+            .iter()
+            .map(|&slot| {
+                (
                     slot,
                     Op::WriteDurable {
-                        offset: *offset,
-                        data,
+                        offset,
+                        data: Arc::clone(&data),
                     },
-                ));
-            }
-        }
-        let per_slot = contents.len();
-        for (i, outcome) in self.pool.run(jobs).into_iter().enumerate() {
+                )
+            })
+            .collect();
+        for (slot, outcome) in slots.iter().zip(self.pool.run(jobs)) {
             if let Err(e) = outcome {
-                self.fail_member(
-                    slots[i / per_slot.max(1)],
-                    &format!("bitmap write failed: {e}"),
-                );
+                self.fail_member(*slot, &format!("bitmap write failed: {e}"));
             }
         }
+        // The members still working hold the snapshot; failed ones are out.
+        self.bitmap.written(snapshot);
         self.ensure_writable()
     }
 
@@ -583,9 +593,9 @@ impl Array {
         let runs = coalesce(plan.into_iter());
         // `coalesce` only merges parts contiguous in the caller's buffer.
         let span = |r: &Run| r.parts[0].1..r.parts[0].1 + r.len;
-        let borrowed: Vec<(usize, u64, &[u8])> = runs
+        let borrowed: Vec<(usize, u64, Vec<&[u8]>)> = runs
             .iter()
-            .map(|r| (r.slot, r.member_offset, &data[span(r)]))
+            .map(|r| (r.slot, r.member_offset, vec![&data[span(r)]]))
             .collect();
         let outcomes = match self.pool.write_inline(&borrowed) {
             Some(outcomes) => outcomes,

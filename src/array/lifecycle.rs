@@ -208,26 +208,55 @@ impl Array {
         self.start_cleaner();
     }
 
-    /// The bitmap cleaner: every few seconds, flush and clear the bits of
-    /// regions that saw no writes since the last pass (never while degraded).
+    /// The bitmap thread: every few seconds it flushes and clears the bits
+    /// of regions that saw no writes since the last pass (never while
+    /// degraded); in between it writes the bits set ahead of sequential
+    /// writers ([`Array::request_premark`]).
     fn start_cleaner(self: &Arc<Array>) {
         let (tx, rx) = crossbeam_channel::bounded::<()>(1);
         let weak = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("raidfs-bitmap".into())
-            .spawn(move || loop {
-                // The timeout is the cleaning period; a message or a hang-up stops it.
-                if rx.recv_timeout(BITMAP_CLEAN_EVERY)
-                    != Err(crossbeam_channel::RecvTimeoutError::Timeout)
-                {
-                    return;
+            .spawn(move || {
+                let mut next_clean = Instant::now() + BITMAP_CLEAN_EVERY;
+                loop {
+                    // A message asks for a premark; a hang-up stops the thread.
+                    let premark = match rx.recv_deadline(next_clean) {
+                        Ok(()) => true,
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => false,
+                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+                    };
+                    let Some(array) = weak.upgrade() else { return };
+                    if premark {
+                        if let Err(e) = array.mark_dirty_regions(None) {
+                            log::debug!("bitmap premark: {e}");
+                        }
+                        array.bitmap.premark_done();
+                    } else {
+                        array.clean_bitmap();
+                        next_clean = Instant::now() + BITMAP_CLEAN_EVERY;
+                    }
                 }
-                let Some(array) = weak.upgrade() else { return };
-                array.clean_bitmap();
             });
         match spawned {
             Ok(handle) => *self.sync.cleaner.lock() = Some((tx, handle)),
             Err(e) => log::error!("cannot start the bitmap cleaner: {e}"),
+        }
+    }
+
+    /// Have the bitmap thread write the bits set ahead of a sequential
+    /// writer ([`super::bitmap::Intent::Premark`]). Without the thread (an
+    /// array used without [`Array::start_background`]) the bits wait for the writer
+    /// that reaches them, which writes them itself.
+    pub(crate) fn request_premark(&self) {
+        let queued = self
+            .sync
+            .cleaner
+            .lock()
+            .as_ref()
+            .is_some_and(|(tx, _)| tx.try_send(()).is_ok());
+        if !queued {
+            self.bitmap.premark_done();
         }
     }
 

@@ -14,7 +14,7 @@ use crate::member::Member;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -94,6 +94,8 @@ pub struct WorkerPool {
     replacement_failed: Vec<AtomicBool>,
     /// Per slot, so a flush can skip members nothing was written to.
     sync_marks: Vec<SyncMark>,
+    /// Where the next inline write batch starts (see [`WorkerPool::write_inline`]).
+    inline_rotor: AtomicUsize,
 }
 
 /// Counts completed writes to one slot (main member and replacement) and
@@ -165,6 +167,7 @@ impl WorkerPool {
             threads_per_member: threads_per_member.max(1),
             threads: Mutex::new(Vec::new()),
             replacement_failed: (0..members.len()).map(|_| AtomicBool::new(false)).collect(),
+            inline_rotor: AtomicUsize::new(0),
             // One write counted from the start: the first flush syncs
             // everything, whatever happened before this pool existed.
             sync_marks: (0..members.len())
@@ -282,10 +285,11 @@ impl WorkerPool {
     /// Write borrowed slices, all on this thread, when every target only
     /// copies into a cache and has no replacement attached; None (nothing
     /// written) otherwise, and the caller submits owned jobs with [`run`].
-    /// Saves copying the caller's data into a shared buffer first.
+    /// Saves copying the caller's data into a shared buffer first. Each
+    /// write is a list of slices written one after another from its offset.
     ///
     /// [`run`]: WorkerPool::run
-    pub fn write_inline(&self, writes: &[(usize, u64, &[u8])]) -> Option<Vec<Outcome>> {
+    pub fn write_inline(&self, writes: &[(usize, u64, Vec<&[u8]>)]) -> Option<Vec<Outcome>> {
         let members: Vec<Arc<dyn Member>> = {
             let lanes = self.lanes.read();
             writes
@@ -298,12 +302,24 @@ impl WorkerPool {
                 })
                 .collect::<Option<_>>()?
         };
-        let results: Vec<Outcome> = writes
-            .iter()
-            .zip(members)
-            .map(|((_, offset, bytes), member)| {
-                member.write_at(bytes, *offset).map(|()| Vec::new())
-            })
+        // A buffered write holds its file's inode lock while it copies, so
+        // batches running at once (the kernel's writeback sends several
+        // WRITEs together) that all started on the same member would queue
+        // behind each other member by member; each starts somewhere else.
+        let n = writes.len();
+        let first = self.inline_rotor.fetch_add(1, Ordering::Relaxed) % n.max(1);
+        let mut results: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
+        for i in (first..n).chain(0..first) {
+            let (_, offset, bytes) = &writes[i];
+            results[i] = Some(
+                members[i]
+                    .write_vectored_at(bytes, *offset)
+                    .map(|()| Vec::new()),
+            );
+        }
+        let results: Vec<Outcome> = results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(io::Error::other("write not attempted"))))
             .collect();
         let tagged: Vec<(usize, usize)> = writes
             .iter()

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use super::alloc::Allocator;
 use super::csum::ChecksumKind;
@@ -14,13 +14,13 @@ use super::inode::Inode;
 use super::journal::{read_record, read_slot, Journal};
 use super::layout::{decode, encode, plan, read_header, write_header};
 use super::meta::{CommitRecord, Meta, MetaImage};
+use super::range_lock::{RangeGuard, RangeLocks};
 use super::state::State;
 use super::store::{BlockStore, GroupInfo, GroupKind};
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 
 /// A batch this large is committed right away instead of waiting for the timer.
 const BATCH_LIMIT: usize = 8192;
-const FILE_LOCKS: usize = 64;
 
 pub struct Inner {
     pub store: Arc<dyn BlockStore>,
@@ -29,7 +29,7 @@ pub struct Inner {
     pub read_only: AtomicBool,
     /// How data blocks are checksummed (from the fs header).
     pub csum: ChecksumKind,
-    file_locks: Vec<Mutex<()>>,
+    file_locks: RangeLocks,
 }
 
 /// What [`load`] found on the store.
@@ -177,7 +177,7 @@ impl Inner {
             journal: Mutex::new(loaded.journal),
             read_only: AtomicBool::new(read_only),
             csum,
-            file_locks: (0..FILE_LOCKS).map(|_| Mutex::new(())).collect(),
+            file_locks: RangeLocks::default(),
         });
         if !read_only {
             inner.free_orphans()?;
@@ -208,8 +208,14 @@ impl Inner {
         self.read_only.load(Ordering::Acquire)
     }
 
-    pub fn file_lock(&self, ino: u64) -> MutexGuard<'_, ()> {
-        self.file_locks[(ino % FILE_LOCKS as u64) as usize].lock()
+    /// Hold the whole file (truncate, fallocate, heal, scrub).
+    pub fn file_lock(&self, ino: u64) -> RangeGuard<'_> {
+        self.file_locks.lock_file(ino)
+    }
+
+    /// Hold the block-aligned byte range `[start, end)` of the file (a write).
+    pub fn range_lock(&self, ino: u64, start: u64, end: u64) -> RangeGuard<'_> {
+        self.file_locks.lock(ino, start, end)
     }
 
     /// Run a metadata change under the lock; it must check everything before

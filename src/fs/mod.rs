@@ -18,6 +18,7 @@ mod layout;
 mod meta;
 mod ops;
 mod perm;
+mod range_lock;
 mod scrub;
 mod state;
 pub mod store;

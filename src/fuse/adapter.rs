@@ -38,6 +38,8 @@ pub struct AdapterSettings {
     /// FOPEN_KEEP_CACHE on opens: page cache survives close/open.
     pub kernel_cache: bool,
     pub writeback_cache: bool,
+    /// Every open is served as an O_DIRECT one (`-o direct_io`).
+    pub direct_io: bool,
     /// The kernel checks permissions itself (`default_permissions`), so
     /// supplementary groups need not be read for every request.
     pub default_permissions: bool,
@@ -77,8 +79,18 @@ impl RaidFuse {
         );
     }
 
-    fn open_flags(&self, flags: i32) -> FopenFlags {
-        let handle = HandleFlags(flags);
+    /// What a new handle remembers: with `direct_io` every open counts as
+    /// O_DIRECT, so its writes are synced as an O_DIRECT file's would be
+    /// (the kernel sends no FSYNC after direct writes of O_DSYNC files).
+    fn handle_flags(&self, flags: i32) -> HandleFlags {
+        if self.settings.direct_io {
+            HandleFlags(flags | libc::O_DIRECT)
+        } else {
+            HandleFlags(flags)
+        }
+    }
+
+    fn open_flags(&self, handle: HandleFlags) -> FopenFlags {
         if handle.direct() {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else if self.settings.kernel_cache {
@@ -376,10 +388,8 @@ impl Filesystem for RaidFuse {
             reply,
             self.fs.open_inode(&self.caller(req), ino.0, flags.0)
         );
-        reply.opened(
-            FileHandle(HandleFlags(flags.0).handle()),
-            self.open_flags(flags.0),
-        );
+        let handle = self.handle_flags(flags.0);
+        reply.opened(FileHandle(handle.handle()), self.open_flags(handle));
     }
 
     fn read(
@@ -621,12 +631,13 @@ impl Filesystem for RaidFuse {
             reply,
             self.fs.create(&caller, parent.0, name, mode, umask, flags)
         );
+        let handle = self.handle_flags(flags);
         reply.created(
             &self.settings.ttls.entry,
             &file_attr(&attr),
             Generation(attr.generation),
-            FileHandle(HandleFlags(flags).handle()),
-            self.open_flags(flags),
+            FileHandle(handle.handle()),
+            self.open_flags(handle),
         );
     }
 

@@ -39,6 +39,9 @@ pub struct MountConfig {
     pub kernel_cache: bool,
     /// Let the kernel cache writes and send them in large batches.
     pub writeback_cache: bool,
+    /// Serve every open as if it were O_DIRECT (no page cache for file
+    /// data, as libfuse's `direct_io` and mergerfs's `cache.files=off`).
+    pub direct_io: bool,
     /// Threads serving requests.
     pub threads: usize,
     /// Kernel readahead for the mount, in bytes (0: leave the kernel's
@@ -61,6 +64,7 @@ impl Default for MountConfig {
             entry_timeout: Duration::from_secs(1),
             kernel_cache: false,
             writeback_cache: false,
+            direct_io: false,
             threads: cores.clamp(4, 16),
             read_ahead: MAX_REQUEST_BYTES,
         }
@@ -222,6 +226,7 @@ pub fn mount(
         },
         kernel_cache: config.kernel_cache,
         writeback_cache: config.writeback_cache,
+        direct_io: config.direct_io,
         default_permissions: config.default_permissions,
     };
     let adapter = RaidFuse::new(fs, settings, unmounted.clone());

@@ -22,6 +22,18 @@ pub trait Member: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Write `bufs` one after another from `offset`. Image files do it in
+    /// one `pwritev`, which spares a caller gathering parts of its buffer
+    /// that are not contiguous (a member's chunks of a full-stripe write)
+    /// into a copy first.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.write_at(buf, at)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
     /// Make every completed write durable (fdatasync for files and devices).
     fn sync(&self) -> io::Result<()>;
     /// Size of the device in bytes.

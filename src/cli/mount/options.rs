@@ -109,7 +109,7 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
-    writeback_cache, attr_timeout=SECS, entry_timeout=SECS, threads=N, read_ahead_kb=N, log=PATH, parity=KERNEL, \
+    writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, read_ahead_kb=N, log=PATH, parity=KERNEL, \
     balance=sticky|round-robin|first|legacy, rotational=0|1; \
     and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
     nosuid, nodev, noexec, noatime, ...";
@@ -142,6 +142,7 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             ("auto_unmount", None) => opts.auto_unmount = true,
             ("kernel_cache", None) => opts.fuse.kernel_cache = true,
             ("writeback_cache", None) => opts.fuse.writeback_cache = true,
+            ("direct_io", None) => opts.fuse.direct_io = true,
             ("attr_timeout", Some(v)) => opts.fuse.attr_timeout = seconds(key, v)?,
             ("entry_timeout", Some(v)) => opts.fuse.entry_timeout = seconds(key, v)?,
             ("threads", Some(v)) => {

@@ -60,7 +60,7 @@ fn maps(inode: &Inode, addr: u64) -> bool {
 
 impl Inner {
     /// Read `buf.len()` bytes of file `ino` at `addr`, checking each block
-    /// against `expected`. `file_locked`: the caller holds the file lock.
+    /// against `expected`. `file_locked`: the caller holds a lock covering these blocks.
     pub fn read_checked(
         &self,
         ino: u64,

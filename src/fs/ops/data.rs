@@ -1,7 +1,8 @@
 //! File data: read, write, truncate, fallocate. Block allocation and the
 //! extent map change under the metadata lock; the data I/O itself runs
-//! outside it (only the per-file lock is held), so reads and writes of
-//! different files proceed in parallel.
+//! outside it (only a lock on the blocks written is held), so reads and
+//! writes of different files, and writes of disjoint parts of one file,
+//! proceed in parallel.
 //!
 //! Invariant kept by every path: bytes of allocated blocks past the end of
 //! file are zero, so extending a file never exposes old data.
@@ -238,7 +239,7 @@ impl Inner {
 
     /// Write `data` (at file `offset`) into the planned pieces, merging the
     /// old bytes of partly covered edge blocks; returns each piece's block
-    /// checksums (empty with checksums off). The caller holds the file lock.
+    /// checksums (empty with checksums off). The caller holds the lock on these blocks.
     fn write_pieces(
         &self,
         ino: u64,
@@ -285,7 +286,7 @@ impl Inner {
         Ok(crcs)
     }
 
-    /// Read one mapped block of the file, checked (the file lock is held).
+    /// Read one mapped block of the file, checked (the caller holds its lock).
     fn read_old_block(&self, ino: u64, addr: u64, buf: &mut [u8]) -> FsResult<()> {
         let want = self.state.read().meta.csums.get(addr);
         self.read_checked(ino, addr, buf, &[want], true)
@@ -309,13 +310,9 @@ impl Inner {
             self.state.read().inode(ino).and_then(regular_file)?;
             return Ok(0);
         }
-        let _file = self.file_lock(ino);
-        let plan = self.plan_blocks(
-            ino,
-            round_down(offset),
-            round_up(end, BLOCK_SIZE),
-            Cover::Write,
-        )?;
+        let (first, last) = (round_down(offset), round_up(end, BLOCK_SIZE));
+        let _blocks = self.range_lock(ino, first, last);
+        let plan = self.plan_blocks(ino, first, last, Cover::Write)?;
         let crcs = match self.write_pieces(ino, &plan, offset, data) {
             Ok(c) => c,
             Err(e) => {

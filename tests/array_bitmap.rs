@@ -137,12 +137,21 @@ fn a_returning_member_is_re_added_from_the_bitmap() {
     // It comes back.
     ms[2].heal();
     ms[2].reset_counts();
+    // Bits stay set while the array is degraded: the re-add's size.
+    let (_, dirty_bytes) = array.dirty_regions();
+    assert!(
+        dirty_bytes > 0 && dirty_bytes < 4 * (8 << 20),
+        "{dirty_bytes}"
+    );
     let outcome = array
         .add(Arc::new(ms[2].clone()), "b2".into())
         .expect("re-add");
     assert_eq!(outcome, AddOutcome::ReAdded { slot: 2 });
     array.wait_background();
-    assert!(array.last_sync_result().expect("result").completed);
+    let result = array.last_sync_result().expect("result");
+    assert!(result.completed, "{}", result.message);
+    assert_eq!(result.total, dirty_bytes, "{}", result.message);
+    assert_eq!(result.done, dirty_bytes, "{}", result.message);
     assert!(!array.is_degraded());
     let written = ms[2].counts().bytes_written;
     assert!(

@@ -79,7 +79,7 @@ pub struct SyncResult {
     pub mismatches: u64,
     pub message: String,
     /// Member bytes done and to do, as the progress showed them last (a
-    /// resync's total is the dirty regions' bytes).
+    /// resync's and a re-add's total is the dirty regions' bytes).
     pub done: u64,
     pub total: u64,
 }
@@ -630,8 +630,8 @@ impl Array {
             }
         }
         let resumed_at = self.already_done(action, slot);
-        // A resync only visits dirty regions: that is its size.
-        let (dirty_regions, total) = if action == SyncAction::Resync {
+        // A resync or a re-add only visits dirty regions: that is its size.
+        let (dirty_regions, total) = if self.bitmap_only(action) {
             let (regions, bytes) = self.bitmap.dirty();
             (Some(regions), bytes)
         } else {
@@ -836,12 +836,16 @@ impl Array {
 
     /// Resync and re-add only touch regions the write-intent bitmap marks.
     pub(super) fn skip_step(&self, action: SyncAction, (start, end): (u64, u64)) -> bool {
-        let bitmap_only = match action {
+        self.bitmap_only(action) && !self.bitmap.any_dirty(start, end)
+    }
+
+    /// Whether `action` visits only the regions the bitmap marks dirty.
+    fn bitmap_only(&self, action: SyncAction) -> bool {
+        match action {
             SyncAction::Resync => true,
             SyncAction::Recovery => self.sync.recovery_bitmap_only.load(Ordering::Acquire),
             _ => false,
-        };
-        bitmap_only && !self.bitmap.any_dirty(start, end)
+        }
     }
 
     /// Keep background work between the speed limits (see `pace_due`) and

@@ -95,6 +95,9 @@ struct Writing {
     /// The rows being written, reused once the write is done.
     out: Option<Arc<[u8]>>,
     locks: Vec<usize>,
+    /// Passed over (a resync or re-add visits only dirty regions): not
+    /// counted as progress.
+    skipped: bool,
 }
 
 /// Lock-table slots the pipeline holds, with how many in-flight steps need
@@ -425,6 +428,7 @@ impl Rebuild<'_> {
         else {
             return Ok(());
         };
+        let skipped = matches!(source, Source::Skipped);
         let written = match source {
             Source::Skipped => Ok((None, None)),
             source => self
@@ -437,6 +441,7 @@ impl Rebuild<'_> {
                 write,
                 out,
                 locks,
+                skipped,
             }),
             Err(e) => {
                 self.locks.release(&locks);
@@ -457,6 +462,7 @@ impl Rebuild<'_> {
             write,
             out,
             locks,
+            skipped,
         }) = self.writing.pop_front()
         else {
             return Ok(());
@@ -481,7 +487,9 @@ impl Rebuild<'_> {
                 .valid_below
                 .store(step.valid_after, Ordering::Release);
         }
-        self.done.fetch_add(step.len() as u64, Ordering::Relaxed);
+        if !skipped {
+            self.done.fetch_add(step.len() as u64, Ordering::Relaxed);
+        }
         Ok(())
     }
 

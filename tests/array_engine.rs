@@ -475,3 +475,85 @@ fn multi_stripe_writes_leave_consistent_parity() {
         }
     }
 }
+
+#[test]
+fn write_back_full_stripes_read_back_at_once_and_report_failures_at_flush() {
+    let cfg = Config {
+        level: Level::Raid5,
+        members: 5,
+        chunk: 64 << 10,
+        layout: Layout::LeftSymmetric,
+        copies: 1,
+    };
+    let ms = faulty_members(5);
+    ms.iter().for_each(|m| m.set_cached_writes(true));
+    let array = Arc::new(make_array(&cfg, &ms));
+    array.start_background();
+    let group = array
+        .allocate_group(GroupProfile::Data)
+        .expect("data group");
+    let base = (group as u64) << GROUP_SHIFT;
+    let mib = 1usize << 20;
+    let mut rng = StdRng::seed_from_u64(77);
+    let mut reference = vec![0u8; 4 * mib];
+    let fresh = |rng: &mut StdRng| -> Vec<u8> { (0..mib).map(|_| rng.gen()).collect() };
+
+    // A write returns while a member still holds its data back, and a read
+    // of those stripes waits for it instead of returning old bytes.
+    ms[1].hold_writes();
+    let data = fresh(&mut rng);
+    array.write(base, &data).expect("write-back write");
+    reference[..mib].copy_from_slice(&data);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let reader = {
+        let array = Arc::clone(&array);
+        std::thread::spawn(move || {
+            let mut back = vec![0u8; mib];
+            array.read(base, &mut back).expect("read");
+            let _ = tx.send(back);
+        })
+    };
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(300))
+            .is_err(),
+        "a read of stripes in flight returned before their write"
+    );
+    ms[1].release_writes();
+    assert!(rx.recv().expect("read result") == data, "read old bytes");
+    reader.join().unwrap();
+
+    // Many writes over the same stripes, each read back at once.
+    for round in 0..16 {
+        let at = (round % 4) * mib;
+        let data = fresh(&mut rng);
+        array.write(base + at as u64, &data).expect("write");
+        reference[at..at + mib].copy_from_slice(&data);
+        let mut back = vec![0u8; mib];
+        array.read(base + at as u64, &mut back).expect("read");
+        assert!(back == data, "round {round}");
+    }
+
+    // A member whose write fails is failed by the reaper; the flush succeeds
+    // and the data is all there, degraded.
+    ms[2].fail_writes_after(0);
+    let data = fresh(&mut rng);
+    array
+        .write(base, &data)
+        .expect("write with a failing member");
+    reference[..mib].copy_from_slice(&data);
+    array.flush().expect("flush with one member lost");
+    assert_eq!(array.failed_slots(), vec![2]);
+    let mut back = vec![0u8; reference.len()];
+    array.read(base, &mut back).expect("degraded read");
+    assert!(back == reference);
+
+    // A second lost member breaks RAID5: the error reaches the caller.
+    ms[3].fail_writes_after(0);
+    let outcome = array
+        .write(base + mib as u64, &fresh(&mut rng))
+        .and_then(|()| array.flush());
+    assert!(
+        outcome.is_err(),
+        "writes lost on two members went unreported"
+    );
+}

@@ -9,6 +9,7 @@
 //! for the slowest member once per stripe.
 
 use super::io::Piece;
+use super::stripe_lock::StripeLocks;
 use super::worker::Op;
 use super::{Array, ArrayError, ArrayResult, Region};
 use std::mem::MaybeUninit;
@@ -36,7 +37,7 @@ impl Array {
         let k = geometry.data_chunks();
         let chunk = geometry.chunk as usize;
         let first = stripes[0][0].map.stripe;
-        let _guard = self
+        let guard = self
             .locks
             .lock_all(region.group, stripes.iter().map(|s| s[0].map.stripe));
         self.ensure_writable()?;
@@ -92,29 +93,57 @@ impl Array {
             .filter(|(slot, parts)| !parts.is_empty() && !self.is_failed(*slot))
             .map(|(slot, parts)| (slot, offset, parts))
             .collect();
+        // Workers need owned buffers: each member's parts, gathered.
+        let owned_jobs = |writes: &[(usize, u64, Vec<&[u8]>)]| -> Vec<(usize, Op)> {
+            writes
+                .iter()
+                .map(|(slot, offset, parts)| {
+                    let mut buffer = MemberBuffer::new(parts.iter().map(|p| p.len()).sum());
+                    parts.iter().for_each(|part| {
+                        buffer.append(part);
+                    });
+                    let data = buffer.finish().unwrap_or_else(|| Arc::from(parts.concat()));
+                    let range = 0..data.len();
+                    (
+                        *slot,
+                        Op::Write {
+                            offset: *offset,
+                            data,
+                            range,
+                        },
+                    )
+                })
+                .collect()
+        };
+        let slots: Vec<usize> = writes.iter().map(|w| w.0).collect();
+        if self.write_back.enabled() && self.pool.writes_cached(&slots) {
+            // Returns before the members have the data; see `write_back`.
+            let last = first + stripes.len() as u64 - 1;
+            let held = StripeLocks::hold(guard);
+            return match self.write_back(region.group, (first, last), owned_jobs(&writes), held) {
+                Ok(()) => self.ensure_writable(),
+                Err((jobs, held)) => {
+                    let outcomes = self.pool.run(jobs);
+                    held.release(&self.locks);
+                    self.note_full_stripe_outcomes(&slots, outcomes)
+                }
+            };
+        }
         let outcomes = match self.pool.write_inline(&writes) {
             Some(outcomes) => outcomes,
-            None => {
-                // Workers need owned buffers: gather each member's parts.
-                let jobs = writes
-                    .iter()
-                    .map(|(slot, offset, parts)| {
-                        let data: Arc<[u8]> = Arc::from(parts.concat());
-                        let range = 0..data.len();
-                        (
-                            *slot,
-                            Op::Write {
-                                offset: *offset,
-                                data,
-                                range,
-                            },
-                        )
-                    })
-                    .collect();
-                self.pool.run(jobs)
-            }
+            None => self.pool.run(owned_jobs(&writes)),
         };
-        for ((slot, _, _), outcome) in writes.iter().zip(outcomes) {
+        let result = self.note_full_stripe_outcomes(&slots, outcomes);
+        drop(guard);
+        result
+    }
+
+    fn note_full_stripe_outcomes(
+        &self,
+        slots: &[usize],
+        outcomes: Vec<super::worker::Outcome>,
+    ) -> ArrayResult<()> {
+        for (slot, outcome) in slots.iter().zip(outcomes) {
             if let Err(e) = outcome {
                 self.write_failed(*slot, &format!("write failed: {e}"));
             }

@@ -98,6 +98,9 @@ impl Array {
 
     /// Make every completed write durable on every working member.
     pub fn flush(&self) -> ArrayResult<()> {
+        // Full-stripe writes still under way are completed writes to the
+        // callers that made them.
+        self.write_back.wait_idle();
         match &self.ppl {
             // A new log epoch starts with the sync that makes logged writes durable.
             Some(ppl) => ppl.flush_with(|header| self.sync_members(Some(header))),
@@ -331,6 +334,10 @@ impl Array {
         choice: Choice,
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
+        if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
+            self.write_back
+                .wait_for(region.group, first.map.stripe, last.map.stripe);
+        }
         // Only mirrors have a choice; a parity suspect is tried under the
         // stripe locks by `verify`.
         let _ = choice;

@@ -185,6 +185,7 @@ impl Array {
     /// rebuild that was checkpointed before the last shutdown.
     pub fn start_background(self: &Arc<Array>) {
         *self.sync.this.lock() = Arc::downgrade(self);
+        super::write_back::start_for(self);
         let resuming = (0..self.slots.len()).find(|&i| {
             !self.is_failed(i) && self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
         });

@@ -21,6 +21,7 @@ mod state;
 mod stripe_lock;
 mod verify;
 mod worker;
+mod write_back;
 
 pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
 pub use balance::{MemberStats, ReadPolicy};
@@ -156,6 +157,8 @@ pub struct Array {
     pub(crate) balance: balance::Balancer,
     /// The partial parity log, when the array was created with it (RAID5).
     pub(crate) ppl: Option<ppl::Ppl>,
+    /// Full-stripe writes whose member writes are still under way.
+    pub(crate) write_back: write_back::WriteBack,
 }
 
 /// The data geometry a superblock describes.
@@ -217,6 +220,7 @@ impl Array {
             needs_resync: AtomicBool::new(false),
             balance: balance::Balancer::new(slots_len),
             ppl,
+            write_back: write_back::WriteBack::default(),
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();

@@ -15,7 +15,28 @@ pub struct StripeLocks {
 }
 
 pub struct StripeGuards<'a> {
-    _guards: Vec<MutexGuard<'a, ()>>,
+    slots: Vec<usize>,
+    guards: Vec<MutexGuard<'a, ()>>,
+}
+
+/// Stripes locked by one thread and released by another (a write-back's
+/// reaper): the table slots, locked until [`HeldStripes::release`]. Dropped
+/// without it, they stay locked (a hang, never a race).
+#[must_use = "held stripes stay locked until released"]
+pub struct HeldStripes {
+    slots: Vec<usize>,
+}
+
+impl HeldStripes {
+    /// Unlock the stripes.
+    pub fn release(self, locks: &StripeLocks) {
+        for &i in &self.slots {
+            // SAFETY: `StripeLocks::hold` locked exactly these slots and
+            // forgot their guards; `self` is consumed, so each is unlocked
+            // once. parking_lot mutexes may be unlocked by another thread.
+            unsafe { locks.table[i].force_unlock() };
+        }
+    }
 }
 
 impl StripeLocks {
@@ -33,13 +54,17 @@ impl StripeLocks {
 
     /// Lock every stripe in `stripes` of `group`.
     pub fn lock_all(&self, group: u32, stripes: impl IntoIterator<Item = u64>) -> StripeGuards<'_> {
-        StripeGuards {
-            _guards: self
-                .slots_of(group, stripes)
-                .into_iter()
-                .map(|i| self.table[i].lock())
-                .collect(),
-        }
+        let slots = self.slots_of(group, stripes);
+        let guards = slots.iter().map(|&i| self.table[i].lock()).collect();
+        StripeGuards { slots, guards }
+    }
+
+    /// Keep `guards`' stripes locked until the returned value is released,
+    /// from whichever thread.
+    pub fn hold(guards: StripeGuards<'_>) -> HeldStripes {
+        let StripeGuards { slots, guards } = guards;
+        guards.into_iter().for_each(std::mem::forget);
+        HeldStripes { slots }
     }
 
     /// Table slots of `stripes` of `group`, ascending, without repeats.

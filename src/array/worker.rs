@@ -290,18 +290,8 @@ impl WorkerPool {
     ///
     /// [`run`]: WorkerPool::run
     pub fn write_inline(&self, writes: &[(usize, u64, Vec<&[u8]>)]) -> Option<Vec<Outcome>> {
-        let members: Vec<Arc<dyn Member>> = {
-            let lanes = self.lanes.read();
-            writes
-                .iter()
-                .map(|(slot, _, _)| {
-                    let lane = lanes.get(*slot)?;
-                    let queue = lane.main.as_ref()?;
-                    (lane.replacement.is_none() && queue.member.cached_writes())
-                        .then(|| Arc::clone(&queue.member))
-                })
-                .collect::<Option<_>>()?
-        };
+        let slots: Vec<usize> = writes.iter().map(|w| w.0).collect();
+        let members = self.cached_members(&slots)?;
         // A buffered write holds its file's inode lock while it copies, so
         // batches running at once (the kernel's writeback sends several
         // WRITEs together) that all started on the same member would queue
@@ -328,6 +318,27 @@ impl WorkerPool {
             .collect();
         self.note_outcomes(&tagged, &results);
         Some(results)
+    }
+
+    /// The members of `slots` when every one only copies writes into a
+    /// cache and has no replacement attached; None otherwise.
+    fn cached_members(&self, slots: &[usize]) -> Option<Vec<Arc<dyn Member>>> {
+        let lanes = self.lanes.read();
+        slots
+            .iter()
+            .map(|slot| {
+                let lane = lanes.get(*slot)?;
+                let queue = lane.main.as_ref()?;
+                (lane.replacement.is_none() && queue.member.cached_writes())
+                    .then(|| Arc::clone(&queue.member))
+            })
+            .collect()
+    }
+
+    /// Whether every member of `slots` only copies writes into a cache and
+    /// has no replacement attached (writes to them cost CPU, not waits).
+    pub fn writes_cached(&self, slots: &[usize]) -> bool {
+        self.cached_members(slots).is_some()
     }
 
     fn note_outcomes(&self, writes: &[(usize, usize)], results: &[Outcome]) {

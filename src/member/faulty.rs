@@ -15,7 +15,7 @@
 
 use super::memory::MemoryMember;
 use super::Member;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -132,6 +132,11 @@ struct Shared {
     faults: Mutex<Faults>,
     counters: Counters,
     track_crash: AtomicBool,
+    /// What [`Member::cached_writes`] answers (off: writes go to workers).
+    cached_writes: AtomicBool,
+    /// Writes wait while this is set ([`FaultyMember::hold_writes`]).
+    writes_held: Mutex<bool>,
+    writes_released: Condvar,
     /// Also serialises tracked writes, so the undo order is the apply order.
     unsynced: Mutex<Vec<Unsynced>>,
 }
@@ -156,9 +161,30 @@ impl FaultyMember {
                 faults: Mutex::new(Faults::default()),
                 counters: Counters::default(),
                 track_crash: AtomicBool::new(true),
+                cached_writes: AtomicBool::new(false),
+                writes_held: Mutex::new(false),
+                writes_released: Condvar::new(),
                 unsynced: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// Report writes as cache copies ([`Member::cached_writes`]), as image
+    /// files do, so the array writes inline or with write-back; off by
+    /// default, which sends every write through the member workers.
+    pub fn set_cached_writes(&self, on: bool) {
+        self.shared.cached_writes.store(on, Ordering::Release);
+    }
+
+    /// Make writes wait (a slow disk, frozen) until [`release_writes`](Self::release_writes).
+    pub fn hold_writes(&self) {
+        *self.shared.writes_held.lock() = true;
+    }
+
+    /// Let held writes go on.
+    pub fn release_writes(&self) {
+        *self.shared.writes_held.lock() = false;
+        self.shared.writes_released.notify_all();
     }
 
     /// A faulty member over a zeroed in-memory member of `size` bytes.
@@ -357,6 +383,10 @@ impl FaultyMember {
 }
 
 impl Member for FaultyMember {
+    fn cached_writes(&self) -> bool {
+        self.shared.cached_writes.load(Ordering::Acquire)
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.admit(
             Op::Read,
@@ -369,6 +399,12 @@ impl Member for FaultyMember {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        {
+            let mut held = self.shared.writes_held.lock();
+            while *held {
+                self.shared.writes_released.wait(&mut held);
+            }
+        }
         self.admit(
             Op::Write,
             Some(offset..offset.saturating_add(buf.len() as u64)),

@@ -71,6 +71,17 @@ fn make_array(cfg: &Config, ms: &[FaultyMember]) -> Array {
     create(as_members(ms), &spec).expect("create")
 }
 
+/// An array with its background work running and one data group
+/// allocated; the group's first logical address.
+fn running_with_data_group(cfg: &Config, ms: &[FaultyMember]) -> (Arc<Array>, u64) {
+    let array = Arc::new(make_array(cfg, ms));
+    array.start_background();
+    let group = array
+        .allocate_group(GroupProfile::Data)
+        .expect("data group");
+    (array, (group as u64) << GROUP_SHIFT)
+}
+
 /// Bytes of the data group the test uses (kept small so each config is quick).
 const SPAN: usize = 3 << 20;
 const THREADS: usize = 3;
@@ -429,12 +440,7 @@ fn multi_stripe_writes_leave_consistent_parity() {
             copies: 1,
         };
         let ms = faulty_members(members);
-        let array = Arc::new(make_array(&cfg, &ms));
-        array.start_background();
-        let group = array
-            .allocate_group(GroupProfile::Data)
-            .expect("data group");
-        let base = (group as u64) << GROUP_SHIFT;
+        let (array, base) = running_with_data_group(&cfg, &ms);
         let mut rng = StdRng::seed_from_u64(members as u64);
         let mut reference = vec![0u8; 2 << 20];
         for _ in 0..12 {
@@ -487,12 +493,7 @@ fn write_back_full_stripes_read_back_at_once_and_report_failures_at_flush() {
     };
     let ms = faulty_members(5);
     ms.iter().for_each(|m| m.set_cached_writes(true));
-    let array = Arc::new(make_array(&cfg, &ms));
-    array.start_background();
-    let group = array
-        .allocate_group(GroupProfile::Data)
-        .expect("data group");
-    let base = (group as u64) << GROUP_SHIFT;
+    let (array, base) = running_with_data_group(&cfg, &ms);
     let mib = 1usize << 20;
     let mut rng = StdRng::seed_from_u64(77);
     let mut reference = vec![0u8; 4 * mib];

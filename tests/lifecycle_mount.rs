@@ -234,6 +234,17 @@ fn raid5_replace_while_writing_then_fail_another() {
     array.umount();
 }
 
+/// A RAID5 on large sparse members (2 GiB: large groups, hundreds of
+/// bitmap regions) with a writer of small files running, 40 files in; and
+/// the writer's directory.
+fn large_raid5_being_written() -> (Mounted, Writer, PathBuf) {
+    let array = Mounted::new("5", "2G");
+    let writer = Writer::start(&array.mnt.join("data"));
+    writer.wait_for_more(40);
+    let dir = writer.dir().to_path_buf();
+    (array, writer, dir)
+}
+
 fn daemon_pid(report: &serde_json::Value) -> i32 {
     report["daemon_pid"].as_i64().expect("daemon_pid") as i32
 }
@@ -243,11 +254,8 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
     if !fuse_available() {
         return;
     }
-    // Large sparse members make large groups, so the rebuild takes seconds.
-    let array = Mounted::new("5", "2G");
-    let writer = Writer::start(&array.mnt.join("data"));
-    writer.wait_for_more(40);
-    let dir = writer.dir().to_path_buf();
+    // Large groups, so the rebuild takes seconds.
+    let (array, writer, dir) = large_raid5_being_written();
     let count = writer.finish();
 
     array.ok("fail", &["m1"]);
@@ -335,12 +343,8 @@ fn kill_during_writes_resyncs_only_the_dirty_regions() {
     if !fuse_available() {
         return;
     }
-    // Large sparse members: the write-intent bitmap has hundreds of regions,
-    // and a writer of small files dirties a few of them.
-    let array = Mounted::new("5", "2G");
-    let writer = Writer::start(&array.mnt.join("data"));
-    writer.wait_for_more(40);
-    let dir = writer.dir().to_path_buf();
+    // Hundreds of bitmap regions, of which the writer dirties a few.
+    let (array, writer, dir) = large_raid5_being_written();
     // Killed while the writer keeps writing: the array is left dirty.
     array.kill_daemon();
     let count = writer.finish_after_crash();

@@ -120,29 +120,13 @@ impl Array {
             // Returns before the members have the data; see `write_back`.
             let last = first + stripes.len() as u64 - 1;
             let held = StripeLocks::hold(guard);
-            return match self.write_back(region.group, (first, last), owned_jobs(&writes), held) {
-                Ok(()) => self.ensure_writable(),
-                Err((jobs, held)) => {
-                    let outcomes = self.pool.run(jobs);
-                    held.release(&self.locks);
-                    self.note_full_stripe_outcomes(&slots, outcomes)
-                }
-            };
+            self.write_back(region.group, (first, last), owned_jobs(&writes), held);
+            return self.ensure_writable();
         }
         let outcomes = match self.pool.write_inline(&writes) {
             Some(outcomes) => outcomes,
             None => self.pool.run(owned_jobs(&writes)),
         };
-        let result = self.note_full_stripe_outcomes(&slots, outcomes);
-        drop(guard);
-        result
-    }
-
-    fn note_full_stripe_outcomes(
-        &self,
-        slots: &[usize],
-        outcomes: Vec<super::worker::Outcome>,
-    ) -> ArrayResult<()> {
         for (slot, outcome) in slots.iter().zip(outcomes) {
             if let Err(e) = outcome {
                 self.write_failed(*slot, &format!("write failed: {e}"));

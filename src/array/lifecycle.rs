@@ -103,7 +103,7 @@ struct Running {
     /// `done` at the start (a resumed recovery's checkpoint).
     resumed_at: u64,
     total: u64,
-    /// A resync's dirty regions (its `total` is their bytes).
+    /// A resync's or re-add's dirty regions (its `total` is their bytes).
     dirty_regions: Option<usize>,
     mismatches: Arc<AtomicU64>,
     handle: Option<JoinHandle<()>>,
@@ -185,7 +185,7 @@ impl Array {
     /// rebuild that was checkpointed before the last shutdown.
     pub fn start_background(self: &Arc<Array>) {
         *self.sync.this.lock() = Arc::downgrade(self);
-        super::write_back::start_for(self);
+        self.write_back.start(Arc::downgrade(self));
         let resuming = (0..self.slots.len()).find(|&i| {
             !self.is_failed(i) && self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
         });

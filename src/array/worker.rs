@@ -298,19 +298,13 @@ impl WorkerPool {
         // behind each other member by member; each starts somewhere else.
         let n = writes.len();
         let first = self.inline_rotor.fetch_add(1, Ordering::Relaxed) % n.max(1);
-        let mut results: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
+        let mut results: Vec<Outcome> = (0..n).map(|_| Ok(Vec::new())).collect();
         for i in (first..n).chain(0..first) {
             let (_, offset, bytes) = &writes[i];
-            results[i] = Some(
-                members[i]
-                    .write_vectored_at(bytes, *offset)
-                    .map(|()| Vec::new()),
-            );
+            results[i] = members[i]
+                .write_vectored_at(bytes, *offset)
+                .map(|()| Vec::new());
         }
-        let results: Vec<Outcome> = results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(io::Error::other("write not attempted"))))
-            .collect();
         let tagged: Vec<(usize, usize)> = writes
             .iter()
             .enumerate()

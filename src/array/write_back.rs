@@ -21,7 +21,7 @@ use super::worker::Batch;
 use super::Array;
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex};
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 
 /// Writes in flight at most; a writer beyond it waits for the oldest.
 const MAX_IN_FLIGHT: usize = 4;
@@ -136,37 +136,35 @@ impl WriteBack {
 impl Array {
     /// Queue a full-stripe write's member jobs and return; the stripes
     /// `first..=last` of `group` stay locked (`held`) until it is done.
-    /// Returns the jobs back when there is no reaper, for the caller to run.
+    /// Without a reaper the write is collected here before returning.
     pub(super) fn write_back(
         &self,
         group: u32,
         (first, last): (u64, u64),
         jobs: Vec<(usize, super::worker::Op)>,
         held: HeldStripes,
-    ) -> Result<(), (Vec<(usize, super::worker::Op)>, HeldStripes)> {
-        let reaper = self.write_back.reaper.lock().clone();
-        let Some(reaper) = reaper else {
-            return Err((jobs, held));
-        };
+    ) {
         let id = self.write_back.register(group, first, last);
         let slots = jobs.iter().map(|(slot, _)| *slot).collect();
-        let batch = self.pool.submit(jobs);
         let write = InFlight {
             id,
-            batch,
+            batch: self.pool.submit(jobs),
             slots,
             held,
         };
-        if let Err(unsent) = reaper.send(write) {
-            // The reaper is gone: collect the write here.
-            self.reap(unsent.into_inner());
+        let reaper = self.write_back.reaper.lock().clone();
+        let unsent = match reaper {
+            Some(reaper) => reaper.send(write).err().map(|e| e.into_inner()),
+            None => Some(write),
+        };
+        if let Some(write) = unsent {
+            self.reap(write);
         }
-        Ok(())
     }
 
     /// Collect a queued write: fail the members whose write failed, then
     /// release its stripes.
-    fn reap(self: &Array, write: InFlight) {
+    fn reap(&self, write: InFlight) {
         let InFlight {
             id,
             batch,
@@ -181,9 +179,4 @@ impl Array {
         held.release(&self.locks);
         self.write_back.done(id);
     }
-}
-
-/// Keeps the reaper's `Arc` use in one place.
-pub(crate) fn start_for(array: &Arc<Array>) {
-    array.write_back.start(Arc::downgrade(array));
 }

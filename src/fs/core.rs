@@ -20,7 +20,7 @@ use super::store::{BlockStore, GroupInfo, GroupKind};
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 
 /// A batch this large is committed right away instead of waiting for the timer.
-const BATCH_LIMIT: usize = 8192;
+pub(super) const BATCH_LIMIT: usize = 8192;
 
 pub struct Inner {
     pub store: Arc<dyn BlockStore>,

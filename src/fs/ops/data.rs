@@ -338,7 +338,7 @@ impl Inner {
     }
 
     fn commit_if_large(&self) -> FsResult<()> {
-        let big = self.state.read().batch.size_hint() > 8192;
+        let big = self.state.read().batch.size_hint() > super::super::core::BATCH_LIMIT;
         if big {
             self.commit(false)?;
         }

@@ -134,15 +134,6 @@ impl FileMember {
                 ),
             ));
         }
-        if !options.direct {
-            // No readahead on members: the mount reads ahead itself (up to
-            // 1 MiB per READ, split into whole chunks per member), so the
-            // member's own readahead only doubled it, and on random 4 KiB
-            // reads it pulled in up to 128 KiB per miss (the state is per
-            // open file, shared by every file of the array).
-            // SAFETY: plain syscall on our own descriptor; advice only.
-            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-        }
         Ok(FileMember {
             path: path.to_path_buf(),
             file,

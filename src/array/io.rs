@@ -98,14 +98,16 @@ impl Array {
 
     /// Make every completed write durable on every working member.
     pub fn flush(&self) -> ArrayResult<()> {
-        // Full-stripe writes still under way are completed writes to the
-        // callers that made them.
+        // Writes gathered in the stripe cache, and full-stripe writes still
+        // under way, are completed writes to the callers that made them.
+        let cached = self.write_out_all_cached();
         self.write_back.wait_idle();
         match &self.ppl {
             // A new log epoch starts with the sync that makes logged writes durable.
             Some(ppl) => ppl.flush_with(|header| self.sync_members(Some(header))),
             None => self.sync_members(None),
         }
+        cached?;
         self.ensure_writable()
     }
 
@@ -335,6 +337,7 @@ impl Array {
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
         if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
+            self.write_out_cached(region.group, first.map.stripe..=last.map.stripe)?;
             self.write_back
                 .wait_for(region.group, first.map.stripe, last.map.stripe);
         }
@@ -490,6 +493,27 @@ impl Array {
         offset: u64,
         data: &[u8],
     ) -> ArrayResult<()> {
+        self.write_region_with(region, offset, data, true)
+    }
+
+    /// As [`Array::write_region`], never into the stripe cache (its own
+    /// write-outs).
+    pub(super) fn write_region_through(
+        &self,
+        region: &Region,
+        offset: u64,
+        data: &[u8],
+    ) -> ArrayResult<()> {
+        self.write_region_with(region, offset, data, false)
+    }
+
+    fn write_region_with(
+        &self,
+        region: &Region,
+        offset: u64,
+        data: &[u8],
+        may_cache: bool,
+    ) -> ArrayResult<()> {
         self.ensure_writable()?;
         if data.is_empty() {
             return Ok(());
@@ -505,7 +529,7 @@ impl Array {
             }
             Intent::Premark => self.request_premark(),
         }
-        let result = self.write_unmarked(region, offset, data);
+        let result = self.write_unmarked(region, offset, data, may_cache);
         self.bitmap.end_write(start, end);
         result
     }
@@ -550,7 +574,13 @@ impl Array {
         self.ensure_writable()
     }
 
-    fn write_unmarked(&self, region: &Region, offset: u64, data: &[u8]) -> ArrayResult<()> {
+    fn write_unmarked(
+        &self,
+        region: &Region,
+        offset: u64,
+        data: &[u8],
+        may_cache: bool,
+    ) -> ArrayResult<()> {
         match region.geometry.level {
             Level::Raid1 | Level::Raid10 | Level::Raid0 => self.write_plain(region, offset, data),
             Level::Raid5 | Level::Raid6 => {
@@ -567,16 +597,33 @@ impl Array {
                     start = end;
                 }
                 // Runs of whole stripes (all of a large request but its ends)
-                // go out together; partial ones one by one.
+                // go out together; partial ones are gathered in the stripe
+                // cache, or written one by one.
                 let whole = |s: &[Piece]| full_stripe::covers_stripe(region, s);
                 let mut i = 0;
                 while i < stripes.len() {
                     let run = stripes[i..].iter().take_while(|s| whole(s)).count();
                     if run > 0 {
-                        self.write_full_stripes(region, &stripes[i..i + run], data)?;
+                        let run_stripes = &stripes[i..i + run];
+                        if may_cache {
+                            let first = run_stripes[0][0].map.stripe;
+                            self.stripe_cache
+                                .supersede(region.group, first..=first + run as u64 - 1);
+                        }
+                        self.write_full_stripes(region, run_stripes, data)?;
                         i += run;
                     } else {
-                        self.write_stripe(region, stripes[i], data)?;
+                        let cached = may_cache
+                            && self.cache_partial_stripe(region, offset, stripes[i], data)?;
+                        if !cached {
+                            if may_cache {
+                                // Older bytes of this stripe still gathered
+                                // must not land after these.
+                                let stripe = stripes[i][0].map.stripe;
+                                self.write_out_cached(region.group, stripe..=stripe)?;
+                            }
+                            self.write_stripe(region, stripes[i], data)?;
+                        }
                         i += 1;
                     }
                 }

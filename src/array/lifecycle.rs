@@ -186,6 +186,7 @@ impl Array {
     pub fn start_background(self: &Arc<Array>) {
         *self.sync.this.lock() = Arc::downgrade(self);
         self.write_back.start(Arc::downgrade(self));
+        self.stripe_cache.enable();
         let resuming = (0..self.slots.len()).find(|&i| {
             !self.is_failed(i) && self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
         });

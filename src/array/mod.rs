@@ -18,6 +18,7 @@ pub mod ppl;
 mod rebuild;
 mod scrub;
 mod state;
+mod stripe_cache;
 mod stripe_lock;
 mod verify;
 mod worker;
@@ -159,6 +160,7 @@ pub struct Array {
     pub(crate) ppl: Option<ppl::Ppl>,
     /// Full-stripe writes whose member writes are still under way.
     pub(crate) write_back: write_back::WriteBack,
+    pub(crate) stripe_cache: stripe_cache::StripeCache,
 }
 
 /// The data geometry a superblock describes.
@@ -221,6 +223,7 @@ impl Array {
             balance: balance::Balancer::new(slots_len),
             ppl,
             write_back: write_back::WriteBack::default(),
+            stripe_cache: stripe_cache::StripeCache::default(),
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();

@@ -1,7 +1,11 @@
 //! Free-space allocator for Data groups: a free-extent map per group, built at
 //! open from every file's extents (so it is never persisted and cannot drift).
 //! Prefers continuing a file contiguously, then stripe-aligned runs for large
-//! requests, so big sequential writes become full-stripe writes.
+//! requests, so big sequential writes become full-stripe writes. Small
+//! requests with nowhere to continue are packed one after another from a
+//! cursor in a free run of at least a stripe, rather than into the first
+//! holes: random overwrites (which copy-on-write moves to fresh blocks) then
+//! fill stripes in order, and the array's stripe cache writes them whole.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +25,8 @@ struct GroupFree {
 #[derive(Debug, Default)]
 pub struct Allocator {
     groups: BTreeMap<u32, GroupFree>,
+    /// Where the last small allocation without a usable hint ended.
+    cursor: Option<u64>,
 }
 
 fn split(addr: u64) -> (u32, u64) {
@@ -96,8 +102,10 @@ impl Allocator {
     }
 
     /// Allocate up to `len` bytes (a block multiple) as one contiguous run.
-    /// Tries the `hint` address first, then a run that holds everything
-    /// (aligned to `stripe_bytes` when `len` is at least a stripe), then the
+    /// Tries the `hint` address first; a request smaller than a stripe then
+    /// continues at the cursor, or starts a stripe-aligned free run of at
+    /// least a stripe; a larger one takes a stripe-aligned run that holds
+    /// it. Failing those, the first run that holds everything, then the
     /// largest free run. `None` when every group is full.
     pub fn allocate(&mut self, len: u64, hint: Option<u64>) -> Option<Extent> {
         if let Some(h) = hint {
@@ -105,23 +113,47 @@ impl Allocator {
                 return Some(ext);
             }
         }
+        let small = |c: u64| {
+            let (g, _) = split(c);
+            self.groups
+                .get(&g)
+                .is_some_and(|g| len < g.info.stripe_bytes)
+        };
+        if let Some(c) = self.cursor.filter(|&c| small(c)) {
+            if let Some(ext) = self.take_at(c, len) {
+                self.cursor = Some(ext.addr + ext.len);
+                return Some(ext);
+            }
+        }
+        let mut first_fit: Option<(u32, u64)> = None;
         let mut best: Option<(u32, u64, u64)> = None;
         for (&gi, group) in &self.groups {
             let stripe = group.info.stripe_bytes;
-            let align = if stripe >= BLOCK_SIZE && stripe % BLOCK_SIZE == 0 && len >= stripe {
-                stripe
-            } else {
-                BLOCK_SIZE
-            };
+            let striped = stripe >= BLOCK_SIZE && stripe % BLOCK_SIZE == 0;
+            let room = if striped { len.max(stripe) } else { len };
             for (&start, &flen) in &group.free {
-                let aligned = round_up(start, align);
-                if aligned + len <= start + flen {
-                    return self.take_at(group_addr(gi, aligned), len);
+                let aligned = if striped {
+                    round_up(start, stripe)
+                } else {
+                    start
+                };
+                if aligned + room <= start + flen {
+                    let ext = self.take_at(group_addr(gi, aligned), len)?;
+                    if len < room {
+                        self.cursor = Some(ext.addr + ext.len);
+                    }
+                    return Some(ext);
+                }
+                if first_fit.is_none() && len <= flen {
+                    first_fit = Some((gi, start));
                 }
                 if best.is_none_or(|(_, _, blen)| flen > blen) {
                     best = Some((gi, start, flen));
                 }
             }
+        }
+        if let Some((gi, start)) = first_fit {
+            return self.take_at(group_addr(gi, start), len);
         }
         let (gi, start, flen) = best?;
         self.take_at(group_addr(gi, start), len.min(flen))
@@ -199,5 +231,40 @@ mod tests {
         a.free(big);
         assert_eq!(a.free_bytes(), 1 << 20);
         assert_eq!(a.free_runs().len(), 1);
+    }
+
+    #[test]
+    fn small_allocations_pack_at_the_cursor_instead_of_filling_holes() {
+        let stripe = 65536;
+        let mut a = Allocator::default();
+        a.add_group(GroupInfo {
+            index: 0,
+            kind: GroupKind::Data,
+            capacity: 1 << 20,
+            stripe_bytes: stripe,
+        });
+        let file = a.allocate(4 * stripe, None).unwrap();
+        // Copy-on-write frees scattered single blocks of the file.
+        for i in [1u64, 5, 9, 40] {
+            a.free(Extent {
+                addr: file.addr + i * BLOCK_SIZE,
+                len: BLOCK_SIZE,
+            });
+        }
+        let first = a
+            .allocate(BLOCK_SIZE, Some(file.addr + BLOCK_SIZE * 3))
+            .unwrap();
+        assert_eq!(first.addr % stripe, 0, "a new stripe, not a hole");
+        assert!(first.addr >= file.addr + file.len);
+        for i in 1..20 {
+            let next = a.allocate(BLOCK_SIZE, None).unwrap();
+            assert_eq!(next.addr, first.addr + i * BLOCK_SIZE, "allocation {i}");
+        }
+        // With no stripe-sized run left, the holes are used.
+        let rest = a.allocate(1 << 20, None).unwrap();
+        assert!(rest.len < 1 << 20);
+        while a.allocate(1 << 20, None).is_some_and(|e| e.len >= stripe) {}
+        let hole = a.allocate(BLOCK_SIZE, None).expect("a hole is left");
+        assert!(hole.addr < file.addr + file.len, "{hole:?}");
     }
 }

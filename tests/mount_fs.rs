@@ -421,3 +421,116 @@ fn data_survives_unmount_and_remount() {
         vec![42u8; 300_000]
     );
 }
+
+/// `security.capability` granting CAP_NET_RAW (a VFS_CAP_REVISION_2 value
+/// with the effective flag), as `setcap cap_net_raw+ep` writes it.
+const NET_RAW_CAPABILITY: [u8; 20] = [
+    0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+];
+
+/// The mount clears set-ID bits and capabilities itself (it asks the kernel
+/// to leave that to it, `FUSE_HANDLE_KILLPRIV_V2`, which spares a GETXATTR
+/// round trip before every write): a write by an unprivileged user takes
+/// the set-user-ID bit and, on a group-executable file, the set-group-ID
+/// bit; so does a truncate; any write takes the capabilities.
+#[test]
+fn writes_and_truncates_clear_set_id_bits_and_capabilities() {
+    use std::os::unix::fs::PermissionsExt;
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig {
+        allow_other: true,
+        ..MountConfig::default()
+    });
+    let parent = mnt.path().parent().expect("mount point has a parent");
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).unwrap();
+    let file = mnt.join("tool");
+    fs::write(&file, b"#!/bin/sh\n").unwrap();
+    let path = cstr(&file);
+    let name = CString::new("security.capability").unwrap();
+    let set_mode =
+        |mode: u32| fs::set_permissions(&file, fs::Permissions::from_mode(mode)).unwrap();
+    // Only the mode, as `stat -c %a` asks: served from the kernel's
+    // attribute cache while that is valid.
+    let mode = || {
+        // SAFETY: statx fills the zeroed struct it is given; the path is valid.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        let rc =
+            unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), 0, libc::STATX_MODE, &mut stx) };
+        assert_eq!(rc, 0, "statx: {}", std::io::Error::last_os_error());
+        u32::from(stx.stx_mode) & 0o7777
+    };
+    // SAFETY: the pointers are valid for the lengths given.
+    let set_caps = || unsafe {
+        let value = NET_RAW_CAPABILITY;
+        let rc = libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        );
+        assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
+    };
+    // SAFETY: a size probe: no buffer is passed.
+    let has_caps =
+        || unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 };
+    let as_nobody = |script: &str| {
+        let status = std::process::Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                script,
+            ])
+            .arg("sh")
+            .arg(&file)
+            .output()
+            .expect("run setpriv");
+        assert!(
+            status.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+    };
+
+    // Root (CAP_FSETID) keeps the set-ID bits, not the capabilities.
+    set_mode(0o6777);
+    set_caps();
+    assert!(has_caps());
+    OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap()
+        .write_all(b"true\n")
+        .unwrap();
+    assert_eq!(mode(), 0o6777);
+    assert!(!has_caps(), "a write kept the capabilities");
+
+    // An unprivileged writer loses both set-ID bits, and the capabilities.
+    set_caps();
+    as_nobody("printf x >> \"$1\"");
+    assert_eq!(mode(), 0o777, "a write by nobody kept set-ID bits");
+    assert!(!has_caps(), "a write by nobody kept the capabilities");
+
+    // Set-group-ID without group execute marks mandatory locking: it stays.
+    set_mode(0o6767);
+    as_nobody("printf x >> \"$1\"");
+    assert_eq!(mode(), 0o2767);
+
+    // A truncate by nobody clears them too.
+    set_mode(0o6777);
+    as_nobody("truncate -s 1 \"$1\"");
+    assert_eq!(mode(), 0o777, "a truncate by nobody kept set-ID bits");
+    assert_eq!(fs::metadata(&file).unwrap().len(), 1);
+
+    // A new owner takes the set-ID bits and the capabilities, even from root.
+    set_mode(0o6777);
+    set_caps();
+    std::os::unix::fs::chown(&file, Some(1000), Some(1000)).unwrap();
+    assert_eq!(mode(), 0o777);
+    assert!(!has_caps(), "chown kept the capabilities");
+}

@@ -585,15 +585,23 @@ impl FileSystem {
         self.inner.read_data(ino, offset, size)
     }
 
-    /// Write all of `data` at `offset`; returns bytes written.
+    /// Write all of `data` at `offset`; returns bytes written. The file
+    /// loses its capabilities (`security.capability`), as with any write.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        self.inner.write_data(None, ino, offset, data)
+        self.inner.write_data(false, ino, offset, data)
+    }
+
+    /// As [`FileSystem::write`], and clear the set-user-ID bit and (for a
+    /// group-executable file) the set-group-ID bit: a write by someone
+    /// without `CAP_FSETID` (the kernel's `FUSE_WRITE_KILL_SUIDGID`).
+    pub fn write_clearing_setid(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+        self.inner.write_data(true, ino, offset, data)
     }
 
     /// As [`FileSystem::write`], on behalf of `caller`: a write by anyone but
-    /// root clears the set-user-ID and set-group-ID bits.
+    /// root clears the set-ID bits.
     pub fn write_as(&self, caller: &Caller, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        self.inner.write_data(Some(caller), ino, offset, data)
+        self.inner.write_data(caller.uid != 0, ino, offset, data)
     }
 
     /// Make the inode's data (and, unless `datasync`, its metadata) durable on

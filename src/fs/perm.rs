@@ -12,6 +12,24 @@ pub const S_ISUID: u16 = 0o4000;
 pub const S_ISGID: u16 = 0o2000;
 pub const S_ISVTX: u16 = 0o1000;
 
+/// The extended attribute holding a file's capabilities.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// What a change of a file's contents, size or owner takes away, as the
+/// kernel's VFS does (the mount leaves it to the filesystem:
+/// `FUSE_HANDLE_KILLPRIV_V2`): its capabilities, and with `setid` the
+/// set-user-ID bit and, if the file is group-executable, the set-group-ID
+/// bit (without group execute that bit marks mandatory locking and stays).
+pub fn drop_privileges(inode: &mut Inode, setid: bool) {
+    inode.xattrs.remove(CAPABILITY_XATTR);
+    if setid && inode.kind != FileKind::Dir {
+        inode.perm &= !S_ISUID;
+        if inode.perm & 0o010 != 0 {
+            inode.perm &= !S_ISGID;
+        }
+    }
+}
+
 pub fn in_group(caller: &Caller, gid: u32) -> bool {
     caller.gid == gid || caller.groups.contains(&gid)
 }

@@ -7,14 +7,14 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, error, info, warn};
 use parking_lot::Mutex;
@@ -52,6 +52,9 @@ pub struct RaidFuse {
     fs: Arc<FileSystem>,
     settings: AdapterSettings,
     unmounted: UnmountOutcome,
+    /// Tells the kernel about changes it did not ask for (set once the
+    /// session exists).
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl RaidFuse {
@@ -59,11 +62,13 @@ impl RaidFuse {
         fs: Arc<FileSystem>,
         settings: AdapterSettings,
         unmounted: UnmountOutcome,
+        notifier: Arc<OnceLock<Notifier>>,
     ) -> RaidFuse {
         RaidFuse {
             fs,
             settings,
             unmounted,
+            notifier,
         }
     }
 
@@ -177,7 +182,11 @@ impl Filesystem for RaidFuse {
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            // The filesystem clears set-ID bits and capabilities on write,
+            // truncate and chown itself, so the kernel need not ask for
+            // `security.capability` (one more round trip) before every write.
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         if self.settings.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -419,7 +428,26 @@ impl Filesystem for RaidFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let written = try_reply!("write", reply, self.fs.write(ino.0, offset, data));
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel says when the writer lacks
+        // CAP_FSETID, and leaves clearing the set-ID bits to us.
+        let written = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            let had_setid = self
+                .fs
+                .getattr(ino.0)
+                .is_ok_and(|a| u32::from(a.perm) & (libc::S_ISUID | libc::S_ISGID) != 0);
+            let written = self.fs.write_clearing_setid(ino.0, offset, data);
+            if had_setid {
+                // The kernel keeps the mode it cached (a write invalidates
+                // only size and times): have it ask again.
+                if let Some(notifier) = self.notifier.get() {
+                    let _ = notifier.inval_inode(ino, -1, 0);
+                }
+            }
+            written
+        } else {
+            self.fs.write(ino.0, offset, data)
+        };
+        let written = try_reply!("write", reply, written);
         let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         if let Some(datasync) = write_sync(HandleFlags::from_handle(fh.0), flags.0, from_cache) {
             try_reply!("write (O_SYNC)", reply, self.fs.fsync(ino.0, datasync));

@@ -229,13 +229,15 @@ pub fn mount(
         direct_io: config.direct_io,
         default_permissions: config.default_permissions,
     };
-    let adapter = RaidFuse::new(fs, settings, unmounted.clone());
+    let notifier = Arc::new(std::sync::OnceLock::new());
+    let adapter = RaidFuse::new(fs, settings, unmounted.clone(), Arc::clone(&notifier));
     let session = Session::new(adapter, &mount_point, &fuser_config(config)).map_err(|source| {
         MountError::Mount {
             path: mount_point.clone(),
             source,
         }
     })?;
+    let _ = notifier.set(session.notifier());
     // Read before any request is served: mountinfo does not call into us.
     let device = match mounts::mount_at(&mount_point) {
         Ok(Some(entry)) => Some(entry.device),

@@ -2,7 +2,7 @@
 //! set-id bits that those changes clear.
 
 use super::super::inode::Time;
-use super::super::perm::{self, in_group, S_ISGID, S_ISUID, W_OK};
+use super::super::perm::{self, in_group, S_ISGID, W_OK};
 use super::super::state::State;
 use super::super::{Caller, FileKind, FsError, FsResult, SetAttr, TimeSet};
 
@@ -59,11 +59,11 @@ pub fn apply(st: &mut State, caller: &Caller, ino: u64, set: &SetAttr) -> FsResu
     if let Some(gid) = set.gid {
         inode.gid = gid;
     }
-    if (set.uid.is_some() || set.gid.is_some()) && inode.kind != FileKind::Dir {
-        inode.perm &= !S_ISUID;
-        if inode.perm & 0o010 != 0 {
-            inode.perm &= !S_ISGID;
-        }
+    // A new owner takes the set-ID bits whoever changes it; a truncate by
+    // anyone but root takes them too; both take the capabilities.
+    let new_owner = set.uid.is_some() || set.gid.is_some();
+    if new_owner || set.size.is_some() {
+        perm::drop_privileges(inode, new_owner || caller.uid != 0);
     }
     if let Some(mode) = set.mode {
         let mut perm = (mode & 0o7777) as u16;

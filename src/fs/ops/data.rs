@@ -19,9 +19,9 @@ use super::super::core::Inner;
 use super::super::extent::Extent;
 use super::super::inode::{Inode, Time, BLOCK_SIZE};
 use super::super::layout::round_up;
-use super::super::perm::{S_ISGID, S_ISUID};
+use super::super::perm;
 use super::super::state::State;
-use super::super::{Caller, FallocateMode, FileKind, FsError, FsResult};
+use super::super::{FallocateMode, FileKind, FsError, FsResult};
 use super::checked::BlockRead;
 
 /// Largest file size (keeps offsets far from overflow).
@@ -292,9 +292,11 @@ impl Inner {
         self.read_checked(ino, addr, buf, &[want], true)
     }
 
+    /// Write `data` at `offset`; the file loses its capabilities and, with
+    /// `drop_setid`, its set-ID bits (see [`perm::drop_privileges`]).
     pub fn write_data(
         &self,
-        caller: Option<&Caller>,
+        drop_setid: bool,
         ino: u64,
         offset: u64,
         data: &[u8],
@@ -320,18 +322,12 @@ impl Inner {
                 return Err(e);
             }
         };
-        let drop_setid = caller.is_some_and(|c| c.uid != 0);
         self.install(ino, &plan, crcs, |inode| {
             inode.size = inode.size.max(end);
             let now = Time::now();
             inode.mtime = now;
             inode.ctime = now;
-            if drop_setid {
-                inode.perm &= !S_ISUID;
-                if inode.perm & 0o010 != 0 {
-                    inode.perm &= !S_ISGID;
-                }
-            }
+            perm::drop_privileges(inode, drop_setid);
         })?;
         self.commit_if_large()?;
         Ok(data.len())

@@ -113,7 +113,14 @@ pub fn list(st: &State, caller: &Caller, ino: u64) -> FsResult<Vec<u8>> {
 
 pub fn remove(st: &mut State, caller: &Caller, ino: u64, name: &[u8]) -> FsResult<()> {
     let ns = namespace(name)?;
-    allowed(st, caller, ino, ns, true)?;
+    // The kernel removes a file's capabilities on behalf of whoever writes
+    // it (file_remove_privs); it checks CAP_SETFCAP itself before passing on
+    // a removexattr(2) of them. Anyone who may write the file may do this.
+    let capabilities_dropped_by_a_writer =
+        name == perm::CAPABILITY_XATTR && perm::may(caller, st.inode(ino)?, W_OK);
+    if !capabilities_dropped_by_a_writer {
+        allowed(st, caller, ino, ns, true)?;
+    }
     if !st.inode(ino)?.xattrs.contains_key(name) {
         return Err(FsError::NoAttr);
     }

@@ -3,11 +3,13 @@
 //! Prefers continuing a file contiguously, then stripe-aligned runs for large
 //! requests, so big sequential writes become full-stripe writes. Small
 //! requests with nowhere to continue are packed one after another from a
-//! cursor in a free run of at least a stripe, rather than into the first
-//! holes: random overwrites (which copy-on-write moves to fresh blocks) then
-//! fill stripes in order, and the array's stripe cache writes them whole.
+//! cursor in a free run that holds an aligned stripe, rather than into the
+//! first holes: random overwrites (which copy-on-write moves to fresh
+//! blocks) then fill stripes in order, and the array's stripe cache writes
+//! them whole. The runs that hold an aligned stripe are indexed, so finding
+//! one costs the same however many one-block holes copy-on-write has left.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::extent::Extent;
 use super::inode::BLOCK_SIZE;
@@ -18,8 +20,48 @@ struct GroupFree {
     info: GroupInfo,
     /// offset in group → length
     free: BTreeMap<u64, u64>,
+    /// Starts of the free runs that hold a whole aligned stripe.
+    roomy: BTreeSet<u64>,
     free_bytes: u64,
     usable: u64,
+}
+
+impl GroupFree {
+    /// The unit small requests are packed into: the stripe, when the group
+    /// has one that is a whole number of blocks.
+    fn stripe(&self) -> u64 {
+        let stripe = self.info.stripe_bytes;
+        if stripe >= BLOCK_SIZE && stripe.is_multiple_of(BLOCK_SIZE) {
+            stripe
+        } else {
+            BLOCK_SIZE
+        }
+    }
+
+    fn insert_run(&mut self, start: u64, len: u64) {
+        let stripe = self.stripe();
+        if round_up(start, stripe) + stripe <= start + len {
+            self.roomy.insert(start);
+        }
+        self.free.insert(start, len);
+    }
+
+    fn remove_run(&mut self, start: u64) -> Option<u64> {
+        self.roomy.remove(&start);
+        self.free.remove(&start)
+    }
+
+    /// Take `[off, off + len)` out of the run `[fstart, fstart + flen)`.
+    fn carve(&mut self, fstart: u64, flen: u64, off: u64, len: u64) {
+        self.remove_run(fstart);
+        if fstart < off {
+            self.insert_run(fstart, off - fstart);
+        }
+        if off + len < fstart + flen {
+            self.insert_run(off + len, fstart + flen - off - len);
+        }
+        self.free_bytes -= len;
+    }
 }
 
 #[derive(Debug, Default)]
@@ -43,19 +85,17 @@ fn round_up(v: u64, a: u64) -> u64 {
 impl Allocator {
     pub fn add_group(&mut self, info: GroupInfo) {
         let usable = info.capacity / BLOCK_SIZE * BLOCK_SIZE;
-        let mut free = BTreeMap::new();
+        let mut group = GroupFree {
+            info,
+            free: BTreeMap::new(),
+            roomy: BTreeSet::new(),
+            free_bytes: usable,
+            usable,
+        };
         if usable > 0 {
-            free.insert(0, usable);
+            group.insert_run(0, usable);
         }
-        self.groups.insert(
-            info.index,
-            GroupFree {
-                info,
-                free,
-                free_bytes: usable,
-                usable,
-            },
-        );
+        self.groups.insert(group.info.index, group);
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -90,22 +130,15 @@ impl Allocator {
                 ext.addr, ext.len
             ));
         }
-        group.free.remove(&fstart);
-        if fstart < off {
-            group.free.insert(fstart, off - fstart);
-        }
-        if end < fstart + flen {
-            group.free.insert(end, fstart + flen - end);
-        }
-        group.free_bytes -= ext.len;
+        group.carve(fstart, flen, off, ext.len);
         Ok(())
     }
 
     /// Allocate up to `len` bytes (a block multiple) as one contiguous run.
     /// Tries the `hint` address first; a request smaller than a stripe then
-    /// continues at the cursor, or starts a stripe-aligned free run of at
-    /// least a stripe; a larger one takes a stripe-aligned run that holds
-    /// it. Failing those, the first run that holds everything, then the
+    /// continues at the cursor, or starts a free run that holds an aligned
+    /// stripe; a larger one takes a stripe-aligned place that holds it.
+    /// Failing those, the first run that holds everything, then the
     /// largest free run. `None` when every group is full.
     pub fn allocate(&mut self, len: u64, hint: Option<u64>) -> Option<Extent> {
         if let Some(h) = hint {
@@ -113,47 +146,43 @@ impl Allocator {
                 return Some(ext);
             }
         }
-        let small = |c: u64| {
-            let (g, _) = split(c);
-            self.groups
-                .get(&g)
+        let small_at = |groups: &BTreeMap<u32, GroupFree>, at: u64| {
+            groups
+                .get(&split(at).0)
                 .is_some_and(|g| len < g.info.stripe_bytes)
         };
-        if let Some(c) = self.cursor.filter(|&c| small(c)) {
+        if let Some(c) = self.cursor.filter(|&c| small_at(&self.groups, c)) {
             if let Some(ext) = self.take_at(c, len) {
                 self.cursor = Some(ext.addr + ext.len);
                 return Some(ext);
             }
         }
-        let mut first_fit: Option<(u32, u64)> = None;
+        let roomy = self.groups.iter().find_map(|(&gi, group)| {
+            let stripe = group.stripe();
+            let room = len.max(stripe);
+            group.roomy.iter().find_map(|&start| {
+                let flen = group.free.get(&start).copied().unwrap_or(0);
+                let aligned = round_up(start, stripe);
+                (aligned + room <= start + flen).then_some((gi, aligned, len < room))
+            })
+        });
+        if let Some((gi, aligned, small)) = roomy {
+            let ext = self.take_at(group_addr(gi, aligned), len)?;
+            if small {
+                self.cursor = Some(ext.addr + ext.len);
+            }
+            return Some(ext);
+        }
         let mut best: Option<(u32, u64, u64)> = None;
         for (&gi, group) in &self.groups {
-            let stripe = group.info.stripe_bytes;
-            let striped = stripe >= BLOCK_SIZE && stripe % BLOCK_SIZE == 0;
-            let room = if striped { len.max(stripe) } else { len };
             for (&start, &flen) in &group.free {
-                let aligned = if striped {
-                    round_up(start, stripe)
-                } else {
-                    start
-                };
-                if aligned + room <= start + flen {
-                    let ext = self.take_at(group_addr(gi, aligned), len)?;
-                    if len < room {
-                        self.cursor = Some(ext.addr + ext.len);
-                    }
-                    return Some(ext);
-                }
-                if first_fit.is_none() && len <= flen {
-                    first_fit = Some((gi, start));
+                if len <= flen {
+                    return self.take_at(group_addr(gi, start), len);
                 }
                 if best.is_none_or(|(_, _, blen)| flen > blen) {
                     best = Some((gi, start, flen));
                 }
             }
-        }
-        if let Some((gi, start)) = first_fit {
-            return self.take_at(group_addr(gi, start), len);
         }
         let (gi, start, flen) = best?;
         self.take_at(group_addr(gi, start), len.min(flen))
@@ -168,14 +197,7 @@ impl Allocator {
             return None;
         }
         let take = len.min(fstart + flen - off);
-        group.free.remove(&fstart);
-        if fstart < off {
-            group.free.insert(fstart, off - fstart);
-        }
-        if off + take < fstart + flen {
-            group.free.insert(off + take, fstart + flen - off - take);
-        }
-        group.free_bytes -= take;
+        group.carve(fstart, flen, off, take);
         Some(Extent { addr, len: take })
     }
 
@@ -188,15 +210,15 @@ impl Allocator {
         group.free_bytes += len;
         if let Some((&ps, &pl)) = group.free.range(..off).next_back() {
             if ps + pl == off {
-                group.free.remove(&ps);
+                group.remove_run(ps);
                 off = ps;
                 len += pl;
             }
         }
-        if let Some(nl) = group.free.remove(&(off + len)) {
+        if let Some(nl) = group.remove_run(off + len) {
             len += nl;
         }
-        group.free.insert(off, len);
+        group.insert_run(off, len);
     }
 
     /// (group, free runs) for fsck's accounting check.
@@ -231,6 +253,51 @@ mod tests {
         a.free(big);
         assert_eq!(a.free_bytes(), 1 << 20);
         assert_eq!(a.free_runs().len(), 1);
+    }
+
+    /// The index of roomy runs and the byte count agree with the free map
+    /// after any sequence of allocations and frees.
+    #[test]
+    fn the_roomy_index_follows_every_allocation_and_free() {
+        use rand::{Rng, SeedableRng};
+        let stripe = 3 * 16384;
+        let mut a = Allocator::default();
+        for index in 0..2 {
+            a.add_group(GroupInfo {
+                index,
+                kind: GroupKind::Data,
+                capacity: 4 << 20,
+                stripe_bytes: stripe,
+            });
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut held: Vec<Extent> = Vec::new();
+        for step in 0..3000 {
+            if held.is_empty() || rng.gen_ratio(3, 5) {
+                let len = BLOCK_SIZE * rng.gen_range(1..40);
+                let hint = held.last().filter(|_| rng.gen()).map(|e| e.addr + e.len);
+                if let Some(ext) = a.allocate(len, hint) {
+                    held.push(ext);
+                }
+            } else {
+                let ext = held.swap_remove(rng.gen_range(0..held.len()));
+                a.free(ext);
+            }
+            let mut free = 0;
+            for group in a.groups.values() {
+                let roomy: BTreeSet<u64> = group
+                    .free
+                    .iter()
+                    .filter(|(&s, &l)| round_up(s, stripe) + stripe <= s + l)
+                    .map(|(&s, _)| s)
+                    .collect();
+                assert_eq!(group.roomy, roomy, "step {step}");
+                free += group.free.values().sum::<u64>();
+            }
+            let used: u64 = held.iter().map(|e| e.len).sum();
+            assert_eq!(free, a.free_bytes(), "step {step}");
+            assert_eq!(free + used, 8 << 20, "step {step}");
+        }
     }
 
     #[test]

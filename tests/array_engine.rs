@@ -82,6 +82,42 @@ fn running_with_data_group(cfg: &Config, ms: &[FaultyMember]) -> (Arc<Array>, u6
     (array, (group as u64) << GROUP_SHIFT)
 }
 
+/// Assemble the durable images (`crash_image`) of every member but
+/// `pulled` and read `len` bytes at `base` from that degraded array.
+fn durable_read_without(ms: &[FaultyMember], pulled: &[usize], base: u64, len: usize) -> Vec<u8> {
+    let survivors: Vec<(Arc<dyn Member>, String)> = (0..ms.len())
+        .filter(|m| !pulled.contains(m))
+        .map(|m| {
+            let copy = ms[m].crash_image().expect("member copy");
+            (Arc::new(copy) as Arc<dyn Member>, format!("mem{m}"))
+        })
+        .collect();
+    let degraded = assemble(survivors, AssembleOptions::default()).expect("assemble");
+    assert_eq!(degraded.failed_slots(), pulled);
+    let mut back = vec![0u8; len];
+    degraded.read(base, &mut back).expect("degraded read");
+    back
+}
+
+/// A running left-symmetric parity array of `members` in-memory members,
+/// with a data group; its members and the group's first address.
+fn running_parity_array(
+    level: Level,
+    members: usize,
+    chunk: u64,
+) -> (Vec<FaultyMember>, Arc<Array>, u64) {
+    let cfg = Config {
+        level,
+        members,
+        chunk,
+        layout: Layout::LeftSymmetric,
+        copies: 1,
+    };
+    let ms = faulty_members(members);
+    let (array, base) = running_with_data_group(&cfg, &ms);
+    (ms, array, base)
+}
+
 /// Bytes of the data group the test uses (kept small so each config is quick).
 const SPAN: usize = 3 << 20;
 const THREADS: usize = 3;
@@ -432,15 +468,7 @@ fn flush_syncs_only_members_written_since_their_last_sync() {
 #[test]
 fn multi_stripe_writes_leave_consistent_parity() {
     for (level, members, chunk) in [(Level::Raid5, 5, 16 << 10), (Level::Raid6, 6, 8 << 10)] {
-        let cfg = Config {
-            level,
-            members,
-            chunk,
-            layout: Layout::LeftSymmetric,
-            copies: 1,
-        };
-        let ms = faulty_members(members);
-        let (array, base) = running_with_data_group(&cfg, &ms);
+        let (ms, array, base) = running_parity_array(level, members, chunk);
         let mut rng = StdRng::seed_from_u64(members as u64);
         let mut reference = vec![0u8; 2 << 20];
         for _ in 0..12 {
@@ -460,20 +488,9 @@ fn multi_stripe_writes_leave_consistent_parity() {
         array.flush().expect("flush");
         drop(array);
         for first in 0..members {
-            // Assemble copies of the other members: the pulled ones are missing.
             let mut pulled: Vec<usize> = (first..first + tolerance).map(|m| m % members).collect();
             pulled.sort_unstable();
-            let survivors: Vec<(Arc<dyn Member>, String)> = (0..members)
-                .filter(|m| !pulled.contains(m))
-                .map(|m| {
-                    let copy = ms[m].crash_image().expect("member copy");
-                    (Arc::new(copy) as Arc<dyn Member>, format!("mem{m}"))
-                })
-                .collect();
-            let degraded = assemble(survivors, AssembleOptions::default()).expect("assemble");
-            assert_eq!(degraded.failed_slots(), pulled);
-            let mut back = vec![0u8; reference.len()];
-            degraded.read(base, &mut back).expect("degraded read");
+            let back = durable_read_without(&ms, &pulled, base, reference.len());
             assert!(
                 back == reference,
                 "{level:?}: wrong data without {pulled:?}"
@@ -565,15 +582,7 @@ fn write_back_full_stripes_read_back_at_once_and_report_failures_at_flush() {
 #[test]
 fn stripe_cache_turns_small_sequential_writes_into_full_stripes() {
     for (level, members, chunk) in [(Level::Raid5, 5, 16 << 10), (Level::Raid6, 6, 8 << 10)] {
-        let cfg = Config {
-            level,
-            members,
-            chunk,
-            layout: Layout::LeftSymmetric,
-            copies: 1,
-        };
-        let ms = faulty_members(members);
-        let (array, base) = running_with_data_group(&cfg, &ms);
+        let (ms, array, base) = running_parity_array(level, members, chunk);
         let mut rng = StdRng::seed_from_u64(members as u64 + 11);
         let block = 4096;
         let mut reference: Vec<u8> = (0..(1usize << 20)).map(|_| rng.gen()).collect();
@@ -627,16 +636,7 @@ fn stripe_cache_turns_small_sequential_writes_into_full_stripes() {
 
         // What the flush made durable, read with each member missing.
         for missing in 0..members {
-            let survivors: Vec<(Arc<dyn Member>, String)> = (0..members)
-                .filter(|&m| m != missing)
-                .map(|m| {
-                    let copy = ms[m].crash_image().expect("member copy");
-                    (Arc::new(copy) as Arc<dyn Member>, format!("mem{m}"))
-                })
-                .collect();
-            let degraded = assemble(survivors, AssembleOptions::default()).expect("assemble");
-            let mut back = vec![0u8; reference.len()];
-            degraded.read(base, &mut back).expect("degraded read");
+            let back = durable_read_without(&ms, &[missing], base, reference.len());
             assert!(
                 back == reference,
                 "{level:?}: wrong durable data without member {missing}"
@@ -650,15 +650,7 @@ fn stripe_cache_turns_small_sequential_writes_into_full_stripes() {
 /// written out under them.
 #[test]
 fn stripe_cache_keeps_concurrent_block_writers_apart() {
-    let cfg = Config {
-        level: Level::Raid5,
-        members: 4,
-        chunk: 16 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 1,
-    };
-    let ms = faulty_members(4);
-    let (array, base) = running_with_data_group(&cfg, &ms);
+    let (_ms, array, base) = running_parity_array(Level::Raid5, 4, 16 << 10);
     let block = 4096u64;
     let blocks = 512u64;
     let writers = 3u64;

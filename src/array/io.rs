@@ -17,6 +17,14 @@ pub(super) struct Piece {
     pub map: Mapping,
 }
 
+/// Whether a write's partial stripes may wait in the stripe cache.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Caching {
+    Allowed,
+    /// The cache's own write-outs.
+    Bypass,
+}
+
 /// How to read when the plain read was not good enough.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Choice {
@@ -493,27 +501,20 @@ impl Array {
         offset: u64,
         data: &[u8],
     ) -> ArrayResult<()> {
-        self.write_region_with(region, offset, data, true)
+        self.write_region_with(region, offset, data, Caching::Allowed)
     }
 
-    /// As [`Array::write_region`], never into the stripe cache (its own
+    /// Write with the bitmap marked around it; `caching` says whether
+    /// partial stripes may wait in the stripe cache (not for its own
     /// write-outs).
-    pub(super) fn write_region_through(
+    pub(super) fn write_region_with(
         &self,
         region: &Region,
         offset: u64,
         data: &[u8],
+        caching: Caching,
     ) -> ArrayResult<()> {
-        self.write_region_with(region, offset, data, false)
-    }
-
-    fn write_region_with(
-        &self,
-        region: &Region,
-        offset: u64,
-        data: &[u8],
-        may_cache: bool,
-    ) -> ArrayResult<()> {
+        let may_cache = caching == Caching::Allowed;
         self.ensure_writable()?;
         if data.is_empty() {
             return Ok(());

@@ -22,7 +22,7 @@
 //! Bound: [`LIMIT_BYTES`]; past it the oldest entry is written out as it
 //! is (a partial write, read-modify-write).
 
-use super::io::{split, Piece};
+use super::io::{split, Caching, Piece};
 use super::{Array, ArrayResult, Region, GROUP_SHIFT};
 use crate::geometry::Level;
 use parking_lot::{Condvar, Mutex};
@@ -211,10 +211,7 @@ impl StripeCache {
             return;
         }
         let keys = (group, *stripes.start())..=(group, *stripes.end());
-        let mut st = self.state.lock();
-        while st.writing_out(keys.clone()) {
-            self.settled.wait(&mut st);
-        }
+        let mut st = self.settled_range(keys.clone());
         let dropped: Vec<Key> = st.slots.range(keys).map(|(k, _)| *k).collect();
         for key in dropped {
             if let Some(Slot::Filling(entry)) = st.slots.remove(&key) {
@@ -287,11 +284,16 @@ impl StripeCache {
         if self.is_empty() {
             return;
         }
-        let keys = (group, *stripes.start())..=(group, *stripes.end());
+        drop(self.settled_range((group, *stripes.start())..=(group, *stripes.end())));
+    }
+
+    /// The state, locked once no entry of `keys` is being written out.
+    fn settled_range(&self, keys: RangeInclusive<Key>) -> parking_lot::MutexGuard<'_, State> {
         let mut st = self.state.lock();
         while st.writing_out(keys.clone()) {
             self.settled.wait(&mut st);
         }
+        st
     }
 
     /// Wait until no entry at all is being written out.
@@ -394,7 +396,7 @@ impl Array {
         for run in entry.filled_runs() {
             let addr = entry.addr + run.start as u64;
             let (region, offset) = self.region(addr, run.len())?;
-            self.write_region_through(&region, offset, &entry.data[run])?;
+            self.write_region_with(&region, offset, &entry.data[run], Caching::Bypass)?;
         }
         Ok(())
     }

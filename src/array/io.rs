@@ -108,7 +108,7 @@ impl Array {
     pub fn flush(&self) -> ArrayResult<()> {
         // Writes gathered in the stripe cache, and full-stripe writes still
         // under way, are completed writes to the callers that made them.
-        let cached = self.write_out_all_cached();
+        let cached = self.write_out_cached(..);
         self.write_back.wait_idle();
         match &self.ppl {
             // A new log epoch starts with the sync that makes logged writes durable.
@@ -345,7 +345,9 @@ impl Array {
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
         if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
-            self.write_out_cached(region.group, first.map.stripe..=last.map.stripe)?;
+            self.write_out_cached(
+                (region.group, first.map.stripe)..=(region.group, last.map.stripe),
+            )?;
             self.write_back
                 .wait_for(region.group, first.map.stripe, last.map.stripe);
         }
@@ -620,8 +622,8 @@ impl Array {
                             if may_cache {
                                 // Older bytes of this stripe still gathered
                                 // must not land after these.
-                                let stripe = stripes[i][0].map.stripe;
-                                self.write_out_cached(region.group, stripe..=stripe)?;
+                                let key = (region.group, stripes[i][0].map.stripe);
+                                self.write_out_cached(key..=key)?;
                             }
                             self.write_stripe(region, stripes[i], data)?;
                         }

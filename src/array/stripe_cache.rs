@@ -101,7 +101,7 @@ struct State {
 }
 
 impl State {
-    fn writing_out(&self, keys: RangeInclusive<Key>) -> bool {
+    fn writing_out(&self, keys: impl RangeBounds<Key>) -> bool {
         self.slots
             .range(keys)
             .any(|(_, s)| matches!(s, Slot::WritingOut))
@@ -109,14 +109,14 @@ impl State {
 
     /// Mark `key` as being written out and hand back its entry.
     fn take(&mut self, key: Key) -> Option<Entry> {
-        match self.slots.insert(key, Slot::WritingOut) {
-            Some(Slot::Filling(entry)) => {
+        match self.slots.remove(&key)? {
+            Slot::Filling(entry) => {
+                self.slots.insert(key, Slot::WritingOut);
                 self.bytes -= entry.data.len();
                 Some(entry)
             }
-            Some(Slot::WritingOut) => None,
-            None => {
-                self.slots.remove(&key);
+            writing_out => {
+                self.slots.insert(key, writing_out);
                 None
             }
         }
@@ -217,7 +217,7 @@ impl StripeCache {
             return;
         }
         let keys = (group, *stripes.start())..=(group, *stripes.end());
-        let mut st = self.settled_range(keys.clone());
+        let mut st = self.settled(keys.clone());
         let dropped: Vec<Key> = st.slots.range(keys).map(|(k, _)| *k).collect();
         for key in dropped {
             if let Some(Slot::Filling(entry)) = st.slots.remove(&key) {
@@ -227,18 +227,9 @@ impl StripeCache {
         self.publish(&st);
     }
 
-    /// Take the filling entries of `stripes` for writing out (each then
+    /// Take the filling entries of `keys` for writing out (each then
     /// needs [`StripeCache::done`]).
-    pub fn take_range(&self, group: u32, stripes: RangeInclusive<u64>) -> Vec<(Key, Entry)> {
-        self.take_filling((group, *stripes.start())..=(group, *stripes.end()))
-    }
-
-    /// Take every filling entry, for a flush.
-    pub fn take_all(&self) -> Vec<(Key, Entry)> {
-        self.take_filling(..)
-    }
-
-    fn take_filling(&self, keys: impl RangeBounds<Key>) -> Vec<(Key, Entry)> {
+    pub fn take(&self, keys: impl RangeBounds<Key>) -> Vec<(Key, Entry)> {
         let mut st = self.state.lock();
         let filling: Vec<Key> = st
             .slots
@@ -285,29 +276,13 @@ impl StripeCache {
         self.settled.notify_all();
     }
 
-    /// Wait until no entry of `stripes` is being written out.
-    pub fn wait_settled(&self, group: u32, stripes: RangeInclusive<u64>) {
-        if self.is_empty() {
-            return;
-        }
-        drop(self.settled_range((group, *stripes.start())..=(group, *stripes.end())));
-    }
-
     /// The state, locked once no entry of `keys` is being written out.
-    fn settled_range(&self, keys: RangeInclusive<Key>) -> parking_lot::MutexGuard<'_, State> {
+    fn settled(&self, keys: impl RangeBounds<Key> + Clone) -> parking_lot::MutexGuard<'_, State> {
         let mut st = self.state.lock();
         while st.writing_out(keys.clone()) {
             self.settled.wait(&mut st);
         }
         st
-    }
-
-    /// Wait until no entry at all is being written out.
-    pub fn wait_all_settled(&self) {
-        let mut st = self.state.lock();
-        while st.slots.values().any(|s| matches!(s, Slot::WritingOut)) {
-            self.settled.wait(&mut st);
-        }
     }
 }
 
@@ -361,36 +336,18 @@ impl Array {
         Ok(true)
     }
 
-    /// Write out the cached entries of `stripes` of `group` and wait for
-    /// any another thread is writing out, so that the members hold every
-    /// completed write to them.
-    pub(super) fn write_out_cached(
-        &self,
-        group: u32,
-        stripes: RangeInclusive<u64>,
-    ) -> ArrayResult<()> {
+    /// Write out the cached entries of `keys` (`..` for all of them, a
+    /// flush) and wait for those another thread is writing out, so that the
+    /// members hold every completed write to those stripes.
+    pub(super) fn write_out_cached(&self, keys: impl RangeBounds<Key> + Clone) -> ArrayResult<()> {
         if self.stripe_cache.is_empty() {
             return Ok(());
         }
         let mut result = Ok(());
-        for (key, entry) in self.stripe_cache.take_range(group, stripes.clone()) {
+        for (key, entry) in self.stripe_cache.take(keys.clone()) {
             result = result.and(self.write_out(key, entry));
         }
-        self.stripe_cache.wait_settled(group, stripes);
-        result
-    }
-
-    /// Write out every cached entry (a flush), and wait for those other
-    /// threads are writing out.
-    pub(super) fn write_out_all_cached(&self) -> ArrayResult<()> {
-        if self.stripe_cache.is_empty() {
-            return Ok(());
-        }
-        let mut result = Ok(());
-        for (key, entry) in self.stripe_cache.take_all() {
-            result = result.and(self.write_out(key, entry));
-        }
-        self.stripe_cache.wait_all_settled();
+        drop(self.stripe_cache.settled(keys));
         result
     }
 
@@ -456,14 +413,14 @@ mod tests {
         cache.absorb(key, 0, 8 * BLOCK, 0, &[1; 2 * BLOCK]);
         cache.absorb(key, 0, 8 * BLOCK, 5 * BLOCK, &[1; BLOCK]);
         cache.absorb(key, 0, 8 * BLOCK, 7 * BLOCK, &[1; BLOCK]);
-        let taken = cache.take_range(1, 0..=0);
+        let taken = cache.take((1, 0)..=(1, 0));
         assert_eq!(taken.len(), 1);
         assert_eq!(
             taken[0].1.filled_runs(),
             vec![0..2 * BLOCK, 5 * BLOCK..6 * BLOCK, 7 * BLOCK..8 * BLOCK]
         );
         cache.done(key);
-        assert!(cache.take_all().is_empty());
+        assert!(cache.take(..).is_empty());
     }
 
     #[test]
@@ -473,7 +430,7 @@ mod tests {
         cache.absorb((0, 2), 0, STRIPE, 0, &[1; BLOCK]);
         cache.absorb((1, 1), 0, STRIPE, 0, &[1; BLOCK]);
         cache.supersede(0, 1..=1);
-        let left: Vec<Key> = cache.take_all().into_iter().map(|(k, _)| k).collect();
+        let left: Vec<Key> = cache.take(..).into_iter().map(|(k, _)| k).collect();
         assert_eq!(left, vec![(0, 2), (1, 1)]);
     }
 

@@ -588,20 +588,26 @@ impl FileSystem {
     /// Write all of `data` at `offset`; returns bytes written. The file
     /// loses its capabilities (`security.capability`), as with any write.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        self.inner.write_data(false, ino, offset, data)
+        Ok(self.inner.write_data(false, ino, offset, data)?.0)
     }
 
     /// As [`FileSystem::write`], and clear the set-user-ID bit and (for a
     /// group-executable file) the set-group-ID bit: a write by someone
     /// without `CAP_FSETID` (the kernel's `FUSE_WRITE_KILL_SUIDGID`).
-    pub fn write_clearing_setid(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+    /// Returns the bytes written and whether the mode changed.
+    pub fn write_clearing_setid(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<(usize, bool)> {
         self.inner.write_data(true, ino, offset, data)
     }
 
     /// As [`FileSystem::write`], on behalf of `caller`: a write by anyone but
     /// root clears the set-ID bits.
     pub fn write_as(&self, caller: &Caller, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        self.inner.write_data(caller.uid != 0, ino, offset, data)
+        Ok(self.inner.write_data(caller.uid != 0, ino, offset, data)?.0)
     }
 
     /// Make the inode's data (and, unless `datasync`, its metadata) durable on

@@ -20,14 +20,17 @@ pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 /// `FUSE_HANDLE_KILLPRIV_V2`): its capabilities, and with `setid` the
 /// set-user-ID bit and, if the file is group-executable, the set-group-ID
 /// bit (without group execute that bit marks mandatory locking and stays).
-pub fn drop_privileges(inode: &mut Inode, setid: bool) {
+/// True when the mode changed.
+pub fn drop_privileges(inode: &mut Inode, setid: bool) -> bool {
     inode.xattrs.remove(CAPABILITY_XATTR);
+    let before = inode.perm;
     if setid && inode.kind != FileKind::Dir {
         inode.perm &= !S_ISUID;
         if inode.perm & 0o010 != 0 {
             inode.perm &= !S_ISGID;
         }
     }
+    inode.perm != before
 }
 
 pub fn in_group(caller: &Caller, gid: u32) -> bool {

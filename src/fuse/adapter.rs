@@ -431,19 +431,18 @@ impl Filesystem for RaidFuse {
         // With FUSE_HANDLE_KILLPRIV_V2 the kernel says when the writer lacks
         // CAP_FSETID, and leaves clearing the set-ID bits to us.
         let written = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            let had_setid = self
-                .fs
-                .getattr(ino.0)
-                .is_ok_and(|a| u32::from(a.perm) & (libc::S_ISUID | libc::S_ISGID) != 0);
-            let written = self.fs.write_clearing_setid(ino.0, offset, data);
-            if had_setid {
-                // The kernel keeps the mode it cached (a write invalidates
-                // only size and times): have it ask again.
-                if let Some(notifier) = self.notifier.get() {
-                    let _ = notifier.inval_inode(ino, -1, 0);
-                }
-            }
-            written
+            self.fs
+                .write_clearing_setid(ino.0, offset, data)
+                .map(|(written, mode_changed)| {
+                    if mode_changed {
+                        // The kernel keeps the mode it cached (a write
+                        // invalidates only size and times): have it ask again.
+                        if let Some(notifier) = self.notifier.get() {
+                            let _ = notifier.inval_inode(ino, -1, 0);
+                        }
+                    }
+                    written
+                })
         } else {
             self.fs.write(ino.0, offset, data)
         };

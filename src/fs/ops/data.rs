@@ -294,13 +294,14 @@ impl Inner {
 
     /// Write `data` at `offset`; the file loses its capabilities and, with
     /// `drop_setid`, its set-ID bits (see [`perm::drop_privileges`]).
+    /// Returns the bytes written and whether the mode changed.
     pub fn write_data(
         &self,
         drop_setid: bool,
         ino: u64,
         offset: u64,
         data: &[u8],
-    ) -> FsResult<usize> {
+    ) -> FsResult<(usize, bool)> {
         if self.is_read_only() {
             return Err(FsError::ReadOnly);
         }
@@ -310,7 +311,7 @@ impl Inner {
             .ok_or(FsError::TooBig)?;
         if data.is_empty() {
             self.state.read().inode(ino).and_then(regular_file)?;
-            return Ok(0);
+            return Ok((0, false));
         }
         let (first, last) = (round_down(offset), round_up(end, BLOCK_SIZE));
         let _blocks = self.range_lock(ino, first, last);
@@ -322,15 +323,16 @@ impl Inner {
                 return Err(e);
             }
         };
+        let mut mode_changed = false;
         self.install(ino, &plan, crcs, |inode| {
             inode.size = inode.size.max(end);
             let now = Time::now();
             inode.mtime = now;
             inode.ctime = now;
-            perm::drop_privileges(inode, drop_setid);
+            mode_changed = perm::drop_privileges(inode, drop_setid);
         })?;
         self.commit_if_large()?;
-        Ok(data.len())
+        Ok((data.len(), mode_changed))
     }
 
     fn commit_if_large(&self) -> FsResult<()> {

@@ -127,6 +127,7 @@ fn crash_case(seed: u64) {
         FsOptions {
             read_only: false,
             commit_interval_secs: 3600,
+            ..FsOptions::default()
         },
     )
     .unwrap();
@@ -191,6 +192,7 @@ fn crash_during_checkpoints_recovers() {
             FsOptions {
                 read_only: false,
                 commit_interval_secs: 3600,
+                ..FsOptions::default()
             },
         )
         .unwrap();

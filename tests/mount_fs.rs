@@ -274,6 +274,67 @@ fn o_direct_large_aligned_writes_and_reads() {
     assert_eq!(&some[..], &out.as_mut()[12345..12445]);
 }
 
+/// Writes are answered before they are done (`fs::deferred`): a read from
+/// another descriptor, a stat, an overwrite and a truncate right after the
+/// answer must each see the write, with and without the page cache.
+#[test]
+fn what_follows_a_write_sees_it() {
+    if !fuse_available() {
+        return;
+    }
+    for direct_io in [false, true] {
+        let config = MountConfig {
+            direct_io,
+            ..MountConfig::default()
+        };
+        let mnt = mount_mem(&config);
+        let file = mnt.join("f.bin");
+        let mut writer = File::create(&file).unwrap();
+        // O_DIRECT, so every read reaches the filesystem rather than the
+        // pages the writer's copy left in the kernel.
+        let reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&file)
+            .unwrap();
+        let chunk = 1 << 20;
+        let mut back = Aligned::new(chunk);
+        let mut expected = Vec::new();
+        for i in 0..16usize {
+            let data: Vec<u8> = (0..chunk)
+                .map(|j| ((i * 131 + j * 7) % 251) as u8)
+                .collect();
+            writer.write_all(&data).unwrap();
+            expected.extend_from_slice(&data);
+            std::os::unix::fs::FileExt::read_exact_at(&reader, back.as_mut(), (i * chunk) as u64)
+                .unwrap();
+            assert!(
+                back.as_mut() == &data[..],
+                "chunk {i} read back (direct_io {direct_io})"
+            );
+            assert_eq!(reader.metadata().unwrap().len(), ((i + 1) * chunk) as u64);
+        }
+        // An overwrite of the middle, then a truncate inside it.
+        writer.seek(SeekFrom::Start(3 * chunk as u64 + 5)).unwrap();
+        writer.write_all(&[0xEE; 4096]).unwrap();
+        expected[3 * chunk + 5..3 * chunk + 5 + 4096].fill(0xEE);
+        writer.set_len(3 * chunk as u64 + 100).unwrap();
+        expected.truncate(3 * chunk + 100);
+        writer.sync_all().unwrap();
+        drop(writer);
+        assert!(
+            fs::read(&file).unwrap() == expected,
+            "direct_io {direct_io}"
+        );
+        assert!(
+            mnt.fs()
+                .read(fs::metadata(&file).unwrap().ino(), 0, expected.len())
+                .unwrap()
+                == expected
+        );
+    }
+}
+
 #[test]
 fn direct_io_mount_serves_unaligned_parallel_and_mapped_io() {
     if !fuse_available() {

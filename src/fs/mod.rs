@@ -9,6 +9,7 @@ mod alloc;
 pub mod array_store;
 mod core;
 pub mod csum;
+mod deferred;
 mod dir;
 mod extent;
 pub mod fsck;
@@ -32,6 +33,7 @@ pub use array_store::{format_array, ArrayStore};
 use parking_lot::Mutex;
 
 use self::core::Inner;
+use self::deferred::Deferred;
 use self::ops::namespace::{self, NewNode};
 use self::perm::{R_OK, W_OK, X_OK};
 
@@ -198,6 +200,9 @@ pub struct FsOptions {
     pub read_only: bool,
     /// Maximum seconds between journal commits.
     pub commit_interval_secs: u64,
+    /// Writes that may be answered before they are done (0: none); see
+    /// [`FileSystem::accept_write`].
+    pub deferred_writes: usize,
 }
 
 impl Default for FsOptions {
@@ -205,6 +210,7 @@ impl Default for FsOptions {
         FsOptions {
             read_only: false,
             commit_interval_secs: 5,
+            deferred_writes: 0,
         }
     }
 }
@@ -223,6 +229,14 @@ pub struct FileSystem {
     inner: Arc<Inner>,
     /// Dropping the sender stops the commit thread.
     stop_committer: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    deferred: Arc<Deferred>,
+}
+
+/// A write answered before it is done: see [`FileSystem::accept_write`].
+pub struct AcceptedWrite {
+    ticket: deferred::Ticket,
+    offset: u64,
+    drop_setid: bool,
 }
 
 fn bytes(name: &OsStr) -> &[u8] {
@@ -277,11 +291,17 @@ impl FileSystem {
         Ok(FileSystem {
             inner,
             stop_committer: Mutex::new(stop),
+            deferred: Deferred::new(if opts.read_only {
+                0
+            } else {
+                opts.deferred_writes
+            }),
         })
     }
 
     /// Commit, flush and mark clean; the filesystem must not be used afterwards.
     pub fn unmount(&self) -> FsResult<()> {
+        self.deferred.settle_all();
         self.stop_committer.lock().take();
         if self.inner.is_read_only() {
             return Ok(());
@@ -295,6 +315,11 @@ impl FileSystem {
 
     /// Commit the journal and flush the store (sync(2)).
     pub fn sync_all(&self) -> FsResult<()> {
+        self.deferred.settle_all();
+        self.sync_store()
+    }
+
+    fn sync_store(&self) -> FsResult<()> {
         // A journal record ends with a flush of its own, covering every
         // data write that completed before it.
         if !self.inner.is_read_only() && self.inner.commit(false)? {
@@ -320,6 +345,7 @@ impl FileSystem {
     /// Where the file's data lives: (file offset, logical address, length)
     /// for each extent, in file order (as FIEMAP reports it).
     pub fn extents(&self, ino: u64) -> FsResult<Vec<(u64, u64, u64)>> {
+        self.deferred.settle(ino);
         let st = self.inner.state.read();
         Ok(st
             .inode(ino)?
@@ -331,7 +357,11 @@ impl FileSystem {
 
     /// Look up `name` in `parent`; "." and ".." are answered too (NFS needs them).
     pub fn lookup(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        namespace::lookup(&self.inner.state.read(), caller, parent, bytes(name))
+        let attr = namespace::lookup(&self.inner.state.read(), caller, parent, bytes(name))?;
+        if self.deferred.is_pending(attr.ino) {
+            return self.getattr(attr.ino);
+        }
+        Ok(attr)
     }
 
     /// The parent directory of directory `ino` (for NFS "..", and FUSE's
@@ -346,10 +376,12 @@ impl FileSystem {
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        self.deferred.settle(ino);
         Ok(self.inner.state.read().inode(ino)?.attr())
     }
 
     pub fn setattr(&self, caller: &Caller, ino: u64, set: &SetAttr) -> FsResult<Attr> {
+        self.deferred.settle(ino);
         let _file = self.inner.file_lock(ino);
         ops::attr::validate(&self.inner.state.read(), caller, ino, set)?;
         if let Some(size) = set.size {
@@ -565,6 +597,7 @@ impl FileSystem {
 
     /// Forget one open of `ino`; the last release of an unlinked file frees it.
     pub fn release(&self, ino: u64) -> FsResult<()> {
+        self.deferred.settle(ino);
         let mut st = self.inner.state.write();
         let Some(count) = st.open_counts.get_mut(&ino) else {
             return Ok(());
@@ -582,12 +615,14 @@ impl FileSystem {
 
     /// Read up to `size` bytes; holes read as zeros; short only at end of file.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
+        self.deferred.settle(ino);
         self.inner.read_data(ino, offset, size)
     }
 
     /// Write all of `data` at `offset`; returns bytes written. The file
     /// loses its capabilities (`security.capability`), as with any write.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+        self.deferred.settle(ino);
         Ok(self.inner.write_data(false, ino, offset, data)?.0)
     }
 
@@ -601,12 +636,14 @@ impl FileSystem {
         offset: u64,
         data: &[u8],
     ) -> FsResult<(usize, bool)> {
+        self.deferred.settle(ino);
         self.inner.write_data(true, ino, offset, data)
     }
 
     /// As [`FileSystem::write`], on behalf of `caller`: a write by anyone but
     /// root clears the set-ID bits.
     pub fn write_as(&self, caller: &Caller, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+        self.deferred.settle(ino);
         Ok(self.inner.write_data(caller.uid != 0, ino, offset, data)?.0)
     }
 
@@ -614,11 +651,77 @@ impl FileSystem {
     /// every member that holds it before returning.
     pub fn fsync(&self, ino: u64, datasync: bool) -> FsResult<()> {
         let _ = datasync;
+        if let Some(failure) = self.deferred.settle_and_take_failure(ino) {
+            return Err(failure);
+        }
         self.inner.state.read().inode(ino)?;
-        self.sync_all()
+        self.sync_store()
+    }
+
+    /// close(2) of a handle: not a durability point (fsync is), but it
+    /// reports a write of the file that failed after it was answered.
+    pub fn flush(&self, ino: u64) -> FsResult<()> {
+        match self.deferred.settle_and_take_failure(ino) {
+            Some(failure) => Err(failure),
+            None => Ok(()),
+        }
+    }
+
+    /// Accept a write of `len` bytes at `offset` to be answered now and done
+    /// by [`FileSystem::complete_write`] right after, so that the writer
+    /// prepares its next request while this one is written. None when the
+    /// write must be done before it is answered: deferral off or at its
+    /// limit, too little free space, anything the write could refuse
+    /// (read-only, size limit, not a regular file), or, with `drop_setid`,
+    /// set-ID bits to clear (the caller must tell the kernel the new mode).
+    /// Other operations on the inode wait for accepted writes, which run in
+    /// the order accepted; a failure is reported by the next fsync or flush.
+    pub fn accept_write(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: usize,
+        drop_setid: bool,
+    ) -> Option<AcceptedWrite> {
+        if len == 0 || self.inner.is_read_only() {
+            return None;
+        }
+        offset
+            .checked_add(len as u64)
+            .filter(|end| *end <= ops::data::MAX_FILE_SIZE)?;
+        let free = {
+            let st = self.inner.state.read();
+            let inode = st.inode(ino).ok()?;
+            let set_id = perm::S_ISUID | perm::S_ISGID;
+            if inode.kind != FileKind::File || (drop_setid && inode.perm & set_id != 0) {
+                return None;
+            }
+            st.alloc.free_bytes()
+        };
+        let (free_groups, group_capacity) = self.inner.store.free_groups();
+        let free = free.saturating_add(free_groups.saturating_mul(group_capacity));
+        let ticket = self.deferred.try_accept(ino, len as u64, free)?;
+        Some(AcceptedWrite {
+            ticket,
+            offset,
+            drop_setid,
+        })
+    }
+
+    /// Do a write accepted by [`FileSystem::accept_write`] (after the writes
+    /// of the same inode accepted before it).
+    pub fn complete_write(&self, accepted: AcceptedWrite, data: &[u8]) {
+        let AcceptedWrite {
+            ticket,
+            offset,
+            drop_setid,
+        } = accepted;
+        let ino = ticket.ino();
+        ticket.run(|| self.inner.write_data(drop_setid, ino, offset, data));
     }
 
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> FsResult<()> {
+        self.deferred.settle(ino);
         self.inner.fallocate_data(ino, offset, len, mode)
     }
 
@@ -672,20 +775,24 @@ impl FileSystem {
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
+        self.deferred.settle(ino);
         self.inner
             .mutate(|st| ops::xattr::set(st, caller, ino, bytes(name), value, flags))
     }
 
     pub fn getxattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<Vec<u8>> {
+        self.deferred.settle(ino);
         ops::xattr::get(&self.inner.state.read(), caller, ino, bytes(name))
     }
 
     /// Names, each NUL-terminated, concatenated (listxattr(2) format).
     pub fn listxattr(&self, caller: &Caller, ino: u64) -> FsResult<Vec<u8>> {
+        self.deferred.settle(ino);
         ops::xattr::list(&self.inner.state.read(), caller, ino)
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<()> {
+        self.deferred.settle(ino);
         self.inner
             .mutate(|st| ops::xattr::remove(st, caller, ino, bytes(name)))
     }

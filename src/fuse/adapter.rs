@@ -430,7 +430,22 @@ impl Filesystem for RaidFuse {
     ) {
         // With FUSE_HANDLE_KILLPRIV_V2 the kernel says when the writer lacks
         // CAP_FSETID, and leaves clearing the set-ID bits to us.
-        let written = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+        let kill_setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let sync = write_sync(HandleFlags::from_handle(fh.0), flags.0, from_cache);
+        if sync.is_none() {
+            // Answer first, then write: the writer copies its next request
+            // while this one is written (see `fs::deferred`).
+            if let (Some(accepted), Ok(n)) = (
+                self.fs.accept_write(ino.0, offset, data.len(), kill_setid),
+                u32::try_from(data.len()),
+            ) {
+                reply.written(n);
+                self.fs.complete_write(accepted, data);
+                return;
+            }
+        }
+        let written = if kill_setid {
             self.fs
                 .write_clearing_setid(ino.0, offset, data)
                 .map(|(written, mode_changed)| {
@@ -447,8 +462,7 @@ impl Filesystem for RaidFuse {
             self.fs.write(ino.0, offset, data)
         };
         let written = try_reply!("write", reply, written);
-        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        if let Some(datasync) = write_sync(HandleFlags::from_handle(fh.0), flags.0, from_cache) {
+        if let Some(datasync) = sync {
             try_reply!("write (O_SYNC)", reply, self.fs.fsync(ino.0, datasync));
         }
         match u32::try_from(written) {
@@ -457,16 +471,17 @@ impl Filesystem for RaidFuse {
         }
     }
 
-    /// close(2) is not a durability point (fsync is), and every write has
-    /// already reached the filesystem, so there is nothing to push here.
+    /// close(2) is not a durability point (fsync is); it reports a write
+    /// that failed after it was answered.
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        try_reply!("flush", reply, self.fs.flush(ino.0));
         reply.ok();
     }
 

@@ -81,10 +81,14 @@ pub fn mem_store() -> Arc<MemStore> {
     store
 }
 
-/// Open the filesystem on `store` and mount it on a new temporary directory.
+/// Open the filesystem on `store` and mount it on a new temporary directory,
+/// answering writes before they are done as `raidfs mount` does by default.
 pub fn mount_store(store: Arc<MemStore>, config: &MountConfig) -> MountGuard {
-    let fs =
-        Arc::new(FileSystem::open(store, FsOptions::default()).expect("open MemStore filesystem"));
+    let opts = FsOptions {
+        deferred_writes: 2,
+        ..FsOptions::default()
+    };
+    let fs = Arc::new(FileSystem::open(store, opts).expect("open MemStore filesystem"));
     let dir = tempfile::tempdir().expect("temp dir");
     let handle = fuse::mount(fs.clone(), dir.path(), config).expect("mount");
     MountGuard {

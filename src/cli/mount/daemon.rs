@@ -191,6 +191,10 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     }
     let fs_opts = FsOptions {
         read_only,
+        deferred_writes: plan
+            .options
+            .deferred_writes
+            .unwrap_or(plan.options.fuse.threads / 2),
         ..FsOptions::default()
     };
     let fs = match FileSystem::open(Arc::new(ArrayStore::new(array.clone())), fs_opts) {

@@ -25,6 +25,9 @@ pub struct MountOptions {
     pub balance: Option<crate::array::ReadPolicy>,
     /// Whether image-file members behave like rotating disks (`rotational=0|1`).
     pub rotational: Option<bool>,
+    /// Writes answered before they are done (`deferred_writes=N`, 0 for
+    /// none); by default half the FUSE threads.
+    pub deferred_writes: Option<usize>,
     /// Per-mount flags asked for with the generic mount options.
     pub vfs: VfsFlags,
 }
@@ -109,7 +112,7 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
-    writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, read_ahead_kb=N, log=PATH, parity=KERNEL, \
+    writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, deferred_writes=N, read_ahead_kb=N, log=PATH, parity=KERNEL, \
     balance=sticky|round-robin|first|legacy, rotational=0|1; \
     and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
     nosuid, nodev, noexec, noatime, ...";
@@ -151,6 +154,16 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                     _ => {
                         return Err(format!(
                             "threads={v}: expected a number of threads from 1 to 256"
+                        ))
+                    }
+                }
+            }
+            ("deferred_writes", Some(v)) => {
+                opts.deferred_writes = match v.parse::<usize>() {
+                    Ok(n) if n <= 256 => Some(n),
+                    _ => {
+                        return Err(format!(
+                            "deferred_writes={v}: expected a number of writes from 0 (off) to 256"
                         ))
                     }
                 }
@@ -300,6 +313,17 @@ mod tests {
         assert!(parse(&["nofail=1".into()]).is_err());
         assert!(parse(&["read_ahead_kb=x".into()]).is_err());
         assert!(parse(&["read_ahead_kb=70000".into()]).is_err());
+        assert!(parse(&["deferred_writes=many".into()]).is_err());
+        assert!(parse(&["deferred_writes=257".into()]).is_err());
+    }
+
+    #[test]
+    fn deferred_writes_is_a_count_and_zero_turns_it_off() {
+        assert_eq!(parse(&[]).unwrap().deferred_writes, None);
+        let opts = parse(&["deferred_writes=0".into()]).unwrap();
+        assert_eq!(opts.deferred_writes, Some(0));
+        let opts = parse(&["threads=8,deferred_writes=3".into()]).unwrap();
+        assert_eq!(opts.deferred_writes, Some(3));
     }
 
     #[test]

@@ -1,0 +1,330 @@
+//! Writes answered before they are done.
+//!
+//! A buffered writer through FUSE copies a request into the kernel's page
+//! cache, then waits for the daemon's reply before it copies the next one;
+//! the daemon's work on a request and the writer's copy of the next one
+//! alternate on the CPUs. Answering a write once it is checked, and doing it
+//! after the reply, lets the two overlap (what the page cache gives a local
+//! filesystem). The bookkeeping here keeps that invisible:
+//!
+//! * the writes of one inode run in the order they were accepted (one queue
+//!   of tickets per inode), so a later write over the same bytes wins;
+//! * every other operation on the inode (read, getattr, setattr, fsync,
+//!   flush, release, fallocate, xattrs) first waits for the inode's queue to
+//!   drain ([`Deferred::settle`]), and sync(2) and unmount wait for all;
+//! * a write that fails after its reply is reported by the next fsync or
+//!   close (flush) of the inode, as the kernel reports a failed page-cache
+//!   writeback, and logged when it happens;
+//! * at most `limit` writes are outstanding, so FUSE threads stay free for
+//!   other requests, and none is accepted unless the free space covers all
+//!   outstanding ones with room to spare (ENOSPC is then reported by the
+//!   write itself, done in the foreground).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::FsError;
+
+/// Free space kept beyond the bytes of outstanding writes before another
+/// one is accepted: copy-on-write allocates before it frees, and the
+/// journal needs room too.
+pub const SPACE_MARGIN: u64 = 64 << 20;
+
+/// The outstanding writes of one inode.
+#[derive(Default)]
+struct Queue {
+    /// Tickets handed out; ticket `n` runs once `finished == n`.
+    issued: u64,
+    finished: u64,
+    /// The first failure of a write since the last report.
+    failure: Option<FsError>,
+}
+
+impl Queue {
+    fn idle(&self) -> bool {
+        self.issued == self.finished
+    }
+}
+
+#[derive(Default)]
+struct State {
+    queues: HashMap<u64, Queue>,
+    /// Bytes of accepted writes not yet finished.
+    bytes: u64,
+}
+
+pub struct Deferred {
+    limit: usize,
+    /// Writes accepted and not finished: the fast path of [`Deferred::settle`].
+    outstanding: AtomicUsize,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// The right (and duty) to run one accepted write. Dropping it unused
+/// counts the write as failed, so the writes queued behind it still run.
+pub struct Ticket {
+    deferred: Arc<Deferred>,
+    ino: u64,
+    seq: u64,
+    bytes: u64,
+    done: bool,
+}
+
+impl Deferred {
+    /// `limit` 0 turns deferral off: every write is done before its reply.
+    pub fn new(limit: usize) -> Arc<Deferred> {
+        Arc::new(Deferred {
+            limit,
+            outstanding: AtomicUsize::new(0),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        })
+    }
+
+    /// Accept a write of `bytes` to `ino`, or None when it must be done in
+    /// the foreground (deferral off, too many outstanding, or `free_bytes`
+    /// short of the outstanding bytes plus [`SPACE_MARGIN`]).
+    pub fn try_accept(self: &Arc<Self>, ino: u64, bytes: u64, free_bytes: u64) -> Option<Ticket> {
+        if self.outstanding.load(Ordering::SeqCst) >= self.limit {
+            return None;
+        }
+        let mut st = self.state.lock();
+        let needed = st.bytes.saturating_add(bytes).saturating_add(SPACE_MARGIN);
+        if free_bytes < needed || self.outstanding.load(Ordering::SeqCst) >= self.limit {
+            return None;
+        }
+        st.bytes += bytes;
+        let queue = st.queues.entry(ino).or_default();
+        let seq = queue.issued;
+        queue.issued += 1;
+        self.outstanding.fetch_add(1, Ordering::SeqCst);
+        Some(Ticket {
+            deferred: Arc::clone(self),
+            ino,
+            seq,
+            bytes,
+            done: false,
+        })
+    }
+
+    /// Wait until every accepted write of `ino` has finished.
+    pub fn settle(&self, ino: u64) {
+        if self.outstanding.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut st = self.state.lock();
+        while st.queues.get(&ino).is_some_and(|q| !q.idle()) {
+            self.changed.wait(&mut st);
+        }
+    }
+
+    /// Wait until every accepted write has finished.
+    pub fn settle_all(&self) {
+        if self.outstanding.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut st = self.state.lock();
+        while self.outstanding.load(Ordering::SeqCst) > 0 {
+            self.changed.wait(&mut st);
+        }
+    }
+
+    /// Wait for `ino`'s writes, then take the failure of any of them not
+    /// yet reported.
+    pub fn settle_and_take_failure(&self, ino: u64) -> Option<FsError> {
+        self.settle(ino);
+        let mut st = self.state.lock();
+        let queue = st.queues.get_mut(&ino)?;
+        let failure = queue.failure.take();
+        if queue.idle() {
+            st.queues.remove(&ino);
+        }
+        failure
+    }
+
+    /// Whether `ino` has writes accepted and not finished.
+    pub fn is_pending(&self, ino: u64) -> bool {
+        self.outstanding.load(Ordering::SeqCst) != 0
+            && self
+                .state
+                .lock()
+                .queues
+                .get(&ino)
+                .is_some_and(|q| !q.idle())
+    }
+
+    fn wait_turn(&self, ino: u64, seq: u64) {
+        let mut st = self.state.lock();
+        while st.queues.get(&ino).is_some_and(|q| q.finished < seq) {
+            self.changed.wait(&mut st);
+        }
+    }
+
+    fn finish(&self, ino: u64, bytes: u64, failure: Option<FsError>) {
+        let mut st = self.state.lock();
+        st.bytes = st.bytes.saturating_sub(bytes);
+        if let Some(queue) = st.queues.get_mut(&ino) {
+            queue.finished += 1;
+            if queue.failure.is_none() {
+                queue.failure = failure;
+            }
+            if queue.idle() && queue.failure.is_none() {
+                st.queues.remove(&ino);
+            }
+        }
+        self.outstanding.fetch_sub(1, Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+}
+
+impl Ticket {
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// Wait for the writes accepted before this one on the same inode, run
+    /// `write`, and record its failure for the next fsync or close.
+    pub fn run<T>(mut self, write: impl FnOnce() -> Result<T, FsError>) -> Option<T> {
+        self.deferred.wait_turn(self.ino, self.seq);
+        let result = write();
+        self.done = true;
+        match result {
+            Ok(value) => {
+                self.deferred.finish(self.ino, self.bytes, None);
+                Some(value)
+            }
+            Err(err) => {
+                log::error!(
+                    "a write to inode {} failed after it was answered (reported at the next fsync or close): {err}",
+                    self.ino
+                );
+                self.deferred.finish(self.ino, self.bytes, Some(err));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.done {
+            self.deferred.finish(
+                self.ino,
+                self.bytes,
+                Some(FsError::Invalid("an accepted write was abandoned")),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::thread;
+
+    const PLENTY: u64 = 1 << 40;
+
+    #[test]
+    fn writes_of_one_inode_run_in_the_order_they_were_accepted() {
+        let deferred = Deferred::new(8);
+        let tickets: Vec<Ticket> = (0..4)
+            .map(|_| deferred.try_accept(7, 10, PLENTY).unwrap())
+            .collect();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Start them newest first: each must still wait for its elders.
+        let handles: Vec<_> = tickets
+            .into_iter()
+            .enumerate()
+            .rev()
+            .map(|(i, ticket)| {
+                let order = Arc::clone(&order);
+                thread::spawn(move || {
+                    ticket.run(|| {
+                        order.lock().push(i);
+                        Ok::<_, FsError>(())
+                    })
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(*order.lock(), vec![0, 1, 2, 3]);
+        deferred.settle(7);
+        assert!(!deferred.is_pending(7));
+    }
+
+    #[test]
+    fn settle_waits_for_the_inodes_writes_only() {
+        let deferred = Deferred::new(8);
+        let ticket = deferred.try_accept(1, 10, PLENTY).unwrap();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let writer = thread::spawn(move || {
+            ticket.run(|| {
+                release_rx.recv().unwrap();
+                Ok::<_, FsError>(())
+            })
+        });
+        // Another inode is not held up.
+        deferred.settle(2);
+        assert!(deferred.is_pending(1));
+        let (settled_tx, settled_rx) = mpsc::channel();
+        let d = Arc::clone(&deferred);
+        let waiter = thread::spawn(move || {
+            d.settle(1);
+            settled_tx.send(()).unwrap();
+        });
+        assert!(settled_rx.try_recv().is_err());
+        release_tx.send(()).unwrap();
+        settled_rx.recv().unwrap();
+        assert!(!deferred.is_pending(1));
+        writer.join().unwrap();
+        waiter.join().unwrap();
+    }
+
+    #[test]
+    fn a_failure_is_reported_once_and_later_writes_still_run() {
+        let deferred = Deferred::new(8);
+        let failing = deferred.try_accept(3, 10, PLENTY).unwrap();
+        let next = deferred.try_accept(3, 10, PLENTY).unwrap();
+        assert!(failing.run(|| Err::<(), _>(FsError::NoSpace)).is_none());
+        assert_eq!(next.run(|| Ok::<_, FsError>(5)), Some(5));
+        assert!(matches!(
+            deferred.settle_and_take_failure(3),
+            Some(FsError::NoSpace)
+        ));
+        assert!(deferred.settle_and_take_failure(3).is_none());
+    }
+
+    #[test]
+    fn an_abandoned_ticket_counts_as_failed_and_unblocks_the_queue() {
+        let deferred = Deferred::new(8);
+        let abandoned = deferred.try_accept(4, 10, PLENTY).unwrap();
+        let next = deferred.try_accept(4, 10, PLENTY).unwrap();
+        drop(abandoned);
+        assert_eq!(next.run(|| Ok::<_, FsError>(1)), Some(1));
+        assert!(deferred.settle_and_take_failure(4).is_some());
+        deferred.settle_all();
+    }
+
+    #[test]
+    fn acceptance_stops_at_the_limit_and_without_free_space() {
+        let deferred = Deferred::new(2);
+        let a = deferred.try_accept(1, 10, PLENTY).unwrap();
+        let b = deferred.try_accept(2, 10, PLENTY).unwrap();
+        assert!(deferred.try_accept(3, 10, PLENTY).is_none());
+        a.run(|| Ok::<_, FsError>(()));
+        // 10 bytes of b are still outstanding.
+        assert!(deferred.try_accept(3, 10, SPACE_MARGIN + 19).is_none());
+        let c = deferred.try_accept(3, 10, SPACE_MARGIN + 20).unwrap();
+        b.run(|| Ok::<_, FsError>(()));
+        c.run(|| Ok::<_, FsError>(()));
+        deferred.settle_all();
+        assert!(Deferred::new(0).try_accept(1, 1, PLENTY).is_none());
+    }
+}

@@ -1,0 +1,231 @@
+//! Writes answered before they are done (`FileSystem::accept_write`),
+//! driven directly: whatever runs after the answer must see the write,
+//! overlapping writes keep their order, and a failure after the answer is
+//! reported by fsync and close.
+
+use std::ffi::OsStr;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use raidfs::fs::store::{MemStore, Verify};
+use raidfs::fs::teststore::CrashStore;
+use raidfs::fs::*;
+
+const MIB: u64 = 1 << 20;
+/// Enough groups that the free space covers the margin kept for deferred writes.
+const ROOMY_GROUPS: u32 = 32;
+
+/// A store whose data writes wait while the gate is closed.
+struct GatedStore {
+    inner: MemStore,
+    closed: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl GatedStore {
+    fn open_gate(&self) {
+        *self.closed.lock() = false;
+        self.opened.notify_all();
+    }
+}
+
+impl BlockStore for GatedStore {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<Verify<'_>>,
+    ) -> Result<(), StoreError> {
+        self.inner.read(addr, buf, verify)
+    }
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
+        let mut closed = self.closed.lock();
+        while *closed {
+            self.opened.wait(&mut closed);
+        }
+        drop(closed);
+        self.inner.write(addr, data)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+    fn groups(&self) -> Vec<GroupInfo> {
+        self.inner.groups()
+    }
+    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
+        self.inner.allocate_group(kind)
+    }
+    fn free_groups(&self) -> (u64, u64) {
+        self.inner.free_groups()
+    }
+}
+
+fn deferring() -> FsOptions {
+    FsOptions {
+        deferred_writes: 2,
+        ..FsOptions::default()
+    }
+}
+
+fn mkfile(fs: &FileSystem, name: &str) -> u64 {
+    fs.mknod(&Caller::root(), ROOT_INO, OsStr::new(name), 0o100644, 0, 0)
+        .unwrap()
+        .ino
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn operations_after_the_answer_wait_for_the_write() {
+    let store = Arc::new(GatedStore {
+        inner: MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
+        closed: Mutex::new(false),
+        opened: Condvar::new(),
+    });
+    FileSystem::format(store.clone()).unwrap();
+    let fs = Arc::new(FileSystem::open(store.clone(), deferring()).unwrap());
+    let ino = mkfile(&fs, "f");
+    let data = pattern(MIB as usize, 7);
+
+    *store.closed.lock() = true;
+    let accepted = fs.accept_write(ino, 0, data.len(), false).unwrap();
+    let writer = {
+        let (fs, data) = (Arc::clone(&fs), data.clone());
+        thread::spawn(move || fs.complete_write(accepted, &data))
+    };
+    // Each of these runs while the write is held at the store; each must
+    // wait for it and then see it.
+    let (tx, rx) = mpsc::channel();
+    let mut readers = Vec::new();
+    for op in 0..3 {
+        let (fs, tx) = (Arc::clone(&fs), tx.clone());
+        readers.push(thread::spawn(move || {
+            let seen = match op {
+                0 => fs.read(ino, 0, MIB as usize).unwrap(),
+                1 => fs.getattr(ino).unwrap().size.to_le_bytes().to_vec(),
+                _ => {
+                    fs.fsync(ino, false).unwrap();
+                    fs.read(ino, MIB - 8, 8).unwrap()
+                }
+            };
+            tx.send((op, seen)).unwrap();
+        }));
+    }
+    // A reader that did not wait would answer now, with the write still
+    // held (what it saw is then checked below and fails).
+    let early = rx.recv_timeout(Duration::from_millis(200));
+    store.open_gate();
+    let mut results: Vec<(i32, Vec<u8>)> = early.into_iter().collect();
+    while results.len() < 3 {
+        results.push(rx.recv().unwrap());
+    }
+    for (op, seen) in results {
+        match op {
+            0 => assert!(seen == data, "read saw the file before the write"),
+            1 => assert_eq!(seen, MIB.to_le_bytes().to_vec(), "getattr's size"),
+            _ => assert_eq!(seen, data[data.len() - 8..].to_vec(), "after fsync"),
+        }
+    }
+    writer.join().unwrap();
+    for r in readers {
+        r.join().unwrap();
+    }
+}
+
+#[test]
+fn overlapping_writes_land_in_the_order_they_were_answered() {
+    let store = Arc::new(MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = Arc::new(FileSystem::open(store.clone(), deferring()).unwrap());
+    let ino = mkfile(&fs, "f");
+    let first = pattern(256 * 1024, 1);
+    let second = pattern(128 * 1024, 2);
+    let a = fs.accept_write(ino, 0, first.len(), false).unwrap();
+    let b = fs
+        .accept_write(ino, 64 * 1024, second.len(), false)
+        .unwrap();
+    // The later write is started first; it must still land last.
+    let late = {
+        let (fs, second) = (Arc::clone(&fs), second.clone());
+        thread::spawn(move || fs.complete_write(b, &second))
+    };
+    let early = {
+        let (fs, first) = (Arc::clone(&fs), first.clone());
+        thread::spawn(move || fs.complete_write(a, &first))
+    };
+    late.join().unwrap();
+    early.join().unwrap();
+    let mut expected = first.clone();
+    expected[64 * 1024..192 * 1024].copy_from_slice(&second);
+    assert!(fs.read(ino, 0, first.len()).unwrap() == expected);
+    fs.fsync(ino, false).unwrap();
+    fs.unmount().unwrap();
+    let fs = FileSystem::open(store, FsOptions::default()).unwrap();
+    assert!(fs.read(ino, 0, first.len()).unwrap() == expected);
+}
+
+#[test]
+fn a_write_failing_after_its_answer_is_reported_by_fsync_and_by_close() {
+    let store = Arc::new(CrashStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = FileSystem::open(store.clone(), deferring()).unwrap();
+    let (a, b) = (mkfile(&fs, "a"), mkfile(&fs, "b"));
+    fs.sync_all().unwrap();
+
+    store.set_write_budget(Some(0));
+    for ino in [a, b] {
+        let accepted = fs.accept_write(ino, 0, 4096, false).unwrap();
+        fs.complete_write(accepted, &[1u8; 4096]);
+    }
+    assert!(
+        fs.fsync(a, false).is_err(),
+        "fsync must report the lost write"
+    );
+    assert!(fs.flush(b).is_err(), "close must report the lost write");
+    // Reported once each, as a failed page-cache writeback is.
+    assert!(fs.flush(a).is_ok());
+    assert!(fs.flush(b).is_ok());
+}
+
+#[test]
+fn writes_that_could_fail_or_change_the_mode_are_not_deferred() {
+    // Too small for the free-space margin: every write is done before its answer.
+    let small = Arc::new(MemStore::new(4, 8 * MIB, 64 * 1024));
+    FileSystem::format(small.clone()).unwrap();
+    let fs = FileSystem::open(small, deferring()).unwrap();
+    let ino = mkfile(&fs, "f");
+    assert!(fs.accept_write(ino, 0, 4096, false).is_none());
+
+    let store = Arc::new(MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = FileSystem::open(store.clone(), deferring()).unwrap();
+    let ino = mkfile(&fs, "f");
+    let dir = fs
+        .mkdir(&Caller::root(), ROOT_INO, OsStr::new("d"), 0o755, 0)
+        .unwrap()
+        .ino;
+    assert!(fs.accept_write(dir, 0, 4096, false).is_none());
+    assert!(fs.accept_write(ino, 1 << 50, 4096, false).is_none());
+    assert!(fs.accept_write(ino, 0, 0, false).is_none());
+    let setuid = SetAttr {
+        mode: Some(0o4755),
+        ..SetAttr::default()
+    };
+    fs.setattr(&Caller::root(), ino, &setuid).unwrap();
+    assert!(fs.accept_write(ino, 0, 4096, true).is_none());
+    let accepted = fs.accept_write(ino, 0, 4096, false).unwrap();
+    fs.complete_write(accepted, &[9u8; 4096]);
+    assert_eq!(fs.getattr(ino).unwrap().size, 4096);
+
+    // Deferral off: nothing is accepted.
+    fs.unmount().unwrap();
+    let fs = FileSystem::open(store, FsOptions::default()).unwrap();
+    assert!(fs.accept_write(ino, 0, 4096, false).is_none());
+}

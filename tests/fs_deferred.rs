@@ -10,56 +10,36 @@ use std::thread;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use raidfs::fs::store::{MemStore, Verify};
-use raidfs::fs::teststore::CrashStore;
+use raidfs::fs::store::MemStore;
+use raidfs::fs::teststore::{CrashStore, HookedStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;
 /// Enough groups that the free space covers the margin kept for deferred writes.
 const ROOMY_GROUPS: u32 = 32;
 
-/// A store whose data writes wait while the gate is closed.
-struct GatedStore {
-    inner: MemStore,
+/// Holds every write while closed.
+#[derive(Default)]
+struct Gate {
     closed: Mutex<bool>,
     opened: Condvar,
 }
 
-impl GatedStore {
-    fn open_gate(&self) {
+impl Gate {
+    fn close(&self) {
+        *self.closed.lock() = true;
+    }
+
+    fn open(&self) {
         *self.closed.lock() = false;
         self.opened.notify_all();
     }
-}
 
-impl BlockStore for GatedStore {
-    fn read(
-        &self,
-        addr: u64,
-        buf: &mut [u8],
-        verify: Option<Verify<'_>>,
-    ) -> Result<(), StoreError> {
-        self.inner.read(addr, buf, verify)
-    }
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
+    fn pass(&self) {
         let mut closed = self.closed.lock();
         while *closed {
             self.opened.wait(&mut closed);
         }
-        drop(closed);
-        self.inner.write(addr, data)
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-    fn groups(&self) -> Vec<GroupInfo> {
-        self.inner.groups()
-    }
-    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
-        self.inner.allocate_group(kind)
-    }
-    fn free_groups(&self) -> (u64, u64) {
-        self.inner.free_groups()
     }
 }
 
@@ -84,17 +64,18 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn operations_after_the_answer_wait_for_the_write() {
-    let store = Arc::new(GatedStore {
-        inner: MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
-        closed: Mutex::new(false),
-        opened: Condvar::new(),
-    });
+    let gate = Arc::new(Gate::default());
+    let hold = Arc::clone(&gate);
+    let store = Arc::new(HookedStore::new(
+        MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
+        move |_, _| hold.pass(),
+    ));
     FileSystem::format(store.clone()).unwrap();
     let fs = Arc::new(FileSystem::open(store.clone(), deferring()).unwrap());
     let ino = mkfile(&fs, "f");
     let data = pattern(MIB as usize, 7);
 
-    *store.closed.lock() = true;
+    gate.close();
     let accepted = fs.accept_write(ino, 0, data.len(), false).unwrap();
     let writer = {
         let (fs, data) = (Arc::clone(&fs), data.clone());
@@ -121,7 +102,7 @@ fn operations_after_the_answer_wait_for_the_write() {
     // A reader that did not wait would answer now, with the write still
     // held (what it saw is then checked below and fails).
     let early = rx.recv_timeout(Duration::from_millis(200));
-    store.open_gate();
+    gate.open();
     let mut results: Vec<(i32, Vec<u8>)> = early.into_iter().collect();
     while results.len() < 3 {
         results.push(rx.recv().unwrap());

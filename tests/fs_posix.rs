@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use raidfs::fs::store::MemStore;
+use raidfs::fs::teststore::HookedStore;
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;
@@ -305,65 +306,34 @@ fn statfs_counts_unallocated_groups_and_enospc_changes_nothing() {
     assert_eq!(fs.read(f, 10 * MIB - 3, 10).unwrap(), vec![5u8; 3]);
 }
 
-/// Records the addresses of large writes.
-struct Recorder {
-    inner: MemStore,
-    writes: Mutex<Vec<(u64, usize)>>,
-}
-
-impl BlockStore for Recorder {
-    fn read(
-        &self,
-        addr: u64,
-        buf: &mut [u8],
-        verify: Option<raidfs::fs::store::Verify<'_>>,
-    ) -> Result<(), StoreError> {
-        self.inner.read(addr, buf, verify)
-    }
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
-        self.writes.lock().push((addr, data.len()));
-        self.inner.write(addr, data)
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-    fn groups(&self) -> Vec<GroupInfo> {
-        self.inner.groups()
-    }
-    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
-        self.inner.allocate_group(kind)
-    }
-    fn free_groups(&self) -> (u64, u64) {
-        self.inner.free_groups()
-    }
-}
-
 #[test]
 fn large_writes_are_stripe_aligned_and_contiguous() {
     let stripe = 192 * 1024;
-    let store = Arc::new(Recorder {
-        inner: MemStore::new(4, 16 * MIB, stripe),
-        writes: Mutex::new(Vec::new()),
-    });
+    let writes = Arc::new(Mutex::new(Vec::<(u64, usize)>::new()));
+    let record = Arc::clone(&writes);
+    let store = Arc::new(HookedStore::new(
+        MemStore::new(4, 16 * MIB, stripe),
+        move |addr, data| record.lock().push((addr, data.len())),
+    ));
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
     let small = mkfile(&fs, ROOT_INO, "small");
     fs.write(small, 0, b"x").unwrap();
     let big = mkfile(&fs, ROOT_INO, "big");
-    store.writes.lock().clear();
+    writes.lock().clear();
     fs.write(big, 0, &vec![3u8; stripe as usize * 4]).unwrap();
-    let writes = store.writes.lock().clone();
-    assert_eq!(writes.len(), 1);
+    let first = writes.lock().clone();
+    assert_eq!(first.len(), 1);
     assert_eq!(
-        (writes[0].0 & ((1 << raidfs::fs::store::GROUP_SHIFT) - 1)) % stripe,
+        (first[0].0 & ((1 << raidfs::fs::store::GROUP_SHIFT) - 1)) % stripe,
         0,
         "extent starts on a stripe boundary"
     );
     // Appending continues the same extent.
-    store.writes.lock().clear();
+    writes.lock().clear();
     fs.write(big, stripe * 4, &vec![4u8; stripe as usize])
         .unwrap();
-    assert_eq!(store.writes.lock()[0].0, writes[0].0 + 4 * stripe);
+    assert_eq!(writes.lock()[0].0, first[0].0 + 4 * stripe);
 }
 
 #[test]

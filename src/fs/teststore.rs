@@ -8,6 +8,7 @@
 //! - [`MirrorStore`] keeps two copies like the array's mirrored Metadata
 //!   groups and honours `verify` by falling back to the other copy, so a test
 //!   can corrupt one copy (or both).
+//! - [`HookedStore`] calls a hook before each write, to record or hold it.
 
 use parking_lot::Mutex;
 
@@ -284,5 +285,56 @@ impl BlockStore for MirrorStore {
 
     fn free_groups(&self) -> (u64, u64) {
         self.copies[0].free_groups()
+    }
+}
+
+/// Called with the address and bytes of each write before it is done.
+type WriteHook = Box<dyn Fn(u64, &[u8]) + Send + Sync>;
+
+/// A [`MemStore`] that calls a hook before every write: to record the
+/// writes, or to hold them until a test lets them go.
+pub struct HookedStore {
+    inner: MemStore,
+    before_write: WriteHook,
+}
+
+impl HookedStore {
+    pub fn new(inner: MemStore, before_write: impl Fn(u64, &[u8]) + Send + Sync + 'static) -> Self {
+        HookedStore {
+            inner,
+            before_write: Box::new(before_write),
+        }
+    }
+}
+
+impl BlockStore for HookedStore {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<Verify<'_>>,
+    ) -> Result<(), StoreError> {
+        self.inner.read(addr, buf, verify)
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
+        (self.before_write)(addr, data);
+        self.inner.write(addr, data)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+
+    fn groups(&self) -> Vec<GroupInfo> {
+        self.inner.groups()
+    }
+
+    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
+        self.inner.allocate_group(kind)
+    }
+
+    fn free_groups(&self) -> (u64, u64) {
+        self.inner.free_groups()
     }
 }

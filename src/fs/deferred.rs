@@ -9,9 +9,10 @@
 //!
 //! * the writes of one inode run in the order they were accepted (one queue
 //!   of tickets per inode), so a later write over the same bytes wins;
-//! * every other operation on the inode (read, getattr, setattr, fsync,
-//!   flush, release, fallocate, xattrs) first waits for the inode's queue to
-//!   drain ([`Deferred::settle`]), and sync(2) and unmount wait for all;
+//! * every other operation on the inode (read, getattr, lookup, link,
+//!   setattr, fsync, flush, release, fallocate, xattrs) first waits for the
+//!   inode's queue to drain ([`Deferred::settle`]), and sync(2) and unmount
+//!   wait for all;
 //! * a write that fails after its reply is reported by the next fsync or
 //!   close (flush) of the inode, as the kernel reports a failed page-cache
 //!   writeback, and logged when it happens;

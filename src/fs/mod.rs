@@ -489,6 +489,8 @@ impl FileSystem {
         new_parent: u64,
         new_name: &OsStr,
     ) -> FsResult<Attr> {
+        // The reply carries the size, which the kernel takes as current.
+        self.deferred.settle(ino);
         self.inner
             .mutate(|st| namespace::link(st, caller, ino, new_parent, bytes(new_name)))
     }

@@ -7,8 +7,11 @@
 //! after the reply, lets the two overlap (what the page cache gives a local
 //! filesystem). The bookkeeping here keeps that invisible:
 //!
-//! * the writes of one inode run in the order they were accepted (one queue
-//!   of tickets per inode), so a later write over the same bytes wins;
+//! * the writes of one inode start in the order they were accepted (one
+//!   queue of tickets per inode): each takes its turn, locks its byte range
+//!   and allocates its blocks, then passes the turn on, so a later write
+//!   over the same bytes waits for the range and wins, blocks are allocated
+//!   in file order, and writes of disjoint ranges then proceed in parallel;
 //! * every other operation on the inode (read, getattr, lookup, link,
 //!   setattr, fsync, flush, release, fallocate, xattrs) first waits for the
 //!   inode's queue to drain ([`Deferred::settle`]), and sync(2) and unmount
@@ -37,8 +40,9 @@ pub const SPACE_MARGIN: u64 = 64 << 20;
 /// The outstanding writes of one inode.
 #[derive(Default)]
 struct Queue {
-    /// Tickets handed out; ticket `n` runs once `finished == n`.
+    /// Tickets handed out; ticket `n` starts once `turn == n`.
     issued: u64,
+    turn: u64,
     finished: u64,
     /// The first failure of a write since the last report.
     failure: Option<FsError>,
@@ -72,6 +76,7 @@ pub struct Ticket {
     ino: u64,
     seq: u64,
     bytes: u64,
+    turn_passed: std::cell::Cell<bool>,
     done: bool,
 }
 
@@ -108,6 +113,7 @@ impl Deferred {
             ino,
             seq,
             bytes,
+            turn_passed: std::cell::Cell::new(false),
             done: false,
         })
     }
@@ -160,9 +166,17 @@ impl Deferred {
 
     fn wait_turn(&self, ino: u64, seq: u64) {
         let mut st = self.state.lock();
-        while st.queues.get(&ino).is_some_and(|q| q.finished < seq) {
+        while st.queues.get(&ino).is_some_and(|q| q.turn < seq) {
             self.changed.wait(&mut st);
         }
+    }
+
+    fn pass_turn(&self, ino: u64) {
+        let mut st = self.state.lock();
+        if let Some(queue) = st.queues.get_mut(&ino) {
+            queue.turn += 1;
+        }
+        self.changed.notify_all();
     }
 
     fn finish(&self, ino: u64, bytes: u64, failure: Option<FsError>) {
@@ -187,11 +201,15 @@ impl Ticket {
         self.ino
     }
 
-    /// Wait for the writes accepted before this one on the same inode, run
-    /// `write`, and record its failure for the next fsync or close.
-    pub fn run<T>(mut self, write: impl FnOnce() -> Result<T, FsError>) -> Option<T> {
+    /// Wait for the writes accepted before this one on the same inode to
+    /// pass their turn, run `write`, and record its failure for the next
+    /// fsync or close. `write` gets the call that passes the turn on, to
+    /// make once what must happen in order is done (it is passed at the end
+    /// otherwise).
+    pub fn run<T>(mut self, write: impl FnOnce(&dyn Fn()) -> Result<T, FsError>) -> Option<T> {
         self.deferred.wait_turn(self.ino, self.seq);
-        let result = write();
+        let result = write(&|| self.pass_turn());
+        self.pass_turn();
         self.done = true;
         match result {
             Ok(value) => {
@@ -210,9 +228,18 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    fn pass_turn(&self) {
+        if !self.turn_passed.replace(true) {
+            self.deferred.pass_turn(self.ino);
+        }
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.done {
+            self.pass_turn();
             self.deferred.finish(
                 self.ino,
                 self.bytes,
@@ -245,8 +272,9 @@ mod tests {
             .map(|(i, ticket)| {
                 let order = Arc::clone(&order);
                 thread::spawn(move || {
-                    ticket.run(|| {
+                    ticket.run(|pass_turn| {
                         order.lock().push(i);
+                        pass_turn();
                         Ok::<_, FsError>(())
                     })
                 })
@@ -261,12 +289,35 @@ mod tests {
     }
 
     #[test]
+    fn a_write_that_passed_its_turn_lets_the_next_start_before_it_ends() {
+        let deferred = Deferred::new(8);
+        let first = deferred.try_accept(5, 10, PLENTY).unwrap();
+        let second = deferred.try_accept(5, 10, PLENTY).unwrap();
+        let (started_tx, started_rx) = mpsc::channel::<()>();
+        let slow = thread::spawn(move || {
+            first.run(|pass_turn| {
+                pass_turn();
+                // Ends only once the second write has started.
+                started_rx.recv().unwrap();
+                Ok::<_, FsError>(())
+            })
+        });
+        second.run(|_| {
+            started_tx.send(()).unwrap();
+            Ok::<_, FsError>(())
+        });
+        slow.join().unwrap();
+        deferred.settle(5);
+        assert!(!deferred.is_pending(5));
+    }
+
+    #[test]
     fn settle_waits_for_the_inodes_writes_only() {
         let deferred = Deferred::new(8);
         let ticket = deferred.try_accept(1, 10, PLENTY).unwrap();
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let writer = thread::spawn(move || {
-            ticket.run(|| {
+            ticket.run(|_| {
                 release_rx.recv().unwrap();
                 Ok::<_, FsError>(())
             })
@@ -293,8 +344,8 @@ mod tests {
         let deferred = Deferred::new(8);
         let failing = deferred.try_accept(3, 10, PLENTY).unwrap();
         let next = deferred.try_accept(3, 10, PLENTY).unwrap();
-        assert!(failing.run(|| Err::<(), _>(FsError::NoSpace)).is_none());
-        assert_eq!(next.run(|| Ok::<_, FsError>(5)), Some(5));
+        assert!(failing.run(|_| Err::<(), _>(FsError::NoSpace)).is_none());
+        assert_eq!(next.run(|_| Ok::<_, FsError>(5)), Some(5));
         assert!(matches!(
             deferred.settle_and_take_failure(3),
             Some(FsError::NoSpace)
@@ -308,7 +359,7 @@ mod tests {
         let abandoned = deferred.try_accept(4, 10, PLENTY).unwrap();
         let next = deferred.try_accept(4, 10, PLENTY).unwrap();
         drop(abandoned);
-        assert_eq!(next.run(|| Ok::<_, FsError>(1)), Some(1));
+        assert_eq!(next.run(|_| Ok::<_, FsError>(1)), Some(1));
         assert!(deferred.settle_and_take_failure(4).is_some());
         deferred.settle_all();
     }
@@ -319,12 +370,12 @@ mod tests {
         let a = deferred.try_accept(1, 10, PLENTY).unwrap();
         let b = deferred.try_accept(2, 10, PLENTY).unwrap();
         assert!(deferred.try_accept(3, 10, PLENTY).is_none());
-        a.run(|| Ok::<_, FsError>(()));
+        a.run(|_| Ok::<_, FsError>(()));
         // 10 bytes of b are still outstanding.
         assert!(deferred.try_accept(3, 10, SPACE_MARGIN + 19).is_none());
         let c = deferred.try_accept(3, 10, SPACE_MARGIN + 20).unwrap();
-        b.run(|| Ok::<_, FsError>(()));
-        c.run(|| Ok::<_, FsError>(()));
+        b.run(|_| Ok::<_, FsError>(()));
+        c.run(|_| Ok::<_, FsError>(()));
         deferred.settle_all();
         assert!(Deferred::new(0).try_accept(1, 1, PLENTY).is_none());
     }

@@ -710,8 +710,9 @@ impl FileSystem {
         })
     }
 
-    /// Do a write accepted by [`FileSystem::accept_write`] (after the writes
-    /// of the same inode accepted before it).
+    /// Do a write accepted by [`FileSystem::accept_write`]: it starts once
+    /// the writes of the inode accepted before it have locked their ranges
+    /// and allocated their blocks, and runs beside those of other ranges.
     pub fn complete_write(&self, accepted: AcceptedWrite, data: &[u8]) {
         let AcceptedWrite {
             ticket,
@@ -719,7 +720,10 @@ impl FileSystem {
             drop_setid,
         } = accepted;
         let ino = ticket.ino();
-        ticket.run(|| self.inner.write_data(drop_setid, ino, offset, data));
+        ticket.run(|placed| {
+            self.inner
+                .write_data_then(drop_setid, ino, offset, data, placed)
+        });
     }
 
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> FsResult<()> {

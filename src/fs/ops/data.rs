@@ -302,6 +302,20 @@ impl Inner {
         offset: u64,
         data: &[u8],
     ) -> FsResult<(usize, bool)> {
+        self.write_data_then(drop_setid, ino, offset, data, &|| {})
+    }
+
+    /// As [`Inner::write_data`], calling `placed` once the written range is
+    /// locked and its blocks allocated (or the write failed before): what
+    /// a later write must not overtake (see `fs::deferred`).
+    pub fn write_data_then(
+        &self,
+        drop_setid: bool,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        placed: &dyn Fn(),
+    ) -> FsResult<(usize, bool)> {
         if self.is_read_only() {
             return Err(FsError::ReadOnly);
         }
@@ -316,6 +330,7 @@ impl Inner {
         let (first, last) = (round_down(offset), round_up(end, BLOCK_SIZE));
         let _blocks = self.range_lock(ino, first, last);
         let plan = self.plan_blocks(ino, first, last, Cover::Write)?;
+        placed();
         let crcs = match self.write_pieces(ino, &plan, offset, data) {
             Ok(c) => c,
             Err(e) => {

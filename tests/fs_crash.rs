@@ -40,7 +40,7 @@ impl Run {
         let c = Caller::root();
         let dir = rng.gen_range(0..self.dirs.len());
         let key = (dir, format!("f{}", rng.gen_range(0..6)));
-        match rng.gen_range(0..10) {
+        match rng.gen_range(0..11) {
             0..=3 => {
                 self.stable.remove(&key);
                 let ino = match self.ino(&key) {
@@ -105,6 +105,24 @@ impl Run {
                     )?;
                     let data = self.files.remove(&key).expect("tracked");
                     self.files.insert(to, data);
+                }
+            }
+            7 => {
+                // Reserve (unwritten extents), growing the file or not.
+                if let Some(ino) = self.ino(&key) {
+                    self.stable.remove(&key);
+                    let off = rng.gen_range(0..40_000u64);
+                    let len = rng.gen_range(1..60_000u64);
+                    let keep_size = rng.gen_bool(0.5);
+                    let mode = FallocateMode {
+                        keep_size,
+                        punch_hole: false,
+                    };
+                    self.fs.fallocate(ino, off, len, mode)?;
+                    let data = self.files.get_mut(&key).expect("tracked");
+                    if !keep_size && data.len() < (off + len) as usize {
+                        data.resize((off + len) as usize, 0);
+                    }
                 }
             }
             _ => {

@@ -21,6 +21,8 @@ enum Op {
     Mkdir(usize, usize),
     Write(usize, usize, u16, u16, u8),
     Truncate(usize, usize, u16),
+    /// fallocate: offset, length, punch a hole (else reserve), keep the size.
+    Fallocate(usize, usize, u16, u16, bool, bool),
     Unlink(usize, usize),
     Rmdir(usize, usize),
     Link(usize, usize, usize, usize),
@@ -38,6 +40,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (p.clone(), nm.clone()).prop_map(|(p, n)| Op::Mkdir(p, n)),
         4 => (p.clone(), nm.clone(), 0..12_000u16, 1..6_000u16, any::<u8>()).prop_map(|(p, n, o, l, b)| Op::Write(p, n, o, l, b)),
         1 => (p.clone(), nm.clone(), 0..14_000u16).prop_map(|(p, n, s)| Op::Truncate(p, n, s)),
+        2 => (p.clone(), nm.clone(), 0..12_000u16, 1..9_000u16, any::<bool>(), any::<bool>()).prop_map(|(p, n, o, l, punch, keep)| Op::Fallocate(p, n, o, l, punch, keep)),
         2 => (p.clone(), nm.clone()).prop_map(|(p, n)| Op::Unlink(p, n)),
         1 => (p.clone(), nm.clone()).prop_map(|(p, n)| Op::Rmdir(p, n)),
         1 => (p.clone(), nm.clone(), p.clone(), nm.clone()).prop_map(|(a, b, c, d)| Op::Link(a, b, c, d)),
@@ -334,6 +337,35 @@ impl Harness {
                     Kind::File(data) => {
                         assert!(got.is_ok());
                         data.resize(size as usize, 0);
+                    }
+                }
+            }
+            Op::Fallocate(p, n, off, len, punch, keep_size) => {
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
+                let Some(id) = self.model.child(mp, NAMES[n]) else {
+                    return;
+                };
+                let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
+                let mode = FallocateMode {
+                    keep_size: keep_size || punch,
+                    punch_hole: punch,
+                };
+                let got = code(self.fs.fallocate(ino, off as u64, len as u64, mode));
+                match &mut self.model.nodes.get_mut(&id).expect("node").kind {
+                    Kind::Dir(_) => assert_eq!(got, Err(libc::EISDIR), "{op:?}"),
+                    Kind::File(data) => {
+                        assert_eq!(got, Ok(()), "{op:?}");
+                        let end = off as usize + len as usize;
+                        if punch {
+                            let stop = end.min(data.len());
+                            if (off as usize) < stop {
+                                data[off as usize..stop].fill(0);
+                            }
+                        } else if !keep_size && data.len() < end {
+                            data.resize(end, 0);
+                        }
                     }
                 }
             }

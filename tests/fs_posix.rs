@@ -177,6 +177,79 @@ fn fallocate_modes() {
     ));
 }
 
+/// fallocate reserves blocks without writing them (unwritten extents):
+/// they read as zeros even where a deleted file left its bytes, and the
+/// first write goes into them in place.
+#[test]
+fn fallocate_reserves_blocks_that_read_as_zeros_until_written() {
+    let written = Arc::new(Mutex::new(0usize));
+    let count = Arc::clone(&written);
+    let store = Arc::new(HookedStore::new(
+        MemStore::new(4, 8 * MIB, 64 * 1024),
+        move |_, data| *count.lock() += data.len(),
+    ));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
+    let old = mkfile(&fs, ROOT_INO, "old");
+    fs.write(old, 0, &vec![0xAB; MIB as usize]).unwrap();
+    fs.sync_all().unwrap();
+    let old_blocks: Vec<(u64, u64)> = fs
+        .extents(old)
+        .unwrap()
+        .iter()
+        .map(|&(_, addr, len)| (addr, addr + len))
+        .collect();
+    fs.unlink(&root(), ROOT_INO, n("old")).unwrap();
+    fs.sync_all().unwrap();
+
+    let f = mkfile(&fs, ROOT_INO, "f");
+    let free_before = fs.statfs().unwrap().bfree;
+    *written.lock() = 0;
+    fs.fallocate(f, 0, MIB, FallocateMode::default()).unwrap();
+    assert_eq!(*written.lock(), 0, "fallocate wrote to the store");
+    let a = fs.getattr(f).unwrap();
+    assert_eq!((a.size, a.blocks), (MIB, MIB / 512));
+    assert_eq!(free_before - fs.statfs().unwrap().bfree, MIB / 4096);
+    let reserved = fs.extents(f).unwrap();
+    assert!(
+        reserved
+            .iter()
+            .any(|&(_, addr, len)| old_blocks.iter().any(|&(s, e)| addr < e && s < addr + len)),
+        "the reservation should reuse the deleted file's blocks: {reserved:?} {old_blocks:?}"
+    );
+    assert!(fs.read(f, 0, MIB as usize).unwrap().iter().all(|b| *b == 0));
+
+    // A write across a block boundary lands in the reserved blocks.
+    fs.write(f, 5000, b"written").unwrap();
+    let mut expected = vec![0u8; MIB as usize];
+    expected[5000..5007].copy_from_slice(b"written");
+    assert!(fs.read(f, 0, MIB as usize).unwrap() == expected);
+    let span = |e: &[(u64, u64, u64)]| {
+        let mut v: Vec<(u64, u64)> = e.iter().map(|&(_, a, l)| (a, a + l)).collect();
+        v.sort_unstable();
+        v.dedup();
+        v.windows(2)
+            .all(|w| w[0].1 == w[1].0)
+            .then(|| (v[0].0, v[v.len() - 1].1))
+    };
+    assert_eq!(
+        span(&fs.extents(f).unwrap()),
+        span(&reserved),
+        "written in place"
+    );
+
+    fs.unmount().unwrap();
+    let fs = FileSystem::open(store, FsOptions::default()).unwrap();
+    assert!(
+        fs.read(f, 0, MIB as usize).unwrap() == expected,
+        "after replay"
+    );
+    assert_eq!(fs.getattr(f).unwrap().blocks, MIB / 512);
+    // Overwriting everything leaves ordinary data: copy-on-write from here.
+    fs.write(f, 0, &vec![7u8; MIB as usize]).unwrap();
+    assert!(fs.read(f, 0, MIB as usize).unwrap().iter().all(|b| *b == 7));
+}
+
 #[test]
 fn rename_rules() {
     let (_s, fs) = fresh(4);

@@ -198,7 +198,7 @@ impl Allocator {
         }
         let take = len.min(fstart + flen - off);
         group.carve(fstart, flen, off, take);
-        Some(Extent { addr, len: take })
+        Some(Extent::new(addr, take))
     }
 
     pub fn free(&mut self, ext: Extent) {
@@ -313,10 +313,7 @@ mod tests {
         let file = a.allocate(4 * stripe, None).unwrap();
         // Copy-on-write frees scattered single blocks of the file.
         for i in [1u64, 5, 9, 40] {
-            a.free(Extent {
-                addr: file.addr + i * BLOCK_SIZE,
-                len: BLOCK_SIZE,
-            });
+            a.free(Extent::new(file.addr + i * BLOCK_SIZE, BLOCK_SIZE));
         }
         let first = a
             .allocate(BLOCK_SIZE, Some(file.addr + BLOCK_SIZE * 3))

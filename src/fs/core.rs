@@ -29,6 +29,9 @@ pub struct Inner {
     pub read_only: AtomicBool,
     /// How data blocks are checksummed (from the fs header).
     pub csum: ChecksumKind,
+    /// The format has unwritten extents (version 3 on): fallocate reserves
+    /// blocks instead of writing zeros into them.
+    pub unwritten_extents: bool,
     file_locks: RangeLocks,
 }
 
@@ -166,6 +169,7 @@ impl Inner {
             )));
         }
         let csum = loaded.journal.header.data_checksum;
+        let unwritten_extents = loaded.journal.header.version >= 3;
         let state = State {
             meta: loaded.meta,
             alloc,
@@ -177,6 +181,7 @@ impl Inner {
             journal: Mutex::new(loaded.journal),
             read_only: AtomicBool::new(read_only),
             csum,
+            unwritten_extents,
             file_locks: RangeLocks::default(),
         });
         if !read_only {
@@ -320,5 +325,43 @@ pub fn spawn_committer(
         log::error!(
             "cannot start the commit thread ({e}); commits happen only on fsync and unmount"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::{read_header, write_header, FsHeader, OLDEST_VERSION, VERSION};
+    use super::super::store::MemStore;
+    use super::*;
+
+    fn with_version(store: &MemStore, header: &FsHeader, version: u32) {
+        let group = metadata_group(store).unwrap();
+        let header = FsHeader {
+            version,
+            ..header.clone()
+        };
+        write_header(store, group, &header).unwrap();
+    }
+
+    #[test]
+    fn version_2_opens_without_unwritten_extents_and_others_are_refused() {
+        let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
+        format(store.as_ref(), ChecksumKind::Crc32c).unwrap();
+        assert!(Inner::open(store.clone(), true).unwrap().unwritten_extents);
+        let (header, _) =
+            read_header(store.as_ref(), metadata_group(store.as_ref()).unwrap()).unwrap();
+        with_version(&store, &header, OLDEST_VERSION);
+        let inner = Inner::open(store.clone(), true).unwrap();
+        assert!(
+            !inner.unwritten_extents,
+            "version 2 has no unwritten extents"
+        );
+        for unknown in [OLDEST_VERSION - 1, VERSION + 1] {
+            with_version(&store, &header, unknown);
+            assert!(
+                matches!(Inner::open(store.clone(), true), Err(FsError::Corrupt(m)) if m.contains("version")),
+                "version {unknown}"
+            );
+        }
     }
 }

@@ -16,7 +16,11 @@ use super::{FsError, FsResult};
 
 pub const HEADER_MAGIC: u64 = 0x3130_5346_4449_4152; // "RAIDFS01"
 /// 2: data block checksums (the header names the algorithm).
-pub const VERSION: u32 = 2;
+/// 3: unwritten extents (fallocate reserves blocks without writing them);
+/// a version 2 filesystem is still read and written, without them.
+pub const VERSION: u32 = 3;
+/// The oldest version this code opens.
+pub const OLDEST_VERSION: u32 = 2;
 const HEADER_COPIES: [u64; 2] = [0, BLOCK_SIZE];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,7 +155,7 @@ pub fn read_header(store: &dyn BlockStore, meta_group: u32) -> FsResult<(FsHeade
                     continue;
                 };
                 let h: FsHeader = decode(payload, "header")?;
-                if h.version != VERSION {
+                if !(OLDEST_VERSION..=VERSION).contains(&h.version) {
                     return Err(FsError::Corrupt(format!(
                         "unsupported filesystem version {}",
                         h.version

@@ -193,9 +193,11 @@ impl Inner {
     fn scrub_file(&self, ino: u64, repair: bool, report: &mut ScrubReport) -> FsResult<()> {
         let _file = self.file_lock(ino);
         let extents: Vec<(u64, u64, u64)> = match self.state.read().meta.inodes.get(&ino) {
+            // Unwritten extents hold no data to check.
             Some(inode) => inode
                 .extents
                 .iter()
+                .filter(|(_, e)| !e.unwritten)
                 .map(|(off, e)| (off, e.addr, e.len))
                 .collect(),
             None => return Ok(()),

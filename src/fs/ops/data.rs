@@ -42,6 +42,9 @@ struct Piece {
     addr: u64,
     fresh: bool,
     old: Option<u64>,
+    /// Blocks fallocate reserved: written in place (they hold no data a
+    /// crash could need) and turned written when the write is installed.
+    unwritten: bool,
 }
 
 fn regular_file(inode: &Inode) -> FsResult<()> {
@@ -78,7 +81,8 @@ impl Inner {
                 .segments(offset, end)
                 .into_iter()
                 .filter_map(|seg| {
-                    let addr = seg.addr?;
+                    // Unwritten blocks read as zeros, like a hole.
+                    let addr = seg.addr.filter(|_| !seg.unwritten)?;
                     Some(BlockRead::plan(
                         &st.meta.csums,
                         self.csum.enabled(),
@@ -118,6 +122,21 @@ impl Inner {
         let mut plan = Vec::new();
         for seg in segments {
             match seg.addr {
+                Some(old) if seg.unwritten => {
+                    hint = Some(old + seg.len);
+                    // Already reads as zeros, and already reserved.
+                    if cover != Cover::Write {
+                        continue;
+                    }
+                    plan.push(Piece {
+                        file_off: seg.file_off,
+                        len: seg.len,
+                        addr: old,
+                        fresh: false,
+                        old: None,
+                        unwritten: true,
+                    });
+                }
                 Some(old) => {
                     if cover == Cover::HolesOnly {
                         hint = Some(old + seg.len);
@@ -137,6 +156,7 @@ impl Inner {
                                 addr: ext.addr,
                                 fresh: true,
                                 old: Some(old + done),
+                                unwritten: false,
                             },
                             None => Piece {
                                 file_off: seg.file_off + done,
@@ -144,6 +164,7 @@ impl Inner {
                                 addr: old + done,
                                 fresh: false,
                                 old: Some(old + done),
+                                unwritten: false,
                             },
                         };
                         hint = Some(piece.addr + piece.len);
@@ -161,10 +182,7 @@ impl Inner {
                             Some(ext) => ext,
                             None => {
                                 for p in plan.iter().filter(|p| p.fresh) {
-                                    st.alloc.free(Extent {
-                                        addr: p.addr,
-                                        len: p.len,
-                                    });
+                                    st.alloc.free(Extent::new(p.addr, p.len));
                                 }
                                 return Err(FsError::NoSpace);
                             }
@@ -175,6 +193,7 @@ impl Inner {
                             addr: ext.addr,
                             fresh: true,
                             old: None,
+                            unwritten: false,
                         });
                         hint = Some(ext.addr + ext.len);
                         done += ext.len;
@@ -199,10 +218,7 @@ impl Inner {
     fn give_back(&self, plan: &[Piece]) {
         let mut st = self.state.write();
         for p in plan.iter().filter(|p| p.fresh) {
-            st.alloc.free(Extent {
-                addr: p.addr,
-                len: p.len,
-            });
+            st.alloc.free(Extent::new(p.addr, p.len));
         }
     }
 
@@ -223,7 +239,13 @@ impl Inner {
         }
         let mut freed = Vec::new();
         let inode = st.inode_mut(ino)?;
-        for p in plan.iter().filter(|p| p.fresh) {
+        for p in plan {
+            if p.unwritten {
+                inode.extents.mark_written(p.file_off, p.file_off + p.len);
+            }
+            if !p.fresh {
+                continue;
+            }
             if p.old.is_some() {
                 freed.extend(inode.extents.remove_range(p.file_off, p.file_off + p.len));
             }
@@ -481,6 +503,17 @@ impl Inner {
             round_up(end, BLOCK_SIZE),
             Cover::HolesOnly,
         )?;
+        let resize = |inode: &mut Inode| {
+            let now = Time::now();
+            if !mode.keep_size && end > inode.size {
+                inode.size = end;
+                inode.mtime = now;
+            }
+            inode.ctime = now;
+        };
+        if self.unwritten_extents {
+            return self.reserve(ino, &plan, resize);
+        }
         let zero_crc = self.csum.block(&[0u8; BLOCK_SIZE as usize]);
         let mut crcs = Vec::with_capacity(plan.len());
         for p in &plan {
@@ -495,13 +528,30 @@ impl Inner {
             };
             crcs.push(vec![zero_crc; blocks as usize]);
         }
-        self.install(ino, &plan, crcs, |inode| {
-            let now = Time::now();
-            if !mode.keep_size && end > inode.size {
-                inode.size = end;
-                inode.mtime = now;
-            }
-            inode.ctime = now;
-        })
+        self.install(ino, &plan, crcs, resize)
+    }
+
+    /// Map the holes `plan` allocated as unwritten extents: the blocks are
+    /// the file's, and read as zeros until written (no zeros are written
+    /// and no checksums recorded).
+    fn reserve(&self, ino: u64, plan: &[Piece], update: impl FnOnce(&mut Inode)) -> FsResult<()> {
+        let mut st = self.state.write();
+        if st.inode(ino).is_err() {
+            drop(st);
+            self.give_back(plan);
+            return Err(FsError::Stale);
+        }
+        let inode = st.inode_mut(ino)?;
+        for p in plan.iter().filter(|p| p.fresh) {
+            inode.extents.insert_as(
+                p.file_off,
+                Extent {
+                    unwritten: true,
+                    ..Extent::new(p.addr, p.len)
+                },
+            );
+        }
+        update(inode);
+        Ok(())
     }
 }

@@ -88,17 +88,20 @@ impl ExtentMap {
         self.map.values().map(|e| e.len).sum()
     }
 
+    /// Where a walk of the extents touching `[start, ..)` begins: the extent
+    /// starting at or before `start` (it may cover it), else `start`.
+    fn first_key_touching(&self, start: u64) -> u64 {
+        self.map
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(k, _)| *k)
+    }
+
     /// Split `[start, end)` into mapped and hole segments, in order.
     pub fn segments(&self, start: u64, end: u64) -> Vec<Segment> {
         let mut out = Vec::new();
         let mut pos = start;
-        let first = self
-            .map
-            .range(..=start)
-            .next_back()
-            .map(|(k, _)| *k)
-            .unwrap_or(start);
-        for (&off, ext) in self.map.range(first..end) {
+        for (&off, ext) in self.map.range(self.first_key_touching(start)..end) {
             let ext_end = off + ext.len;
             if ext_end <= pos {
                 continue;
@@ -179,13 +182,11 @@ impl ExtentMap {
         if start >= end {
             return freed;
         }
-        let first = self
+        let keys: Vec<u64> = self
             .map
-            .range(..=start)
-            .next_back()
+            .range(self.first_key_touching(start)..end)
             .map(|(k, _)| *k)
-            .unwrap_or(start);
-        let keys: Vec<u64> = self.map.range(first..end).map(|(k, _)| *k).collect();
+            .collect();
         for off in keys {
             let Some(ext) = self.map.get(&off).copied() else {
                 continue;
@@ -228,15 +229,9 @@ impl ExtentMap {
     /// blocks now hold the file's data), merging where they now continue
     /// written neighbours.
     pub fn mark_written(&mut self, start: u64, end: u64) {
-        let first = self
-            .map
-            .range(..=start)
-            .next_back()
-            .map(|(k, _)| *k)
-            .unwrap_or(start);
         let unwritten: Vec<u64> = self
             .map
-            .range(first..end)
+            .range(self.first_key_touching(start)..end)
             .filter(|(off, e)| e.unwritten && **off + e.len > start)
             .map(|(off, _)| *off)
             .collect();

@@ -197,6 +197,14 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             .unwrap_or(plan.options.fuse.threads / 2),
         ..FsOptions::default()
     };
+    if !read_only {
+        match fs_opts.deferred_writes {
+            0 => info!("every write is answered once it is done (deferred_writes=0)"),
+            n => info!(
+                "writes answered before they are done: up to {n} at a time (deferred_writes); fsync waits for them"
+            ),
+        }
+    }
     let fs = match FileSystem::open(Arc::new(ArrayStore::new(array.clone())), fs_opts) {
         Ok(fs) => Arc::new(fs),
         Err(e) => {

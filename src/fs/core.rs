@@ -190,6 +190,13 @@ impl Inner {
         Ok(inner)
     }
 
+    /// Data capacity of the store's groups not yet allocated (the free
+    /// space beyond what the allocator holds).
+    pub fn unallocated_bytes(&self) -> u64 {
+        let (free_groups, group_capacity) = self.store.free_groups();
+        free_groups.saturating_mul(group_capacity)
+    }
+
     /// Inodes left with no name (unlinked while open before a crash or
     /// unmount) are freed now.
     fn free_orphans(&self) -> FsResult<()> {

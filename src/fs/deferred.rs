@@ -92,15 +92,21 @@ impl Deferred {
     }
 
     /// Accept a write of `bytes` to `ino`, or None when it must be done in
-    /// the foreground (deferral off, too many outstanding, or `free_bytes`
-    /// short of the outstanding bytes plus [`SPACE_MARGIN`]).
-    pub fn try_accept(self: &Arc<Self>, ino: u64, bytes: u64, free_bytes: u64) -> Option<Ticket> {
+    /// the foreground: deferral off, too many outstanding, or `has_room`
+    /// says the free space is short of the bytes needed (the outstanding
+    /// ones, these, and [`SPACE_MARGIN`]).
+    pub fn try_accept(
+        self: &Arc<Self>,
+        ino: u64,
+        bytes: u64,
+        has_room: impl FnOnce(u64) -> bool,
+    ) -> Option<Ticket> {
         if self.outstanding.load(Ordering::SeqCst) >= self.limit {
             return None;
         }
         let mut st = self.state.lock();
         let needed = st.bytes.saturating_add(bytes).saturating_add(SPACE_MARGIN);
-        if free_bytes < needed || self.outstanding.load(Ordering::SeqCst) >= self.limit {
+        if self.outstanding.load(Ordering::SeqCst) >= self.limit || !has_room(needed) {
             return None;
         }
         st.bytes += bytes;
@@ -140,17 +146,19 @@ impl Deferred {
         }
     }
 
-    /// Wait for `ino`'s writes, then take the failure of any of them not
-    /// yet reported.
-    pub fn settle_and_take_failure(&self, ino: u64) -> Option<FsError> {
+    /// Wait for `ino`'s writes, then report (once) the failure of any of
+    /// them not yet reported.
+    pub fn settle_and_report(&self, ino: u64) -> Result<(), FsError> {
         self.settle(ino);
         let mut st = self.state.lock();
-        let queue = st.queues.get_mut(&ino)?;
+        let Some(queue) = st.queues.get_mut(&ino) else {
+            return Ok(());
+        };
         let failure = queue.failure.take();
         if queue.idle() {
             st.queues.remove(&ino);
         }
-        failure
+        failure.map_or(Ok(()), Err)
     }
 
     /// Whether `ino` has writes accepted and not finished.
@@ -201,6 +209,12 @@ impl Ticket {
         self.ino
     }
 
+    fn pass_turn(&self) {
+        if !self.turn_passed.replace(true) {
+            self.deferred.pass_turn(self.ino);
+        }
+    }
+
     /// Wait for the writes accepted before this one on the same inode to
     /// pass their turn, run `write`, and record its failure for the next
     /// fsync or close. `write` gets the call that passes the turn on, to
@@ -228,14 +242,6 @@ impl Ticket {
     }
 }
 
-impl Ticket {
-    fn pass_turn(&self) {
-        if !self.turn_passed.replace(true) {
-            self.deferred.pass_turn(self.ino);
-        }
-    }
-}
-
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.done {
@@ -255,13 +261,19 @@ mod tests {
     use std::sync::mpsc;
     use std::thread;
 
-    const PLENTY: u64 = 1 << 40;
+    fn plenty(_needed: u64) -> bool {
+        true
+    }
+
+    fn free(bytes: u64) -> impl FnOnce(u64) -> bool {
+        move |needed| needed <= bytes
+    }
 
     #[test]
     fn writes_of_one_inode_run_in_the_order_they_were_accepted() {
         let deferred = Deferred::new(8);
         let tickets: Vec<Ticket> = (0..4)
-            .map(|_| deferred.try_accept(7, 10, PLENTY).unwrap())
+            .map(|_| deferred.try_accept(7, 10, plenty).unwrap())
             .collect();
         let order = Arc::new(Mutex::new(Vec::new()));
         // Start them newest first: each must still wait for its elders.
@@ -291,8 +303,8 @@ mod tests {
     #[test]
     fn a_write_that_passed_its_turn_lets_the_next_start_before_it_ends() {
         let deferred = Deferred::new(8);
-        let first = deferred.try_accept(5, 10, PLENTY).unwrap();
-        let second = deferred.try_accept(5, 10, PLENTY).unwrap();
+        let first = deferred.try_accept(5, 10, plenty).unwrap();
+        let second = deferred.try_accept(5, 10, plenty).unwrap();
         let (started_tx, started_rx) = mpsc::channel::<()>();
         let slow = thread::spawn(move || {
             first.run(|pass_turn| {
@@ -314,7 +326,7 @@ mod tests {
     #[test]
     fn settle_waits_for_the_inodes_writes_only() {
         let deferred = Deferred::new(8);
-        let ticket = deferred.try_accept(1, 10, PLENTY).unwrap();
+        let ticket = deferred.try_accept(1, 10, plenty).unwrap();
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let writer = thread::spawn(move || {
             ticket.run(|_| {
@@ -342,41 +354,43 @@ mod tests {
     #[test]
     fn a_failure_is_reported_once_and_later_writes_still_run() {
         let deferred = Deferred::new(8);
-        let failing = deferred.try_accept(3, 10, PLENTY).unwrap();
-        let next = deferred.try_accept(3, 10, PLENTY).unwrap();
+        let failing = deferred.try_accept(3, 10, plenty).unwrap();
+        let next = deferred.try_accept(3, 10, plenty).unwrap();
         assert!(failing.run(|_| Err::<(), _>(FsError::NoSpace)).is_none());
         assert_eq!(next.run(|_| Ok::<_, FsError>(5)), Some(5));
         assert!(matches!(
-            deferred.settle_and_take_failure(3),
-            Some(FsError::NoSpace)
+            deferred.settle_and_report(3),
+            Err(FsError::NoSpace)
         ));
-        assert!(deferred.settle_and_take_failure(3).is_none());
+        assert!(deferred.settle_and_report(3).is_ok());
     }
 
     #[test]
     fn an_abandoned_ticket_counts_as_failed_and_unblocks_the_queue() {
         let deferred = Deferred::new(8);
-        let abandoned = deferred.try_accept(4, 10, PLENTY).unwrap();
-        let next = deferred.try_accept(4, 10, PLENTY).unwrap();
+        let abandoned = deferred.try_accept(4, 10, plenty).unwrap();
+        let next = deferred.try_accept(4, 10, plenty).unwrap();
         drop(abandoned);
         assert_eq!(next.run(|_| Ok::<_, FsError>(1)), Some(1));
-        assert!(deferred.settle_and_take_failure(4).is_some());
+        assert!(deferred.settle_and_report(4).is_err());
         deferred.settle_all();
     }
 
     #[test]
     fn acceptance_stops_at_the_limit_and_without_free_space() {
         let deferred = Deferred::new(2);
-        let a = deferred.try_accept(1, 10, PLENTY).unwrap();
-        let b = deferred.try_accept(2, 10, PLENTY).unwrap();
-        assert!(deferred.try_accept(3, 10, PLENTY).is_none());
+        let a = deferred.try_accept(1, 10, plenty).unwrap();
+        let b = deferred.try_accept(2, 10, plenty).unwrap();
+        assert!(deferred.try_accept(3, 10, plenty).is_none());
         a.run(|_| Ok::<_, FsError>(()));
         // 10 bytes of b are still outstanding.
-        assert!(deferred.try_accept(3, 10, SPACE_MARGIN + 19).is_none());
-        let c = deferred.try_accept(3, 10, SPACE_MARGIN + 20).unwrap();
+        assert!(deferred
+            .try_accept(3, 10, free(SPACE_MARGIN + 19))
+            .is_none());
+        let c = deferred.try_accept(3, 10, free(SPACE_MARGIN + 20)).unwrap();
         b.run(|_| Ok::<_, FsError>(()));
         c.run(|_| Ok::<_, FsError>(()));
         deferred.settle_all();
-        assert!(Deferred::new(0).try_accept(1, 1, PLENTY).is_none());
+        assert!(Deferred::new(0).try_accept(1, 1, plenty).is_none());
     }
 }

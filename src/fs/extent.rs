@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 /// (always written) reads back unchanged.
 const UNWRITTEN_BIT: u64 = 1 << 63;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "StoredExtent", into = "StoredExtent")]
 pub struct Extent {
     pub addr: u64,

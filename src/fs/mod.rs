@@ -653,9 +653,7 @@ impl FileSystem {
     /// every member that holds it before returning.
     pub fn fsync(&self, ino: u64, datasync: bool) -> FsResult<()> {
         let _ = datasync;
-        if let Some(failure) = self.deferred.settle_and_take_failure(ino) {
-            return Err(failure);
-        }
+        self.deferred.settle_and_report(ino)?;
         self.inner.state.read().inode(ino)?;
         self.sync_store()
     }
@@ -663,10 +661,7 @@ impl FileSystem {
     /// close(2) of a handle: not a durability point (fsync is), but it
     /// reports a write of the file that failed after it was answered.
     pub fn flush(&self, ino: u64) -> FsResult<()> {
-        match self.deferred.settle_and_take_failure(ino) {
-            Some(failure) => Err(failure),
-            None => Ok(()),
-        }
+        self.deferred.settle_and_report(ino)
     }
 
     /// Accept a write of `len` bytes at `offset` to be answered now and done
@@ -691,7 +686,7 @@ impl FileSystem {
         offset
             .checked_add(len as u64)
             .filter(|end| *end <= ops::data::MAX_FILE_SIZE)?;
-        let free = {
+        let in_groups = {
             let st = self.inner.state.read();
             let inode = st.inode(ino).ok()?;
             let set_id = perm::S_ISUID | perm::S_ISGID;
@@ -700,9 +695,12 @@ impl FileSystem {
             }
             st.alloc.free_bytes()
         };
-        let (free_groups, group_capacity) = self.inner.store.free_groups();
-        let free = free.saturating_add(free_groups.saturating_mul(group_capacity));
-        let ticket = self.deferred.try_accept(ino, len as u64, free)?;
+        // The unallocated groups are counted only when the allocated ones
+        // fall short (counting them scans the array's group table).
+        let ticket = self.deferred.try_accept(ino, len as u64, |needed| {
+            in_groups >= needed
+                || in_groups.saturating_add(self.inner.unallocated_bytes()) >= needed
+        })?;
         Some(AcceptedWrite {
             ticket,
             offset,
@@ -804,8 +802,7 @@ impl FileSystem {
     }
 
     pub fn statfs(&self) -> FsResult<StatFs> {
-        let (free_groups, group_capacity) = self.inner.store.free_groups();
-        let unallocated = free_groups.saturating_mul(group_capacity) / BLOCK_SIZE;
+        let unallocated = self.inner.unallocated_bytes() / BLOCK_SIZE;
         let st = self.inner.state.read();
         let blocks = st.alloc.total_bytes() / BLOCK_SIZE + unallocated;
         let bfree = st.alloc.free_bytes() / BLOCK_SIZE + unallocated;

@@ -436,13 +436,14 @@ impl Filesystem for RaidFuse {
         if sync.is_none() {
             // Answer first, then write: the writer copies its next request
             // while this one is written (see `fs::deferred`).
-            if let (Some(accepted), Ok(n)) = (
-                self.fs.accept_write(ino.0, offset, data.len(), kill_setid),
-                u32::try_from(data.len()),
-            ) {
-                reply.written(n);
-                self.fs.complete_write(accepted, data);
-                return;
+            // The length is checked first: an accepted write must be done.
+            if let Ok(n) = u32::try_from(data.len()) {
+                if let Some(accepted) = self.fs.accept_write(ino.0, offset, data.len(), kill_setid)
+                {
+                    reply.written(n);
+                    self.fs.complete_write(accepted, data);
+                    return;
+                }
             }
         }
         let written = if kill_setid {

@@ -328,8 +328,9 @@ impl Inner {
     }
 
     /// As [`Inner::write_data`], calling `placed` once the written range is
-    /// locked and its blocks allocated (or the write failed before): what
-    /// a later write must not overtake (see `fs::deferred`).
+    /// locked and its blocks allocated: what a later write must not
+    /// overtake (see `fs::deferred`). A write that fails before that never
+    /// calls it.
     pub fn write_data_then(
         &self,
         drop_setid: bool,

@@ -1,5 +1,5 @@
 //! The mounted filesystem's engine: loading (checkpoint + replay), the
-//! commit path (ordered: data flushed, then the record, then flushed), the
+//! commit path (data and record made durable in order, see `commit`), the
 //! periodic commit thread, and the lock helpers operations run under.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,10 +10,11 @@ use parking_lot::{Mutex, RwLock};
 
 use super::alloc::Allocator;
 use super::csum::ChecksumKind;
-use super::inode::Inode;
-use super::journal::{read_record, read_slot, Journal};
+use super::inode::{Inode, BLOCK_SIZE};
+use super::journal::{read_slot, DataOrder, Journal};
 use super::layout::{decode, encode, plan, read_header, write_header};
-use super::meta::{CommitRecord, Meta, MetaImage};
+use super::meta::{Meta, MetaImage};
+use super::replay::replay;
 use super::range_lock::{RangeGuard, RangeLocks};
 use super::state::State;
 use super::store::{BlockStore, GroupInfo, GroupKind};
@@ -21,6 +22,18 @@ use super::{FileKind, FsError, FsResult, ROOT_INO};
 
 /// A batch this large is committed right away instead of waiting for the timer.
 pub(super) const BATCH_LIMIT: usize = 8192;
+
+/// The most new data a record written alongside it may point at: replay
+/// after a crash reads all of it back, so larger batches flush their data
+/// first (where one more flush costs little next to the data's own writing).
+pub(super) const VERIFIED_COMMIT_MAX: u64 = 16 << 20;
+
+/// How a commit makes its batch durable.
+#[derive(Clone, Copy)]
+enum CommitStep {
+    Record(DataOrder),
+    Checkpoint,
+}
 
 pub struct Inner {
     pub store: Arc<dyn BlockStore>,
@@ -32,6 +45,10 @@ pub struct Inner {
     /// The format has unwritten extents (version 3 on): fallocate reserves
     /// blocks instead of writing zeros into them.
     pub unwritten_extents: bool,
+    /// Small commits write their record alongside the data and make both
+    /// durable with one flush (version 4 on, with data checksums): replay
+    /// checks the last record's data against its checksums.
+    pub verified_commits: bool,
     file_locks: RangeLocks,
 }
 
@@ -40,6 +57,8 @@ pub struct Loaded {
     pub meta: Meta,
     pub journal: Journal,
     pub replayed: u64,
+    /// A last record left out because its data did not reach the store.
+    pub dropped_record: Option<u64>,
     /// Non-fatal findings (a bad header copy, an invalid checkpoint slot).
     pub notes: Vec<String>,
 }
@@ -118,15 +137,12 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
         tail: 0,
         newest_slot,
     };
-    let mut replayed = 0;
-    while let Some((payload, len)) =
-        read_record(store, &journal.header, journal.tail, journal.seq + 1)?
-    {
-        let rec: CommitRecord = decode(&payload, "journal record")?;
-        meta.apply(rec);
-        journal.seq += 1;
-        journal.tail += len;
-        replayed += 1;
+    let replayed = replay(store, &mut journal, &mut meta)?;
+    if let Some(seq) = replayed.dropped {
+        notes.push(format!(
+            "journal record {seq} was left out: the data it points at did not reach the disk \
+             before the last crash (no fsync had returned on it)"
+        ));
     }
     if !meta.inodes.get(&ROOT_INO).is_some_and(|r| r.is_dir()) {
         return Err(FsError::Corrupt("root directory missing".into()));
@@ -134,7 +150,8 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
     Ok(Loaded {
         meta,
         journal,
-        replayed,
+        replayed: replayed.records,
+        dropped_record: replayed.dropped,
         notes,
     })
 }
@@ -168,8 +185,15 @@ impl Inner {
                 problems.join("; ")
             )));
         }
+        if let Some(seq) = loaded.dropped_record {
+            log::warn!(
+                "journal record {seq} left out: the data it points at did not reach the disk \
+                 before the last crash (no fsync had returned on it)"
+            );
+        }
         let csum = loaded.journal.header.data_checksum;
         let unwritten_extents = loaded.journal.header.version >= 3;
+        let verified_commits = loaded.journal.header.version >= 4 && csum.enabled();
         let state = State {
             meta: loaded.meta,
             alloc,
@@ -182,6 +206,7 @@ impl Inner {
             read_only: AtomicBool::new(read_only),
             csum,
             unwritten_extents,
+            verified_commits,
             file_locks: RangeLocks::default(),
         });
         if !read_only {
@@ -251,28 +276,46 @@ impl Inner {
     /// the full image is written even when the log has room. Returns whether
     /// a record was written, which ends with a store flush: a caller that
     /// needs one can then skip its own.
+    ///
+    /// A checkpoint, and a record pointing at more than
+    /// [`VERIFIED_COMMIT_MAX`] of new data (or any record of an older format),
+    /// first flushes the data, then writes and flushes the record. A smaller
+    /// record of a format-4 filesystem is written alongside its data and one
+    /// flush makes both durable; replay checks its data if it is the last.
     pub fn commit(&self, force_checkpoint: bool) -> FsResult<bool> {
         let mut journal = self.journal.lock();
-        let (payload, checkpoint, freed) = {
+        let (payload, step, freed) = {
             let mut st = self.state.write();
             if st.batch.is_empty() && !force_checkpoint {
                 return Ok(false);
             }
             let (rec, freed) = st.take_record();
+            let new_blocks: usize = rec.csum_sets.iter().map(|(_, crcs)| crcs.len()).sum();
             let bytes = encode(&rec)?;
-            if !force_checkpoint && journal.fits(bytes.len()) {
-                (bytes, false, freed)
+            if force_checkpoint || !journal.fits(bytes.len()) {
+                (encode(&st.meta.image())?, CommitStep::Checkpoint, freed)
+            } else if self.verified_commits
+                && new_blocks as u64 * BLOCK_SIZE <= VERIFIED_COMMIT_MAX
+            {
+                (bytes, CommitStep::Record(DataOrder::VerifiedAtReplay), freed)
             } else {
-                (encode(&st.meta.image())?, true, freed)
+                (bytes, CommitStep::Record(DataOrder::FlushedBefore), freed)
             }
         };
-        let result = self.store.flush().map_err(FsError::from).and_then(|()| {
-            if checkpoint {
-                journal.checkpoint(self.store.as_ref(), &payload)
-            } else {
-                journal.append(self.store.as_ref(), &payload)
+        let store = self.store.as_ref();
+        let result = match step {
+            CommitStep::Record(DataOrder::VerifiedAtReplay) => {
+                journal.append(store, &payload, DataOrder::VerifiedAtReplay)
             }
-        });
+            CommitStep::Record(DataOrder::FlushedBefore) => store
+                .flush()
+                .map_err(FsError::from)
+                .and_then(|()| journal.append(store, &payload, DataOrder::FlushedBefore)),
+            CommitStep::Checkpoint => store
+                .flush()
+                .map_err(FsError::from)
+                .and_then(|()| journal.checkpoint(store, &payload)),
+        };
         match result {
             Ok(()) => {
                 let mut st = self.state.write();

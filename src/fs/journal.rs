@@ -8,6 +8,12 @@
 //! is missing or fails a check (a torn commit). When the log is full the whole
 //! metadata image is written to the older checkpoint slot instead and the log
 //! restarts at its beginning.
+//!
+//! The magic says how the record was ordered against the data it points at:
+//! `RFRL` was written after that data was flushed; `RFRV` (format 4) was
+//! written alongside it and made durable by the same flush, so its data must
+//! be checked against the record's checksums when it is the last record of
+//! the log (see [`DataOrder`] and docs/consistency.md).
 
 use super::inode::BLOCK_SIZE;
 use super::layout::{round_up, write_header, FsHeader, Region};
@@ -15,6 +21,7 @@ use super::store::{group_addr, BlockStore, GroupKind, StoreError};
 use super::{FsError, FsResult};
 
 const RECORD_MAGIC: u32 = 0x4c52_4652; // "RFRL"
+const VERIFIED_RECORD_MAGIC: u32 = 0x5652_4652; // "RFRV"
 const CHECKPOINT_MAGIC: u32 = 0x4b43_4652; // "RFCK"
 const RECORD_HEADER: usize = 24;
 const CHECKPOINT_HEADER: usize = 32;
@@ -52,9 +59,45 @@ pub fn record_bytes(payload_len: usize) -> u64 {
     round_up((RECORD_HEADER + payload_len) as u64, BLOCK_SIZE)
 }
 
-fn encode_record(uuid: &[u8; 16], seq: u64, payload: &[u8]) -> Vec<u8> {
+/// How a record was ordered against the data blocks it points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataOrder {
+    /// The data was durable before the record was written.
+    FlushedBefore,
+    /// The data and the record were made durable by one flush: until a later
+    /// record exists, the data may be missing or torn, and replay checks it
+    /// against the record's checksums.
+    VerifiedAtReplay,
+}
+
+impl DataOrder {
+    fn magic(self) -> u32 {
+        match self {
+            DataOrder::FlushedBefore => RECORD_MAGIC,
+            DataOrder::VerifiedAtReplay => VERIFIED_RECORD_MAGIC,
+        }
+    }
+
+    fn from_magic(magic: u32) -> Option<DataOrder> {
+        match magic {
+            RECORD_MAGIC => Some(DataOrder::FlushedBefore),
+            VERIFIED_RECORD_MAGIC => Some(DataOrder::VerifiedAtReplay),
+            _ => None,
+        }
+    }
+}
+
+/// A record read back from the log.
+pub struct StoredRecord {
+    pub payload: Vec<u8>,
+    /// Bytes it takes in the log.
+    pub len: u64,
+    pub order: DataOrder,
+}
+
+fn encode_record(uuid: &[u8; 16], seq: u64, payload: &[u8], order: DataOrder) -> Vec<u8> {
     let mut out = Vec::with_capacity(record_bytes(payload.len()) as usize);
-    out.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
+    out.extend_from_slice(&order.magic().to_le_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&seeded_crc(uuid, &[payload]).to_le_bytes());
@@ -65,16 +108,22 @@ fn encode_record(uuid: &[u8; 16], seq: u64, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// (len, payload crc) of a record header that is whole and has `seq`.
-fn parse_record_header(uuid: &[u8; 16], b: &[u8], seq: u64, max_len: u64) -> Option<(usize, u32)> {
-    if b.len() < RECORD_HEADER || u32_at(b, 0) != RECORD_MAGIC || u64_at(b, 8) != seq {
+/// (len, payload crc, order) of a record header that is whole and has `seq`.
+fn parse_record_header(
+    uuid: &[u8; 16],
+    b: &[u8],
+    seq: u64,
+    max_len: u64,
+) -> Option<(usize, u32, DataOrder)> {
+    if b.len() < RECORD_HEADER || u64_at(b, 8) != seq {
         return None;
     }
+    let order = DataOrder::from_magic(u32_at(b, 0))?;
     if seeded_crc(uuid, &[&b[..20]]) != u32_at(b, 20) {
         return None;
     }
     let len = u32_at(b, 4) as usize;
-    (record_bytes(len) <= max_len).then_some((len, u32_at(b, 16)))
+    (record_bytes(len) <= max_len).then_some((len, u32_at(b, 16), order))
 }
 
 fn encode_checkpoint_header(uuid: &[u8; 16], seq: u64, payload: &[u8]) -> Vec<u8> {
@@ -148,7 +197,7 @@ pub fn read_record(
     header: &FsHeader,
     tail: u64,
     seq: u64,
-) -> FsResult<Option<(Vec<u8>, u64)>> {
+) -> FsResult<Option<StoredRecord>> {
     let uuid = &header.uuid;
     let room = header.journal.len.saturating_sub(tail);
     if room < BLOCK_SIZE {
@@ -159,14 +208,18 @@ pub fn read_record(
     let Some(first) = read_verified(store, addr, BLOCK_SIZE as usize, &header_ok)? else {
         return Ok(None);
     };
-    let Some((len, crc)) = parse_record_header(uuid, &first, seq, room) else {
+    let Some((len, crc, order)) = parse_record_header(uuid, &first, seq, room) else {
         return Ok(None);
     };
     let payload_ok = |b: &[u8]| seeded_crc(uuid, &[b]) == crc;
     let Some(payload) = read_verified(store, addr + RECORD_HEADER as u64, len, &payload_ok)? else {
         return Ok(None);
     };
-    Ok(Some((payload, record_bytes(len))))
+    Ok(Some(StoredRecord {
+        payload,
+        len: record_bytes(len),
+        order,
+    }))
 }
 
 impl Journal {
@@ -174,10 +227,19 @@ impl Journal {
         self.tail + record_bytes(payload_len) <= self.header.journal.len
     }
 
-    /// Append one record (the caller flushed data first) and make it durable.
-    pub fn append(&mut self, store: &dyn BlockStore, payload: &[u8]) -> FsResult<()> {
+    /// Append one record and make it durable with one store flush. With
+    /// [`DataOrder::FlushedBefore`] the caller flushed the data first; with
+    /// [`DataOrder::VerifiedAtReplay`] this flush makes the data durable too.
+    /// Either way the flush completes before the next record is written,
+    /// which is what lets replay trust every record but the last.
+    pub fn append(
+        &mut self,
+        store: &dyn BlockStore,
+        payload: &[u8],
+        order: DataOrder,
+    ) -> FsResult<()> {
         let seq = self.seq + 1;
-        let rec = encode_record(&self.header.uuid, seq, payload);
+        let rec = encode_record(&self.header.uuid, seq, payload, order);
         store.write(self.header.journal.addr + self.tail, &rec)?;
         store.flush()?;
         self.seq = seq;

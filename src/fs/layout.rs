@@ -18,7 +18,10 @@ pub const HEADER_MAGIC: u64 = 0x3130_5346_4449_4152; // "RAIDFS01"
 /// 2: data block checksums (the header names the algorithm).
 /// 3: unwritten extents (fallocate reserves blocks without writing them);
 /// a version 2 filesystem is still read and written, without them.
-pub const VERSION: u32 = 3;
+/// 4: journal records written alongside their data (one flush per commit),
+/// checked against their checksums at replay; older versions commit with
+/// two flushes.
+pub const VERSION: u32 = 4;
 /// The oldest version this code opens.
 pub const OLDEST_VERSION: u32 = 2;
 const HEADER_COPIES: [u64; 2] = [0, BLOCK_SIZE];

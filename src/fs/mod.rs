@@ -20,6 +20,7 @@ mod meta;
 mod ops;
 mod perm;
 mod range_lock;
+mod replay;
 mod scrub;
 mod state;
 pub mod store;

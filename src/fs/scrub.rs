@@ -155,8 +155,8 @@ impl Inner {
                 let (mut tail, mut seq) = (0, cp.seq + 1);
                 while tail < journal.tail {
                     match read_record(&store, &header, tail, seq)? {
-                        Some((_, len)) => {
-                            tail += len;
+                        Some(rec) => {
+                            tail += rec.len;
                             seq += 1;
                         }
                         None => {

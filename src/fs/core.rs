@@ -14,8 +14,8 @@ use super::inode::{Inode, BLOCK_SIZE};
 use super::journal::{read_slot, DataOrder, Journal};
 use super::layout::{decode, encode, plan, read_header, write_header};
 use super::meta::{Meta, MetaImage};
-use super::replay::replay;
 use super::range_lock::{RangeGuard, RangeLocks};
+use super::replay::{left_out_note, replay};
 use super::state::State;
 use super::store::{BlockStore, GroupInfo, GroupKind};
 use super::{FileKind, FsError, FsResult, ROOT_INO};
@@ -138,12 +138,7 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
         newest_slot,
     };
     let replayed = replay(store, &mut journal, &mut meta)?;
-    if let Some(seq) = replayed.dropped {
-        notes.push(format!(
-            "journal record {seq} was left out: the data it points at did not reach the disk \
-             before the last crash (no fsync had returned on it)"
-        ));
-    }
+    notes.extend(replayed.dropped.map(left_out_note));
     if !meta.inodes.get(&ROOT_INO).is_some_and(|r| r.is_dir()) {
         return Err(FsError::Corrupt("root directory missing".into()));
     }
@@ -186,10 +181,7 @@ impl Inner {
             )));
         }
         if let Some(seq) = loaded.dropped_record {
-            log::warn!(
-                "journal record {seq} left out: the data it points at did not reach the disk \
-                 before the last crash (no fsync had returned on it)"
-            );
+            log::warn!("{}", left_out_note(seq));
         }
         let csum = loaded.journal.header.data_checksum;
         let unwritten_extents = loaded.journal.header.version >= 3;
@@ -294,28 +286,28 @@ impl Inner {
             let bytes = encode(&rec)?;
             if force_checkpoint || !journal.fits(bytes.len()) {
                 (encode(&st.meta.image())?, CommitStep::Checkpoint, freed)
-            } else if self.verified_commits
-                && new_blocks as u64 * BLOCK_SIZE <= VERIFIED_COMMIT_MAX
+            } else if self.verified_commits && new_blocks as u64 * BLOCK_SIZE <= VERIFIED_COMMIT_MAX
             {
-                (bytes, CommitStep::Record(DataOrder::VerifiedAtReplay), freed)
+                (
+                    bytes,
+                    CommitStep::Record(DataOrder::VerifiedAtReplay),
+                    freed,
+                )
             } else {
                 (bytes, CommitStep::Record(DataOrder::FlushedBefore), freed)
             }
         };
         let store = self.store.as_ref();
-        let result = match step {
-            CommitStep::Record(DataOrder::VerifiedAtReplay) => {
-                journal.append(store, &payload, DataOrder::VerifiedAtReplay)
-            }
-            CommitStep::Record(DataOrder::FlushedBefore) => store
-                .flush()
-                .map_err(FsError::from)
-                .and_then(|()| journal.append(store, &payload, DataOrder::FlushedBefore)),
-            CommitStep::Checkpoint => store
-                .flush()
-                .map_err(FsError::from)
-                .and_then(|()| journal.checkpoint(store, &payload)),
+        let flush_first = !matches!(step, CommitStep::Record(DataOrder::VerifiedAtReplay));
+        let data_durable = if flush_first {
+            store.flush().map_err(FsError::from)
+        } else {
+            Ok(())
         };
+        let result = data_durable.and_then(|()| match step {
+            CommitStep::Record(order) => journal.append(store, &payload, order),
+            CommitStep::Checkpoint => journal.checkpoint(store, &payload),
+        });
         match result {
             Ok(()) => {
                 let mut st = self.state.write();

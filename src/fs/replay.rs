@@ -33,34 +33,44 @@ pub struct Replayed {
 
 /// Apply every record after the checkpoint `journal` stands at, moving its
 /// sequence number and tail past them.
-pub fn replay(store: &dyn BlockStore, journal: &mut Journal, meta: &mut Meta) -> FsResult<Replayed> {
-    let mut records = Vec::new();
+pub fn replay(
+    store: &dyn BlockStore,
+    journal: &mut Journal,
+    meta: &mut Meta,
+) -> FsResult<Replayed> {
+    let mut records: Vec<(CommitRecord, u64, DataOrder)> = Vec::new();
     let (mut tail, mut seq) = (journal.tail, journal.seq);
-    while let Some(rec) = read_record(store, &journal.header, tail, seq + 1)? {
-        tail += rec.len;
+    while let Some(stored) = read_record(store, &journal.header, tail, seq + 1)? {
+        tail += stored.len;
         seq += 1;
-        records.push(rec);
+        let rec: CommitRecord = decode(&stored.payload, "journal record")?;
+        records.push((rec, stored.len, stored.order));
     }
     let mut dropped = None;
-    if let Some(last) = records.last() {
-        if last.order == DataOrder::VerifiedAtReplay {
-            let rec: CommitRecord = decode(&last.payload, "journal record")?;
-            if !data_on_store(store, journal.header.data_checksum, &rec)? {
-                dropped = Some(seq);
-                records.pop();
-            }
+    if let Some((rec, _, DataOrder::VerifiedAtReplay)) = records.last() {
+        if !data_on_store(store, journal.header.data_checksum, rec)? {
+            dropped = Some(seq);
+            records.pop();
         }
     }
     let count = records.len() as u64;
-    for stored in records {
-        meta.apply(decode(&stored.payload, "journal record")?);
+    for (rec, len, _) in records {
+        meta.apply(rec);
         journal.seq += 1;
-        journal.tail += stored.len;
+        journal.tail += len;
     }
     Ok(Replayed {
         records: count,
         dropped,
     })
+}
+
+/// What the mount log and fsck say about a record [`replay`] left out.
+pub fn left_out_note(seq: u64) -> String {
+    format!(
+        "journal record {seq} left out: the data it points at did not reach the disk \
+         before the last crash (no fsync had returned on it)"
+    )
 }
 
 /// Does every block `rec` set a checksum for (and did not free again) hold
@@ -109,7 +119,12 @@ fn data_on_store(store: &dyn BlockStore, kind: ChecksumKind, rec: &CommitRecord)
 
 /// One run of consecutive blocks; a run no single copy holds whole is
 /// checked block by block, since each block may be whole on another copy.
-fn run_on_store(store: &dyn BlockStore, kind: ChecksumKind, start: u64, crcs: &[u32]) -> FsResult<bool> {
+fn run_on_store(
+    store: &dyn BlockStore,
+    kind: ChecksumKind,
+    start: u64,
+    crcs: &[u32],
+) -> FsResult<bool> {
     let block = BLOCK_SIZE as usize;
     let mut buf = vec![0u8; crcs.len() * block];
     let whole = |b: &[u8]| b.chunks(block).zip(crcs).all(|(d, c)| kind.block(d) == *c);
@@ -135,8 +150,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::super::core::{format, load, metadata_group, Inner, VERIFIED_COMMIT_MAX};
-    use super::super::layout::{read_header, write_header, FsHeader};
     use super::super::extent::Extent;
+    use super::super::layout::{read_header, write_header, FsHeader};
     use super::super::store::{group_addr, GroupKind, MemStore};
     use super::super::teststore::MirrorStore;
     use super::*;
@@ -198,9 +213,17 @@ mod tests {
         let torn = load(store.as_ref()).unwrap();
         assert_eq!(torn.replayed, replayed - 1, "the last record is left out");
         assert_eq!(torn.meta.csums.get(second.0), None);
-        assert_eq!(torn.meta.csums.get(first.0), Some(first.1), "earlier ones stay");
+        assert_eq!(
+            torn.meta.csums.get(first.0),
+            Some(first.1),
+            "earlier ones stay"
+        );
         assert_eq!(torn.journal.seq, whole.journal.seq - 1);
-        assert!(torn.notes.iter().any(|n| n.contains("left out")), "{:?}", torn.notes);
+        assert!(
+            torn.notes.iter().any(|n| n.contains("left out")),
+            "{:?}",
+            torn.notes
+        );
 
         // The next commit takes the dropped record's place in the log.
         let inner = Inner::open(store.clone(), false).unwrap();
@@ -242,7 +265,9 @@ mod tests {
         let store = Arc::new(MirrorStore::new(4, 8 << 20, 64 << 10));
         format(store.as_ref(), KIND).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
-        let blocks: Vec<(u64, u32)> = (0..4).map(|i| data_block(store.as_ref(), i, i as u8)).collect();
+        let blocks: Vec<(u64, u32)> = (0..4)
+            .map(|i| data_block(store.as_ref(), i, i as u8))
+            .collect();
         commit_blocks(&inner, &blocks, &[]);
         drop(inner);
         let replayed = load(store.as_ref()).unwrap().replayed;
@@ -255,11 +280,19 @@ mod tests {
         assert_eq!(loaded.replayed, replayed);
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
         store.read(blocks[1].0, &mut buf, None).unwrap();
-        assert_eq!(KIND.block(&buf), blocks[1].1, "copy 0 rewritten from copy 1");
+        assert_eq!(
+            KIND.block(&buf),
+            blocks[1].1,
+            "copy 0 rewritten from copy 1"
+        );
 
         store.corrupt(1, blocks[1].0, BLOCK_SIZE as usize).unwrap();
         store.corrupt(0, blocks[1].0, BLOCK_SIZE as usize).unwrap();
-        assert_eq!(load(store.as_ref()).unwrap().replayed, replayed - 1, "no copy left");
+        assert_eq!(
+            load(store.as_ref()).unwrap().replayed,
+            replayed - 1,
+            "no copy left"
+        );
     }
 
     /// The magic of the record `commit` writes next.
@@ -283,10 +316,14 @@ mod tests {
         format(store.as_ref(), KIND).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         let small = [data_block(store.as_ref(), 0, 1)];
-        let magic = next_record_magic(store.as_ref(), &inner, || commit_blocks(&inner, &small, &[]));
+        let magic = next_record_magic(store.as_ref(), &inner, || {
+            commit_blocks(&inner, &small, &[])
+        });
         assert_eq!(magic, VERIFIED);
         let blocks = VERIFIED_COMMIT_MAX / BLOCK_SIZE + 1;
-        let big: Vec<(u64, u32)> = (1..=blocks).map(|i| data_block(store.as_ref(), i, 7)).collect();
+        let big: Vec<(u64, u32)> = (1..=blocks)
+            .map(|i| data_block(store.as_ref(), i, 7))
+            .collect();
         let magic = next_record_magic(store.as_ref(), &inner, || commit_blocks(&inner, &big, &[]));
         assert_eq!(magic, FLUSHED_BEFORE, "a batch over the limit");
         drop(inner);
@@ -294,10 +331,20 @@ mod tests {
         // Version 3 readers know only RFRL: its filesystems keep two flushes.
         let group = metadata_group(store.as_ref()).unwrap();
         let (header, _) = read_header(store.as_ref(), group).unwrap();
-        write_header(store.as_ref(), group, &FsHeader { version: 3, ..header }).unwrap();
+        write_header(
+            store.as_ref(),
+            group,
+            &FsHeader {
+                version: 3,
+                ..header
+            },
+        )
+        .unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         assert!(!inner.verified_commits);
-        let magic = next_record_magic(store.as_ref(), &inner, || commit_blocks(&inner, &small, &[]));
+        let magic = next_record_magic(store.as_ref(), &inner, || {
+            commit_blocks(&inner, &small, &[])
+        });
         assert_eq!(magic, FLUSHED_BEFORE, "version 3");
 
         // Without data checksums there is nothing to check at replay.

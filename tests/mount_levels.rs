@@ -373,12 +373,9 @@ fn killed_daemon_leaves_fsynced_data_and_a_clean_fsck() {
         });
         // A random crash point: the writer is mid-stream when this fires.
         std::thread::sleep(Duration::from_millis(rng.gen_range(50..400)));
-        let record = registry::read(&array.mnt())
-            .expect("registry")
-            .expect("daemon record");
-        // SAFETY: the pid is the daemon this test started.
-        assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-        assert!(record.wait_for_exit(Duration::from_secs(20)));
+        kill_daemon(&array);
+        // Detached only once the writer is done: a path under a detached
+        // mount point would lead its next create into the empty directory.
         durable.extend(writer.join().expect("writer"));
         common::detach(&array.mnt());
         let out = array.fsck(&array.members);
@@ -436,13 +433,18 @@ fn write_fsync_and_kill(array: &Array, name: &str, data: &[u8]) {
     f.write_all(data).expect("write");
     f.sync_all().expect("fsync");
     drop(f);
+    kill_daemon(array);
+    common::detach(&array.mnt());
+}
+
+/// `kill -9` the array's daemon and wait for it to exit.
+fn kill_daemon(array: &Array) {
     let record = registry::read(&array.mnt())
         .expect("registry")
         .expect("daemon record");
     // SAFETY: the pid is the daemon this test started.
     assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
     assert!(record.wait_for_exit(Duration::from_secs(20)));
-    common::detach(&array.mnt());
 }
 
 #[test]

@@ -49,6 +49,10 @@ pub struct Inner {
     /// durable with one flush (version 4 on, with data checksums): replay
     /// checks the last record's data against its checksums.
     pub verified_commits: bool,
+    /// Set (until unmount) once a write overwrote data in place because no
+    /// free block was left: from then on every record follows flushed data,
+    /// since replay cannot check blocks that may have been overwritten.
+    in_place_overwrites: AtomicBool,
     file_locks: RangeLocks,
 }
 
@@ -105,6 +109,7 @@ pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind) -> FsResult<(
         seq: 0,
         tail: 0,
         newest_slot: 1,
+        ends_verified: false,
     };
     journal.checkpoint(store, &encode(&meta.image())?)?;
     write_header(store, group.index, &journal.header)?;
@@ -136,6 +141,7 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
         seq: cp.seq,
         tail: 0,
         newest_slot,
+        ends_verified: false,
     };
     let replayed = replay(store, &mut journal, &mut meta)?;
     notes.extend(replayed.dropped.map(left_out_note));
@@ -199,6 +205,7 @@ impl Inner {
             csum,
             unwritten_extents,
             verified_commits,
+            in_place_overwrites: AtomicBool::new(false),
             file_locks: RangeLocks::default(),
         });
         if !read_only {
@@ -275,10 +282,31 @@ impl Inner {
     /// record of a format-4 filesystem is written alongside its data and one
     /// flush makes both durable; replay checks its data if it is the last.
     pub fn commit(&self, force_checkpoint: bool) -> FsResult<bool> {
+        self.commit_batch(force_checkpoint, false)
+    }
+
+    /// Before a write overwrites committed data in place: make sure the log
+    /// does not end with a record replay would check, since that check
+    /// would then fail and leave out a record whose fsync returned. Every
+    /// later commit follows flushed data (`in_place_overwrites`), so one
+    /// record after it is enough.
+    pub fn before_overwrite_in_place(&self) -> FsResult<()> {
+        if !self.verified_commits {
+            return Ok(());
+        }
+        self.in_place_overwrites.store(true, Ordering::Release);
+        if !self.journal.lock().ends_verified {
+            return Ok(());
+        }
+        self.commit_batch(false, true).map(|_| ())
+    }
+
+    /// `commit`; with `even_empty` a record is written for an empty batch too.
+    fn commit_batch(&self, force_checkpoint: bool, even_empty: bool) -> FsResult<bool> {
         let mut journal = self.journal.lock();
         let (payload, step, freed) = {
             let mut st = self.state.write();
-            if st.batch.is_empty() && !force_checkpoint {
+            if st.batch.is_empty() && !force_checkpoint && !even_empty {
                 return Ok(false);
             }
             let (rec, freed) = st.take_record();

@@ -37,6 +37,9 @@ pub struct Journal {
     pub tail: u64,
     /// Slot holding the newest checkpoint.
     pub newest_slot: usize,
+    /// The log ends with a `VerifiedAtReplay` record: its data must not be
+    /// overwritten in place until another record follows it.
+    pub ends_verified: bool,
 }
 
 fn seeded_crc(uuid: &[u8; 16], parts: &[&[u8]]) -> u32 {
@@ -244,6 +247,7 @@ impl Journal {
         store.flush()?;
         self.seq = seq;
         self.tail += rec.len() as u64;
+        self.ends_verified = order == DataOrder::VerifiedAtReplay;
         Ok(())
     }
 
@@ -294,6 +298,7 @@ impl Journal {
         self.seq = seq;
         self.newest_slot = target;
         self.tail = 0;
+        self.ends_verified = false;
         Ok(())
     }
 }

@@ -54,10 +54,11 @@ pub fn replay(
         }
     }
     let count = records.len() as u64;
-    for (rec, len, _) in records {
+    for (rec, len, order) in records {
         meta.apply(rec);
         journal.seq += 1;
         journal.tail += len;
+        journal.ends_verified = order == DataOrder::VerifiedAtReplay;
     }
     Ok(Replayed {
         records: count,

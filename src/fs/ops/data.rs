@@ -47,6 +47,13 @@ struct Piece {
     unwritten: bool,
 }
 
+impl Piece {
+    /// Overwrites committed data where it lies (no free block was left).
+    fn overwrites_in_place(&self) -> bool {
+        !self.fresh && !self.unwritten && self.old.is_some()
+    }
+}
+
 fn regular_file(inode: &Inode) -> FsResult<()> {
     match inode.kind {
         FileKind::File => Ok(()),
@@ -269,6 +276,9 @@ impl Inner {
         offset: u64,
         data: &[u8],
     ) -> FsResult<Vec<Vec<u32>>> {
+        if plan.iter().any(Piece::overwrites_in_place) {
+            self.before_overwrite_in_place()?;
+        }
         let end = offset + data.len() as u64;
         let mut crcs = Vec::with_capacity(plan.len());
         let sums = |bytes: &[u8]| {

@@ -632,3 +632,48 @@ fn checksums_are_replayed_from_the_journal() {
     assert_eq!(rig.read_all(rig.ino("f")).expect("read"), data);
     assert_eq!(rig.checksum_errors()[slot], 1);
 }
+
+#[test]
+fn a_read_only_assembly_serves_the_good_copy_and_rewrites_nothing() {
+    // fsck without --repair assembles read-only: a bad copy is reported,
+    // never rewritten (a write to a member opened read-only would fail it).
+    let mut rng = StdRng::seed_from_u64(17);
+    let rig = build(Level::Raid1, 2, 64 << 10, 2);
+    let data = random_bytes(&mut rng, 64 << 10);
+    let ino = rig.write_file("f", &data);
+    let addr = rig.block_addr(ino, 0);
+    let (slot, at) = rig.copies(addr)[0];
+    let ms = rig.stop();
+    flip(&ms[slot], at + 100, 7);
+    let damaged = raw(&ms[slot], at, BLOCK as usize);
+
+    let array = Arc::new(
+        assemble(
+            as_members(&ms),
+            AssembleOptions {
+                read_only: true,
+                ..AssembleOptions::default()
+            },
+        )
+        .expect("assemble read-only"),
+    );
+    let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
+    let fs = FileSystem::open(
+        store,
+        FsOptions {
+            read_only: true,
+            ..FsOptions::default()
+        },
+    )
+    .expect("open read-only");
+    let ino = fs
+        .lookup(&Caller::root(), ROOT_INO, OsStr::new("f"))
+        .expect("lookup")
+        .ino;
+    assert_eq!(fs.read(ino, 0, data.len()).expect("read"), data);
+    assert!(
+        raw(&ms[slot], at, BLOCK as usize) == damaged,
+        "left as it was"
+    );
+    assert!(array.status().members.iter().all(|m| m.state == "active"));
+}

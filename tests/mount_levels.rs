@@ -382,7 +382,9 @@ fn killed_daemon_leaves_fsynced_data_and_a_clean_fsck() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && text.contains("clean"),
-            "round {round}: fsck after kill -9:\n{text}"
+            "round {round}: fsck after kill -9 ({}):\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
         );
     }
     assert!(

@@ -173,7 +173,8 @@ pub fn assemble(
         reference.events += 1;
     }
     let parity = opts.parity.unwrap_or_else(Parity::global);
-    let array = Array::from_parts(slots, reference, parity)?;
+    let mut array = Array::from_parts(slots, reference, parity)?;
+    array.read_only = opts.read_only;
     array.set_read_policy(opts.read_policy);
     if let Some(rotational) = opts.rotational {
         (0..array.member_count()).for_each(|slot| array.set_rotational(slot, rotational));

@@ -161,6 +161,10 @@ pub struct Array {
     /// Full-stripe writes whose member writes are still under way.
     pub(crate) write_back: write_back::WriteBack,
     pub(crate) stripe_cache: stripe_cache::StripeCache,
+    /// Assembled read-only (fsck without --repair, `examine`): a bad copy a
+    /// checked read finds is reported, never rewritten, since a write to a
+    /// member opened read-only would fail the member.
+    pub(crate) read_only: bool,
 }
 
 /// The data geometry a superblock describes.
@@ -224,6 +228,7 @@ impl Array {
             ppl,
             write_back: write_back::WriteBack::default(),
             stripe_cache: stripe_cache::StripeCache::default(),
+            read_only: false,
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();

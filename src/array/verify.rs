@@ -30,15 +30,15 @@ pub struct BadCopy {
 impl Array {
     /// Read and check with `verify`; when it fails, try every other copy (or
     /// every member as the suspect for parity levels), return the first
-    /// version that passes and rewrite the bad copy from it. `Unrecoverable`
-    /// when no version passes.
+    /// version that passes and rewrite the bad copy from it (unless the
+    /// array was assembled read-only). `Unrecoverable` when no version passes.
     pub fn read_verified(
         &self,
         addr: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> ArrayResult<()> {
-        self.verify_range(addr, buf, verify, false, true)
+        self.verify_range(addr, buf, verify, false, !self.read_only)
             .map(|_| ())
     }
 

@@ -137,11 +137,10 @@ impl Run {
     }
 }
 
-fn crash_case(seed: u64) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let store = Arc::new(CrashStore::new(6, 2 * MIB, 64 * 1024));
+/// A fresh filesystem on `store` that commits only when asked.
+fn format_and_open(store: &Arc<CrashStore>) -> FileSystem {
     FileSystem::format(store.clone()).unwrap();
-    let fs = FileSystem::open(
+    FileSystem::open(
         store.clone(),
         FsOptions {
             read_only: false,
@@ -149,7 +148,13 @@ fn crash_case(seed: u64) {
             ..FsOptions::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn crash_case(seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let store = Arc::new(CrashStore::new(6, 2 * MIB, 64 * 1024));
+    let fs = format_and_open(&store);
     let sub = fs
         .mkdir(&Caller::root(), ROOT_INO, n("sub"), 0o755, 0)
         .unwrap()
@@ -214,16 +219,7 @@ fn crash_during_checkpoints_recovers() {
     for seed in 1000..1040 {
         let mut rng = StdRng::seed_from_u64(seed);
         let store = Arc::new(CrashStore::new(8, 512 * 1024, 4096));
-        FileSystem::format(store.clone()).unwrap();
-        let fs = FileSystem::open(
-            store.clone(),
-            FsOptions {
-                read_only: false,
-                commit_interval_secs: 3600,
-                ..FsOptions::default()
-            },
-        )
-        .unwrap();
+        let fs = format_and_open(&store);
         let c = Caller::root();
         let mut synced = Vec::new();
         store.set_write_budget(Some(rng.gen_range(20..400)));
@@ -254,16 +250,7 @@ fn an_overwrite_in_place_never_costs_the_last_fsync() {
     // must still keep that fsync (before: the check failed and the record,
     // with every file it carried, was left out).
     let store = Arc::new(CrashStore::new(4, 2 * MIB, 64 * 1024));
-    FileSystem::format(store.clone()).unwrap();
-    let fs = FileSystem::open(
-        store.clone(),
-        FsOptions {
-            read_only: false,
-            commit_interval_secs: 3600,
-            ..FsOptions::default()
-        },
-    )
-    .unwrap();
+    let fs = format_and_open(&store);
     let c = Caller::root();
     // f and the filler that takes every free block after it, in one batch
     // and so in one record.

@@ -6,7 +6,7 @@ use raidfs::array::{assemble, create, Array, AssembleOptions, CreateSpec, GROUP_
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
-use raidfs::superblock::GroupProfile;
+use raidfs::superblock::{GroupProfile, Superblock};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -322,6 +322,57 @@ fn failed_member_is_stale_at_next_assembly() {
     let mut b = vec![0u8; 8192];
     array.read(addr, &mut b).expect("read");
     assert!(b.iter().all(|&x| x == 7));
+}
+
+/// Set member `m`'s superblock event count `behind` below what it is.
+fn set_events_behind(m: &FaultyMember, behind: u64) {
+    let (mut sb, _) = Superblock::read_from(m).expect("superblock");
+    sb.events -= behind;
+    sb.write_to(m).expect("write superblock");
+}
+
+#[test]
+fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
+    // A kill while the superblocks are written one member after another
+    // leaves some one event behind: mdadm's event margin takes them in.
+    let cfg = Config {
+        level: Level::Raid5,
+        members: 3,
+        chunk: 16 << 10,
+        layout: Layout::LeftSymmetric,
+        copies: 1,
+    };
+    let ms = faulty_members(3);
+    let array = make_array(&cfg, &ms);
+    let g = array.allocate_group(GroupProfile::Data).expect("group");
+    let addr = (g as u64) << GROUP_SHIFT;
+    array.write(addr, &[9u8; 65536]).expect("write");
+    array.flush().expect("flush");
+    drop(array);
+
+    set_events_behind(&ms[0], 1);
+    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
+    assert!(
+        array.failed_slots().is_empty(),
+        "{:?}",
+        array.failed_slots()
+    );
+    let mut b = vec![0u8; 65536];
+    array.read(addr, &mut b).expect("read");
+    assert!(b.iter().all(|&x| x == 9));
+    drop(array);
+    let events: Vec<u64> = ms
+        .iter()
+        .map(|m| Superblock::read_from(m).expect("superblock").0.events)
+        .collect();
+    assert!(
+        events.iter().all(|&e| e == events[0]),
+        "brought up to date: {events:?}"
+    );
+
+    set_events_behind(&ms[0], 2);
+    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
+    assert_eq!(array.failed_slots(), vec![0], "two behind: stale");
 }
 
 #[test]

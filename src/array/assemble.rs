@@ -94,9 +94,35 @@ pub fn assemble(
         .ok_or_else(|| {
             ArrayError::Refused("only spares were given; no active member to assemble from".into())
         })?;
+    // Like mdadm's event margin: a member one event behind whose slot the
+    // newest superblock still records as active missed only the last
+    // superblock update (a crash or kill while the superblocks were being
+    // written one member after another), not any data, and is taken in.
+    // Members that failed are recorded as faulty by the others, so the
+    // margin never brings one back.
+    let newest_slots = found
+        .iter()
+        .find(|(_, _, sb)| sb.events == newest)
+        .map(|(_, _, sb)| sb.slots.clone())
+        .unwrap_or_default();
+    let one_behind = |sb: &Superblock| {
+        sb.events + 1 == newest && newest_slots.get(sb.slot as usize) == Some(&SlotState::Active)
+    };
     let (current, stale): (Vec<_>, Vec<_>) = found
         .into_iter()
-        .partition(|(_, _, sb)| sb.events == newest);
+        .partition(|(_, _, sb)| sb.events == newest || one_behind(sb));
+    let lagging: Vec<&str> = current
+        .iter()
+        .filter(|(_, _, sb)| sb.events != newest)
+        .map(|(_, name, _)| name.as_str())
+        .collect();
+    if !lagging.is_empty() {
+        log::warn!(
+            "{} one event behind (an interrupted superblock update); taken in",
+            lagging.join(", ")
+        );
+    }
+    let lagged = !lagging.is_empty();
     for (_, name, sb) in &stale {
         log::warn!(
             "{name} is stale (events {} < {newest}) and is left out; add it back to rebuild it",
@@ -108,7 +134,11 @@ pub fn assemble(
         );
     }
 
-    let mut reference = current[0].2.clone();
+    let mut reference = current
+        .iter()
+        .find(|(_, _, sb)| sb.events == newest)
+        .map(|(_, _, sb)| sb.clone())
+        .ok_or_else(|| ArrayError::Refused("no member holds the newest superblock".into()))?;
     let total = reference.members as usize;
     let mut slots: Vec<Option<Slot>> = (0..total).map(|_| None).collect();
     for (member, name, sb) in current {
@@ -137,7 +167,8 @@ pub fn assemble(
         slots[slot] = Some(s);
     }
 
-    let mut changed = false;
+    // A lagging member's superblock is brought up to date below.
+    let mut changed = lagged;
     let slots: Vec<Slot> = slots
         .into_iter()
         .enumerate()

@@ -71,15 +71,21 @@ fn make_array(cfg: &Config, ms: &[FaultyMember]) -> Array {
     create(as_members(ms), &spec).expect("create")
 }
 
+/// Allocate a data group; its first logical address.
+fn new_data_group(array: &Array) -> u64 {
+    let group = array
+        .allocate_group(GroupProfile::Data)
+        .expect("data group");
+    (group as u64) << GROUP_SHIFT
+}
+
 /// An array with its background work running and one data group
 /// allocated; the group's first logical address.
 fn running_with_data_group(cfg: &Config, ms: &[FaultyMember]) -> (Arc<Array>, u64) {
     let array = Arc::new(make_array(cfg, ms));
     array.start_background();
-    let group = array
-        .allocate_group(GroupProfile::Data)
-        .expect("data group");
-    (array, (group as u64) << GROUP_SHIFT)
+    let addr = new_data_group(&array);
+    (array, addr)
 }
 
 /// Assemble the durable images (`crash_image`) of every member but
@@ -238,8 +244,7 @@ fn raid6_survives_every_pair_of_failures() {
         for b in a + 1..cfg.members {
             let ms = faulty_members(cfg.members);
             let array = make_array(&cfg, &ms);
-            let g = array.allocate_group(GroupProfile::Data).expect("group");
-            let addr = ((g as u64) << GROUP_SHIFT) + 12345;
+            let addr = new_data_group(&array) + 12345;
             array.write(addr, &data).expect("write");
             ms[a].pull();
             ms[b].pull();
@@ -268,8 +273,7 @@ fn past_tolerance_writes_are_refused_and_data_stays() {
     };
     let ms = faulty_members(4);
     let array = make_array(&cfg, &ms);
-    let g = array.allocate_group(GroupProfile::Data).expect("group");
-    let addr = (g as u64) << GROUP_SHIFT;
+    let addr = new_data_group(&array);
     let data = vec![0x5au8; 256 << 10];
     array.write(addr, &data).expect("write");
     ms[1].pull();
@@ -307,8 +311,7 @@ fn failed_member_is_stale_at_next_assembly() {
     };
     let ms = faulty_members(3);
     let array = make_array(&cfg, &ms);
-    let g = array.allocate_group(GroupProfile::Data).expect("group");
-    let addr = (g as u64) << GROUP_SHIFT;
+    let addr = new_data_group(&array);
     ms[1].fail_writes_after(0);
     array
         .write(addr, &[7u8; 8192])
@@ -344,8 +347,7 @@ fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
     };
     let ms = faulty_members(3);
     let array = make_array(&cfg, &ms);
-    let g = array.allocate_group(GroupProfile::Data).expect("group");
-    let addr = (g as u64) << GROUP_SHIFT;
+    let addr = new_data_group(&array);
     array.write(addr, &[9u8; 65536]).expect("write");
     array.flush().expect("flush");
     drop(array);

@@ -100,13 +100,13 @@ pub fn assemble(
     // written one member after another), not any data, and is taken in.
     // Members that failed are recorded as faulty by the others, so the
     // margin never brings one back.
-    let newest_slots = found
+    let mut reference = found
         .iter()
         .find(|(_, _, sb)| sb.events == newest)
-        .map(|(_, _, sb)| sb.slots.clone())
-        .unwrap_or_default();
+        .map(|(_, _, sb)| sb.clone())
+        .ok_or_else(|| ArrayError::Refused("no member holds the newest superblock".into()))?;
     let one_behind = |sb: &Superblock| {
-        sb.events + 1 == newest && newest_slots.get(sb.slot as usize) == Some(&SlotState::Active)
+        sb.events + 1 == newest && reference.slots.get(sb.slot as usize) == Some(&SlotState::Active)
     };
     let (current, stale): (Vec<_>, Vec<_>) = found
         .into_iter()
@@ -134,11 +134,6 @@ pub fn assemble(
         );
     }
 
-    let mut reference = current
-        .iter()
-        .find(|(_, _, sb)| sb.events == newest)
-        .map(|(_, _, sb)| sb.clone())
-        .ok_or_else(|| ArrayError::Refused("no member holds the newest superblock".into()))?;
     let total = reference.members as usize;
     let mut slots: Vec<Option<Slot>> = (0..total).map(|_| None).collect();
     for (member, name, sb) in current {

@@ -57,12 +57,23 @@ pub(super) fn split(region: &Region, offset: u64, len: usize) -> Vec<Piece> {
 }
 
 /// A member read or write covering one or more pieces.
+/// Consecutive bytes of one member that land on consecutive bytes of the
+/// caller's buffer, so one read fills them in place.
 struct Run {
     slot: usize,
     member_offset: u64,
     len: usize,
     /// (offset in the run, offset in the caller's buffer, length)
     parts: Vec<(usize, usize, usize)>,
+}
+
+impl Run {
+    /// The bytes of the caller's buffer the run covers (`coalesce` only
+    /// merges parts contiguous there).
+    fn span(&self) -> std::ops::Range<usize> {
+        let at = self.parts.first().map_or(0, |p| p.1);
+        at..at + self.len
+    }
 }
 
 /// Merge consecutive pieces that land contiguously on the same member.
@@ -233,8 +244,14 @@ impl Array {
         Ok(true)
     }
 
-    /// Read every run, members in parallel.
-    fn read_runs(&self, runs: &[Run]) -> Vec<super::worker::Outcome> {
+    /// Read every run into its part of `buf`, members in parallel. A lone
+    /// run (every 4 KiB random read) is read in place on this thread.
+    fn read_runs_into(&self, runs: &[Run], buf: &mut [u8]) -> Vec<std::io::Result<()>> {
+        if let [run] = runs {
+            return vec![self
+                .pool
+                .read_inline(run.slot, run.member_offset, &mut buf[run.span()])];
+        }
         let jobs = runs
             .iter()
             .map(|r| {
@@ -247,7 +264,14 @@ impl Array {
                 )
             })
             .collect();
-        self.pool.run(jobs)
+        runs.iter()
+            .zip(self.pool.run(jobs))
+            .map(|(run, outcome)| {
+                let bytes = outcome?;
+                buf[run.span()].copy_from_slice(&bytes[..run.len]);
+                Ok(())
+            })
+            .collect()
     }
 
     pub(crate) fn read_region(
@@ -310,23 +334,15 @@ impl Array {
             runs.iter()
                 .for_each(|r| self.balance.issue(r.slot, r.member_offset, r.len as u64));
             let started = std::time::Instant::now();
-            let outcomes = self.read_runs(&runs);
+            let outcomes = self.read_runs_into(&runs, buf);
             let elapsed = started.elapsed();
             runs.iter()
                 .for_each(|r| self.balance.complete(r.slot, elapsed));
             let mut retry = false;
             for (run, outcome) in runs.iter().zip(outcomes) {
-                match outcome {
-                    Ok(bytes) => {
-                        for &(run_off, buf_off, len) in &run.parts {
-                            buf[buf_off..buf_off + len]
-                                .copy_from_slice(&bytes[run_off..run_off + len]);
-                        }
-                    }
-                    Err(e) => {
-                        self.read_failed(run.slot, &format!("read failed: {e}"));
-                        retry = true;
-                    }
+                if let Err(e) = outcome {
+                    self.read_failed(run.slot, &format!("read failed: {e}"));
+                    retry = true;
                 }
             }
             if !retry {
@@ -374,19 +390,12 @@ impl Array {
                 p.len,
             )
         }));
-        let outcomes = self.read_runs(&runs);
+        let outcomes = self.read_runs_into(&runs, buf);
         for (run, outcome) in runs.iter().zip(outcomes) {
-            match outcome {
-                Ok(bytes) => {
-                    for &(run_off, buf_off, len) in &run.parts {
-                        buf[buf_off..buf_off + len].copy_from_slice(&bytes[run_off..run_off + len]);
-                    }
-                }
-                Err(e) => {
-                    self.read_failed(run.slot, &format!("read failed: {e}"));
-                    for &(_, buf_off, _) in &run.parts {
-                        degraded.extend(pieces.iter().position(|p| p.buf_off == buf_off));
-                    }
+            if let Err(e) = outcome {
+                self.read_failed(run.slot, &format!("read failed: {e}"));
+                for &(_, buf_off, _) in &run.parts {
+                    degraded.extend(pieces.iter().position(|p| p.buf_off == buf_off));
                 }
             }
         }
@@ -648,11 +657,9 @@ impl Array {
             }
         }
         let runs = coalesce(plan.into_iter());
-        // `coalesce` only merges parts contiguous in the caller's buffer.
-        let span = |r: &Run| r.parts[0].1..r.parts[0].1 + r.len;
         let borrowed: Vec<(usize, u64, Vec<&[u8]>)> = runs
             .iter()
-            .map(|r| (r.slot, r.member_offset, vec![&data[span(r)]]))
+            .map(|r| (r.slot, r.member_offset, vec![&data[r.span()]]))
             .collect();
         let outcomes = match self.pool.write_inline(&borrowed) {
             Some(outcomes) => outcomes,
@@ -662,7 +669,7 @@ impl Array {
                     .iter()
                     .map(|r| {
                         let data = Arc::clone(&shared);
-                        let range = span(r);
+                        let range = r.span();
                         (
                             r.slot,
                             Op::Write {

@@ -380,6 +380,23 @@ impl WorkerPool {
         self.wait(batch)
     }
 
+    /// Read `buf.len()` bytes at `offset` of `slot`'s member on this thread,
+    /// straight into the caller's buffer. A lone read gains nothing from a
+    /// worker (the caller would only sleep meanwhile), and reading in place
+    /// saves allocating, zeroing and copying a buffer per request.
+    pub fn read_inline(&self, slot: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let member = self
+            .lanes
+            .read()
+            .get(slot)
+            .and_then(|lane| lane.main.as_ref())
+            .map(|q| Arc::clone(&q.member));
+        match member {
+            Some(m) => m.read_at(buf, offset),
+            None => Err(missing(slot)),
+        }
+    }
+
     /// Queue `jobs` on the workers and return at once; [`WorkerPool::wait`]
     /// collects their outcomes. Lets a caller overlap its own work (or
     /// other jobs) with these.

@@ -52,6 +52,7 @@ fn round(
         store.clone(),
         &FormatOptions {
             data_checksum: kind,
+            ..Default::default()
         },
     )?;
     let fs = FileSystem::open(store, FsOptions::default())?;

@@ -598,6 +598,7 @@ fn without_checksums_nothing_is_checked_and_overwrites_stay_in_place() {
     let mut rng = StdRng::seed_from_u64(16);
     let off = FormatOptions {
         data_checksum: ChecksumKind::None,
+        ..Default::default()
     };
     let rig = build_with(Level::Raid1, 2, 64 << 10, 2, off);
     assert_eq!(rig.fs.data_checksum(), ChecksumKind::None);

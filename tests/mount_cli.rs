@@ -44,11 +44,16 @@ struct Setup {
 
 impl Setup {
     fn new() -> Setup {
+        Setup::created_with(&[])
+    }
+
+    /// As `new`, with more `raidfs create` options.
+    fn created_with(options: &[&str]) -> Setup {
         let dir = tempfile::tempdir().unwrap();
-        let out = raidfs(
-            &["create", "-l", "5", "-s", "64M", "m0", "m1", "m2"],
-            dir.path(),
-        );
+        let mut args = vec!["create", "-l", "5", "-s", "64M"];
+        args.extend_from_slice(options);
+        args.extend_from_slice(&["m0", "m1", "m2"]);
+        let out = raidfs(&args, dir.path());
         assert!(ok(&out), "raidfs create failed");
         Setup { dir }
     }
@@ -309,4 +314,71 @@ fn auto_unmount_clears_the_mount_of_a_killed_daemon() {
     };
     assert!(watcher.wait_for_exit(Duration::from_secs(10)));
     assert!(!is_mounted(&mnt), "the dead mount was not cleared");
+}
+
+#[test]
+fn an_older_format_mounts_and_is_upgraded_in_place() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::created_with(&["--fs-format", "3"]);
+    let upgrade = |args: &[&str]| {
+        let mut all = vec!["upgrade"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["m0", "m1", "m2"]);
+        raidfs(&all, setup.dir.path())
+    };
+    let stdout = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    let mnt = setup.mount_dir("mnt");
+    let _guard = DaemonGuard::new(&mnt);
+    assert!(ok(&setup.mount("mnt")));
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(mnt.join("kept.bin"), &data).unwrap();
+    let log = fs::read_to_string(setup.path("daemon.log")).unwrap();
+    assert!(log.contains("filesystem format 3;"), "{log}");
+
+    let refused = upgrade(&[]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("in use"), "{}", stderr(&refused));
+    assert!(ok(&setup.umount("mnt")));
+
+    for _ in 0..2 {
+        // --check changes nothing: the second one still finds format 3.
+        let check = upgrade(&["--check"]);
+        assert!(ok(&check));
+        assert!(
+            stdout(&check).contains("filesystem format 3;"),
+            "{}",
+            stdout(&check)
+        );
+        assert!(stdout(&check).contains("one flush"), "{}", stdout(&check));
+    }
+    let done = upgrade(&[]);
+    assert!(ok(&done));
+    assert!(
+        stdout(&done).contains("from format 3 to format 4"),
+        "{}",
+        stdout(&done)
+    );
+    let again = upgrade(&[]);
+    assert!(ok(&again));
+    assert!(
+        stdout(&again).contains("format 4 is current"),
+        "{}",
+        stdout(&again)
+    );
+
+    let fsck = raidfs(&["fsck", "m0", "m1", "m2"], setup.dir.path());
+    assert!(ok(&fsck), "{}", stdout(&fsck));
+    let before = fs::read_to_string(setup.path("daemon.log")).unwrap().len();
+    assert!(ok(&setup.mount("mnt")));
+    assert_eq!(fs::read(mnt.join("kept.bin")).unwrap(), data);
+    assert!(ok(&setup.umount("mnt")));
+    let log = fs::read_to_string(setup.path("daemon.log")).unwrap();
+    assert!(
+        !log[before..].contains("filesystem format"),
+        "{}",
+        &log[before..]
+    );
+    assert_eq!(setup.member_state(), "clean");
 }

@@ -30,6 +30,10 @@ pub struct CreateArgs {
     /// Array name (up to 32 bytes).
     #[arg(short, long, default_value = "")]
     pub name: String,
+    /// Write an older filesystem format, which older raidfs releases can
+    /// still mount (`raidfs upgrade` moves it to the newest later).
+    #[arg(long, value_name = "N", value_parser = parse_fs_format)]
+    pub fs_format: Option<u32>,
     /// Overwrite members of other arrays and non-empty files.
     #[arg(short, long)]
     pub force: bool,
@@ -40,6 +44,16 @@ pub struct CreateArgs {
 
 fn parse_level(s: &str) -> Result<Level, String> {
     Level::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_fs_format(s: &str) -> Result<u32, String> {
+    use crate::fs::{FORMAT_VERSION, OLDEST_FORMAT};
+    match s.parse::<u32>() {
+        Ok(v) if (OLDEST_FORMAT..=FORMAT_VERSION).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "'{s}': filesystem formats run from {OLDEST_FORMAT} to {FORMAT_VERSION}"
+        )),
+    }
 }
 
 fn parse_layout(s: &str) -> Result<Layout, String> {
@@ -83,7 +97,11 @@ pub fn run(args: CreateArgs) -> i32 {
         Err(e) => return super::fail(e),
     };
     let array = std::sync::Arc::new(array);
-    if let Err(e) = crate::fs::format_array(std::sync::Arc::clone(&array)) {
+    let format = crate::fs::FormatOptions {
+        version: args.fs_format,
+        ..Default::default()
+    };
+    if let Err(e) = crate::fs::format_array(std::sync::Arc::clone(&array), &format) {
         return super::fail(format!(
             "array created but the filesystem could not be written: {e}"
         ));

@@ -13,6 +13,7 @@ pub mod mount;
 pub mod mount_helper;
 pub mod scrub;
 pub mod status;
+pub mod upgrade;
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +42,8 @@ enum Command {
     Umount(mount::UmountArgs),
     /// Check (and optionally repair) an unmounted array's filesystem.
     Fsck(fsck::FsckArgs),
+    /// Move an unmounted array's filesystem to the newest format (`--check`: only show it).
+    Upgrade(upgrade::UpgradeArgs),
     /// Show mounted arrays, like /proc/mdstat.
     Status(status::StatusArgs),
     /// Show one mounted array in full, like `mdadm --detail`.
@@ -76,6 +79,7 @@ pub fn main() -> i32 {
         Command::Mount(a) => mount::run(a),
         Command::Umount(a) => mount::run_umount(a),
         Command::Fsck(a) => fsck::run(a),
+        Command::Upgrade(a) => upgrade::run(a),
         Command::Status(a) => status::run(a),
         Command::Detail(a) => detail::run(a),
         Command::Fail(a) => manage::run_fail(a),

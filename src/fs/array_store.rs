@@ -1,7 +1,7 @@
 //! The array engine as the filesystem's [`BlockStore`].
 
 use super::store::{BlockStore, GroupInfo, GroupKind, StoreError, GROUP_SHIFT};
-use super::{FileSystem, FsResult};
+use super::{FileSystem, FormatOptions, FsResult};
 use crate::array::{Array, ArrayError};
 use crate::superblock::GroupProfile;
 use std::sync::Arc;
@@ -108,6 +108,6 @@ impl BlockStore for ArrayStore {
 }
 
 /// Write an empty filesystem onto a freshly created array.
-pub fn format_array(array: Arc<Array>) -> FsResult<()> {
-    FileSystem::format(Arc::new(ArrayStore::new(array)))
+pub fn format_array(array: Arc<Array>, opts: &FormatOptions) -> FsResult<()> {
+    FileSystem::format_with(Arc::new(ArrayStore::new(array)), opts)
 }

@@ -12,7 +12,7 @@ use super::alloc::Allocator;
 use super::csum::ChecksumKind;
 use super::inode::{Inode, BLOCK_SIZE};
 use super::journal::{read_slot, DataOrder, Journal};
-use super::layout::{decode, encode, plan, read_header, write_header};
+use super::layout::{decode, encode, plan, read_header, write_header, FsHeader, VERSION};
 use super::meta::{Meta, MetaImage};
 use super::range_lock::{RangeGuard, RangeLocks};
 use super::replay::{left_out_note, replay};
@@ -77,7 +77,7 @@ pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
         .ok_or_else(|| FsError::Corrupt("the store has no Metadata group (not formatted?)".into()))
 }
 
-pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind) -> FsResult<()> {
+pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind, version: u32) -> FsResult<()> {
     let existing = store
         .groups()
         .into_iter()
@@ -87,12 +87,15 @@ pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind) -> FsResult<(
         Some(g) => g,
         None => store.allocate_group(GroupKind::Metadata)?,
     };
-    let header = plan(
-        group.index,
-        group.capacity,
-        *uuid::Uuid::new_v4().as_bytes(),
-        data_checksum,
-    )?;
+    let header = FsHeader {
+        version,
+        ..plan(
+            group.index,
+            group.capacity,
+            *uuid::Uuid::new_v4().as_bytes(),
+            data_checksum,
+        )?
+    };
     let mut meta = Meta {
         next_ino: ROOT_INO + 1,
         next_gen: 2,
@@ -190,6 +193,12 @@ impl Inner {
             log::warn!("{}", left_out_note(seq));
         }
         let csum = loaded.journal.header.data_checksum;
+        let version = loaded.journal.header.version;
+        if version < VERSION {
+            log::info!(
+                "filesystem format {version}; `raidfs upgrade` on the unmounted array moves it to format {VERSION} (`--check` tells what that brings)"
+            );
+        }
         let unwritten_extents = loaded.journal.header.version >= 3;
         let verified_commits = loaded.journal.header.version >= 4 && csum.enabled();
         let state = State {
@@ -416,7 +425,12 @@ mod tests {
     #[test]
     fn version_2_opens_without_unwritten_extents_and_others_are_refused() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), ChecksumKind::Crc32c).unwrap();
+        format(
+            store.as_ref(),
+            ChecksumKind::Crc32c,
+            crate::fs::FORMAT_VERSION,
+        )
+        .unwrap();
         assert!(Inner::open(store.clone(), true).unwrap().unwritten_extents);
         let (header, _) =
             read_header(store.as_ref(), metadata_group(store.as_ref()).unwrap()).unwrap();

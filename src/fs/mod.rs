@@ -25,6 +25,7 @@ mod scrub;
 mod state;
 pub mod store;
 pub mod teststore;
+pub mod upgrade;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ use self::perm::{R_OK, W_OK, X_OK};
 pub use csum::ChecksumKind;
 pub use fsck::{fsck, FsckReport};
 pub use inode::BLOCK_SIZE;
+pub use layout::{OLDEST_VERSION as OLDEST_FORMAT, VERSION as FORMAT_VERSION};
 pub use ops::xattr::{XATTR_CREATE, XATTR_REPLACE};
 pub use scrub::{BadCopyReport, LostBlock, ScrubReport};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
@@ -222,6 +224,10 @@ pub struct FormatOptions {
     /// Data block checksums (crc32c by default; `None` only to measure what
     /// they cost).
     pub data_checksum: ChecksumKind,
+    /// The format to write; None: the newest ([`FORMAT_VERSION`]). An older
+    /// one ([`OLDEST_FORMAT`] on) stays readable by older releases, and
+    /// `raidfs upgrade` moves it on later.
+    pub version: Option<u32>,
 }
 
 /// A mounted filesystem. All methods take `&self` and are safe to call from
@@ -267,7 +273,11 @@ impl FileSystem {
 
     /// Write an empty filesystem with explicit format choices.
     pub fn format_with(store: Arc<dyn BlockStore>, opts: &FormatOptions) -> FsResult<()> {
-        core::format(store.as_ref(), opts.data_checksum)
+        let version = opts.version.unwrap_or(FORMAT_VERSION);
+        if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&version) {
+            return Err(FsError::Invalid("unknown filesystem format"));
+        }
+        core::format(store.as_ref(), opts.data_checksum, version)
     }
 
     /// How this filesystem checksums data blocks.

@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn a_last_record_whose_data_was_lost_is_left_out() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), KIND).unwrap();
+        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         assert!(inner.verified_commits);
         let first = data_block(store.as_ref(), 0, 1);
@@ -242,7 +242,7 @@ mod tests {
     #[test]
     fn only_the_last_record_is_checked_and_freed_blocks_are_not() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), KIND).unwrap();
+        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         let early = data_block(store.as_ref(), 0, 1);
         commit_blocks(&inner, &[early], &[]);
@@ -266,7 +266,7 @@ mod tests {
     #[test]
     fn data_whole_on_another_copy_keeps_the_record_and_heals() {
         let store = Arc::new(MirrorStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), KIND).unwrap();
+        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         let blocks: Vec<(u64, u32)> = (0..4)
             .map(|i| data_block(store.as_ref(), i, i as u8))
@@ -316,7 +316,7 @@ mod tests {
     #[test]
     fn large_batches_and_older_formats_flush_their_data_first() {
         let store = Arc::new(MemStore::new(4, 64 << 20, 64 << 10));
-        format(store.as_ref(), KIND).unwrap();
+        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         let small = [data_block(store.as_ref(), 0, 1)];
         let magic = next_record_magic(store.as_ref(), &inner, || {
@@ -352,7 +352,12 @@ mod tests {
 
         // Without data checksums there is nothing to check at replay.
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), ChecksumKind::None).unwrap();
+        format(
+            store.as_ref(),
+            ChecksumKind::None,
+            crate::fs::FORMAT_VERSION,
+        )
+        .unwrap();
         assert!(!Inner::open(store, false).unwrap().verified_commits);
     }
 }

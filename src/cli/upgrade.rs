@@ -1,0 +1,70 @@
+//! `raidfs upgrade`: move an unmounted array's filesystem to the newest
+//! format this release writes, or (`--check`) say which format it has and
+//! what upgrading would bring. A filesystem never changes format on its own,
+//! because older raidfs releases refuse a newer format.
+
+use crate::array::{assemble_paths, AssembleOptions};
+use crate::fs::upgrade::{plan, upgrade};
+use crate::fs::ArrayStore;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct UpgradeArgs {
+    /// Only show the current format and what upgrading would bring.
+    #[arg(long)]
+    pub check: bool,
+    /// Member image files or block devices of the unmounted array.
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+pub fn run(args: UpgradeArgs) -> i32 {
+    let opts = AssembleOptions {
+        read_only: args.check,
+        ..Default::default()
+    };
+    let array = match assemble_paths(&args.members, opts) {
+        Ok(a) => Arc::new(a),
+        Err(e) => return super::fail(format!("cannot assemble: {e}")),
+    };
+    let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
+    let planned = match plan(store.as_ref()) {
+        Ok(p) => p,
+        Err(e) => return super::fail(format!("cannot read the filesystem header: {e}")),
+    };
+    if !planned.is_needed() {
+        println!(
+            "filesystem format {} is current; nothing to do",
+            planned.from
+        );
+        return 0;
+    }
+    if args.check {
+        println!(
+            "filesystem format {}; `raidfs upgrade` would move it to format {}:",
+            planned.from, planned.to
+        );
+        for gain in &planned.gains {
+            println!("  {gain}");
+        }
+        println!("raidfs releases older than this one would then refuse it");
+        return 0;
+    }
+    match upgrade(store) {
+        Ok(done) => {
+            println!(
+                "filesystem upgraded from format {} to format {}:",
+                done.from, done.to
+            );
+            for gain in &done.gains {
+                println!("  {gain}");
+            }
+            0
+        }
+        Err(e) => super::fail(format!(
+            "upgrade failed: {e} (the filesystem keeps format {})",
+            planned.from
+        )),
+    }
+}

@@ -478,13 +478,20 @@ fn replay_checks_the_last_fsync_against_its_checksums() {
     assert_eq!(find_block(&images[1], &block(&b)), Some(at), "mirrored");
     overwrite(&images[0], at, &[0xEE; 4096]);
     array.mount();
-    assert!(fs::read(array.mnt().join("b")).expect("read b") == b);
+    let read = fs::read(array.mnt().join("b"));
+    assert!(
+        read.as_ref().ok() == Some(&b),
+        "{:?} {}",
+        read.err(),
+        array.log()
+    );
     assert!(!array.log().contains("left out"), "{}", array.log());
     array.umount();
     assert_eq!(
         find_block(&images[0], &block(&b)),
         Some(at),
-        "healed at replay"
+        "healed at replay: {}",
+        array.log()
     );
 
     // Both copies lost: no fsync could have returned on that data, and the

@@ -13,6 +13,7 @@ mod bitmap;
 mod create;
 mod full_stripe;
 mod io;
+pub mod judge;
 mod lifecycle;
 pub mod ppl;
 mod rebuild;
@@ -27,6 +28,7 @@ mod write_back;
 pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
 pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec};
+pub use judge::ContentJudge;
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};
 pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};
@@ -165,6 +167,8 @@ pub struct Array {
     /// checked read finds is reported, never rewritten, since a write to a
     /// member opened read-only would fail the member.
     pub(crate) read_only: bool,
+    /// The filesystem's view of which version of a block is right.
+    pub(crate) judge: RwLock<Option<std::sync::Weak<dyn judge::ContentJudge>>>,
 }
 
 /// The data geometry a superblock describes.
@@ -229,6 +233,7 @@ impl Array {
             write_back: write_back::WriteBack::default(),
             stripe_cache: stripe_cache::StripeCache::default(),
             read_only: false,
+            judge: RwLock::new(None),
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();

@@ -1,8 +1,10 @@
 //! Scrub: read every stripe of allocated groups and compare its redundancy
 //! (parity recomputed from the data, or every mirror copy against the first),
 //! counting mismatched bytes as md's mismatch_cnt does; repair rewrites the
-//! parity or the other copies.
+//! parity or the other copies, unless the filesystem's content judge shows
+//! that the data or the first copy is what is wrong (see `judge`).
 
+use super::judge::{choose_copies, ContentJudge};
 use super::worker::Op;
 use super::{Array, ArrayError, ArrayResult, Region};
 use crate::geometry::Level;
@@ -81,15 +83,37 @@ impl Array {
             }
         }
         let k = g.data_chunks();
-        let data: Vec<&[u8]> = blocks[..k].iter().map(|b| b.as_slice()).collect();
-        let mut parity = vec![vec![0u8; chunk]; members.len() - k];
-        match parity.as_mut_slice() {
-            [p] => self.parity.xor_gen(&data, p),
-            [p, q] => self.parity.pq_gen(&data, p, q),
-            _ => {}
-        }
+        let mut parity = self.parity_of(&blocks[..k], members.len() - k, chunk);
         let mut bad = 0;
         let mut writes = Vec::new();
+        let mismatch = parity.iter().zip(&blocks[k..]).any(|(p, b)| p != b);
+        let judge = self.content_judge().filter(|_| mismatch);
+        if let Some(judge) = judge {
+            let logical = ((region.group as u64) << super::GROUP_SHIFT) + stripe * g.stripe_bytes();
+            let rebuilt = data_from_parity(judge.as_ref(), logical, chunk, &mut blocks, k);
+            if !rebuilt.is_empty() {
+                parity = self.parity_of(&blocks[..k], members.len() - k, chunk);
+            }
+            for (i, before, after) in rebuilt {
+                let differing = diff_bytes(&before, &after);
+                bad += differing;
+                log::warn!(
+                    "scrub: group {} stripe {stripe}: data on {} fails the filesystem's checksum in {differing} bytes; rebuilt from parity",
+                    region.group,
+                    self.slots[members[i]].name()
+                );
+                if repair {
+                    writes.push((
+                        members[i],
+                        Op::Write {
+                            offset: at,
+                            data: Arc::from(after),
+                            range: 0..chunk,
+                        },
+                    ));
+                }
+            }
+        }
         for (i, fresh) in parity.into_iter().enumerate() {
             let differing = diff_bytes(&blocks[k + i], &fresh);
             if differing > 0 {
@@ -152,14 +176,15 @@ impl Array {
                 }
             }
         }
-        let Some(((_, reference), others)) = copies.split_first() else {
+        let views: Vec<&[u8]> = copies.iter().map(|(_, b)| b.as_slice()).collect();
+        let Some(reference) = self.reference_copy(region, k * g.chunk, &views) else {
             return Ok(0);
         };
-        let shared: Arc<[u8]> = Arc::from(reference.as_slice());
+        let shared: Arc<[u8]> = Arc::from(reference);
         let mut bad = 0;
         let mut writes = Vec::new();
-        for (t, bytes) in others {
-            let differing = diff_bytes(bytes, reference);
+        for (t, bytes) in &copies {
+            let differing = diff_bytes(bytes, &shared);
             if differing > 0 {
                 bad += differing;
                 log::warn!(
@@ -183,6 +208,45 @@ impl Array {
         Ok(bad)
     }
 
+    /// P (and Q) of `data`, `count` chunks of `chunk` bytes.
+    fn parity_of(&self, data: &[Vec<u8>], count: usize, chunk: usize) -> Vec<Vec<u8>> {
+        let data: Vec<&[u8]> = data.iter().map(|b| b.as_slice()).collect();
+        let mut parity = vec![vec![0u8; chunk]; count];
+        match parity.as_mut_slice() {
+            [p] => self.parity.xor_gen(&data, p),
+            [p, q] => self.parity.pq_gen(&data, p, q),
+            _ => {}
+        }
+        parity
+    }
+
+    /// What every copy of a mirrored chunk at group offset `logical` should
+    /// hold: the first copy (as md), except for blocks the content judge
+    /// rejects there and passes on another copy. None without copies.
+    fn reference_copy(&self, region: &Region, logical: u64, copies: &[&[u8]]) -> Option<Vec<u8>> {
+        let first = copies.first()?;
+        let mut reference = first.to_vec();
+        if copies.iter().all(|c| c == first) {
+            return Some(reference);
+        }
+        let Some(judge) = self.content_judge() else {
+            return Some(reference);
+        };
+        let block = judge.block_size();
+        let at = ((region.group as u64) << super::GROUP_SHIFT) + logical;
+        for (b, &pick) in choose_copies(judge.as_ref(), at, copies).iter().enumerate() {
+            if pick != 0 {
+                let range = b * block..((b + 1) * block).min(reference.len());
+                reference[range.clone()].copy_from_slice(&copies[pick][range]);
+                log::warn!(
+                    "scrub: logical block {:#x}: the first copy fails the filesystem's checksum and another passes; that one is kept",
+                    at + (b * block) as u64
+                );
+            }
+        }
+        Some(reference)
+    }
+
     fn run_repairs(&self, writes: Vec<(usize, Op)>) -> ArrayResult<()> {
         if writes.is_empty() {
             return Ok(());
@@ -200,4 +264,49 @@ impl Array {
 
 fn diff_bytes(a: &[u8], b: &[u8]) -> u64 {
     a.iter().zip(b).filter(|(x, y)| x != y).count() as u64
+}
+
+/// Data blocks of a stripe (`blocks`: `k` data chunks, then P) that the
+/// judge rejects while the same block rebuilt from P and the other data
+/// passes: each such block is replaced in `blocks`. Returns, per data chunk
+/// changed, its index, its old contents and its new ones. `logical` is the
+/// logical address of the stripe's first data byte.
+fn data_from_parity(
+    judge: &dyn ContentJudge,
+    logical: u64,
+    chunk: usize,
+    blocks: &mut [Vec<u8>],
+    k: usize,
+) -> Vec<(usize, Vec<u8>, Vec<u8>)> {
+    let block = judge.block_size();
+    let mut changed = Vec::new();
+    for i in 0..k {
+        let before = blocks[i].clone();
+        for start in (0..chunk).step_by(block) {
+            let range = start..(start + block).min(chunk);
+            let addr = logical + (i * chunk + start) as u64;
+            if judge.judge(addr, &blocks[i][range.clone()]) != Some(false) {
+                continue;
+            }
+            let mut rebuilt = blocks[k][range.clone()].to_vec();
+            for other in blocks[..k]
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, o)| o)
+            {
+                rebuilt
+                    .iter_mut()
+                    .zip(&other[range.clone()])
+                    .for_each(|(r, o)| *r ^= o);
+            }
+            if judge.judge(addr, &rebuilt) == Some(true) {
+                blocks[i][range].copy_from_slice(&rebuilt);
+            }
+        }
+        if blocks[i] != before {
+            changed.push((i, before, blocks[i].clone()));
+        }
+    }
+    changed
 }

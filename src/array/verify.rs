@@ -53,7 +53,8 @@ impl Array {
         verify: &dyn Fn(&[u8]) -> bool,
         repair: bool,
     ) -> ArrayResult<Vec<BadCopy>> {
-        self.verify_range(addr, buf, verify, true, repair)
+        // An array assembled read-only never writes (fsck without --repair).
+        self.verify_range(addr, buf, verify, true, repair && !self.read_only)
     }
 
     fn verify_range(

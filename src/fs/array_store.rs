@@ -48,6 +48,10 @@ fn store_error(e: ArrayError) -> StoreError {
 }
 
 impl BlockStore for ArrayStore {
+    fn set_content_judge(&self, judge: std::sync::Weak<dyn crate::array::ContentJudge>) {
+        self.array.set_content_judge(judge);
+    }
+
     fn read(
         &self,
         addr: u64,

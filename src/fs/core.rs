@@ -217,6 +217,10 @@ impl Inner {
             in_place_overwrites: AtomicBool::new(false),
             file_locks: RangeLocks::default(),
         });
+        if csum.enabled() {
+            let judge: Weak<dyn crate::array::ContentJudge> = Arc::downgrade(&inner) as _;
+            inner.store.set_content_judge(judge);
+        }
         if !read_only {
             inner.free_orphans()?;
         }

@@ -129,8 +129,11 @@ fn run_on_store(
     let block = BLOCK_SIZE as usize;
     let mut buf = vec![0u8; crcs.len() * block];
     let whole = |b: &[u8]| b.chunks(block).zip(crcs).all(|(d, c)| kind.block(d) == *c);
-    match store.read(start, &mut buf, Some(&whole)) {
-        Ok(()) => return Ok(true),
+    // Every copy, not the one a read would pick: a copy the crash tore or
+    // the disk lost is healed now, before anything (a resync, a read of the
+    // other copy) can take it for the truth.
+    match store.scrub_read(start, &mut buf, &whole, true) {
+        Ok(_) => return Ok(true),
         // A single block has no other way to be whole.
         Err(StoreError::Unrecoverable(_)) if crcs.len() == 1 => return Ok(false),
         Err(StoreError::Unrecoverable(_)) => {}
@@ -139,8 +142,8 @@ fn run_on_store(
     for (i, crc) in crcs.iter().enumerate() {
         let one = &mut buf[i * block..(i + 1) * block];
         let matches = |b: &[u8]| kind.block(b) == *crc;
-        match store.read(start + (i * block) as u64, one, Some(&matches)) {
-            Ok(()) => {}
+        match store.scrub_read(start + (i * block) as u64, one, &matches, true) {
+            Ok(_) => {}
             Err(StoreError::Unrecoverable(_)) => return Ok(false),
             Err(e) => return Err(e.into()),
         }

@@ -79,6 +79,11 @@ pub trait BlockStore: Send + Sync {
     fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError>;
     /// Unallocated groups left, and the data capacity one more data group would add.
     fn free_groups(&self) -> (u64, u64);
+    /// Let the store's own repairs (resync, scrub) ask the filesystem which
+    /// version of a block is right. Stores that repair nothing ignore it.
+    fn set_content_judge(&self, judge: std::sync::Weak<dyn crate::array::ContentJudge>) {
+        let _ = judge;
+    }
 }
 
 /// An in-memory store with a fixed number of groups, for tests.

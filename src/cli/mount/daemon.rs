@@ -187,7 +187,6 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         // resumed rebuild keeps to them.
         let socket = crate::cli::status::socket_path(&plan.mount_point);
         crate::control::load_saved_limits(&array, &crate::control::saved_limits_path(&socket));
-        array.start_background();
     }
     let fs_opts = FsOptions {
         read_only,
@@ -212,6 +211,12 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             return 1;
         }
     };
+    if !read_only {
+        // After the filesystem is open: its journal replay has checked and
+        // healed the last commit's data, and a resync of dirty regions then
+        // asks its checksums which copy to keep (array::judge).
+        array.start_background();
+    }
     let handle = match fuse::mount(fs, &plan.mount_point, &plan.options.fuse) {
         Ok(handle) => handle,
         Err(e) => {

@@ -8,6 +8,7 @@ use super::super::core::Inner;
 use super::super::csum::CsumMap;
 use super::super::inode::{Inode, BLOCK_SIZE};
 use super::super::FsResult;
+use crate::array::ContentJudge;
 
 /// A mapped segment of a read, widened to whole blocks so each can be checked.
 pub struct BlockRead {
@@ -119,5 +120,21 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+/// The array's resync and scrub ask which version of a data block is right.
+impl ContentJudge for Inner {
+    fn block_size(&self) -> usize {
+        BLOCK_SIZE as usize
+    }
+
+    fn judge(&self, addr: u64, data: &[u8]) -> Option<bool> {
+        // `read_recursive` does not queue behind a waiting writer: a heal
+        // holds the read lock while its repair write waits for the stripe
+        // lock our caller holds, and a fair read would wait for a writer
+        // that waits for that heal.
+        let want = self.state.read_recursive().meta.csums.get(addr)?;
+        Some(self.csum.block(data) == want)
     }
 }

@@ -3,6 +3,9 @@
 //! (after dropping the page cache), the file reads back correctly, the daemon
 //! logs the member that held the bad copy, and an offline scrub afterwards
 //! repairs what reads did not meet, after which a second scrub is clean.
+//! `raidfs repair` on a live mount keeps the version of a block that passes
+//! its checksum, even when md's rule (first copy, parity from data) would
+//! keep the bad one.
 
 mod common;
 
@@ -187,4 +190,83 @@ fn flipped_bytes_under_a_live_mount_are_healed_and_named() {
     }
     run_level("5", 3, 1);
     run_level("1", 2, 2);
+}
+
+/// `raidfs repair` on a live mount, after a block's first mirror copy (the
+/// one md's repair copies from) or a RAID5 data block went bad on disk: the
+/// daemon's filesystem tells the array which version passes its checksum,
+/// so the good bytes are kept and the bad ones rewritten, never the
+/// reverse. Without the filesystem's say the file would be lost.
+fn repair_level(level: &str, members: usize, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names: Vec<String> = (0..members).map(|i| format!("m{i}.img")).collect();
+    let mut args = vec!["create", "--level", level, "--size", "64M"];
+    args.extend(names.iter().map(|s| s.as_str()));
+    check(raidfs(&args, dir.path()), "create");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).expect("mkdir mnt");
+    let mnt = mnt.canonicalize().expect("mount point");
+    let _guard = DaemonGuard::new(&mnt);
+    let log_opt = format!("log={}", dir.path().join("daemon.log").display());
+    let mut mount = vec!["mount", "-o", log_opt.as_str()];
+    mount.extend(names.iter().map(|s| s.as_str()));
+    mount.push("mnt");
+    check(raidfs(&mount, dir.path()), "mount");
+    let data = contents(&mut rng, 0);
+    fs::write(mnt.join("f0"), &data).expect("write through the mount");
+    check(raidfs(&["umount", "mnt"], dir.path()), "umount");
+
+    let paths: Vec<PathBuf> = names.iter().map(|n| dir.path().join(n)).collect();
+    let images: Vec<Vec<u8>> = paths.iter().map(|p| fs::read(p).expect("image")).collect();
+    let block = 7;
+    let copies = find_copies(&images, 0, block);
+    // The copy on the lowest member: a mirror's first copy, or the data block.
+    let (member, at) = copies[0];
+    let image = fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[member])
+        .expect("open image");
+    image
+        .write_at(&[0xA5; 64], at + 200)
+        .expect("pwrite into the image");
+    image.sync_all().expect("sync image");
+
+    check(raidfs(&mount, dir.path()), "remount");
+    let repair = raidfs(&["repair", "--wait", "mnt"], dir.path());
+    let said = String::from_utf8_lossy(&repair.stdout).into_owned();
+    check(repair, "repair");
+    assert!(said.contains("repair finished"), "{level}: {said}");
+    assert!(
+        !said.contains("(0 bytes mismatched)"),
+        "{level}: the bad block was found: {said}"
+    );
+    let after = raidfs(&["check", "--wait", "mnt"], dir.path());
+    let said = String::from_utf8_lossy(&after.stdout).into_owned();
+    check(after, "check");
+    assert!(said.contains("(0 bytes mismatched)"), "{level}: {said}");
+    check(raidfs(&["umount", "mnt"], dir.path()), "umount");
+
+    // Every copy of the block now holds the good bytes.
+    let good = &data[block * BLOCK..(block + 1) * BLOCK];
+    for &(m, at) in &copies {
+        let mut got = vec![0u8; BLOCK];
+        fs::File::open(&paths[m])
+            .and_then(|f| f.read_exact_at(&mut got, at))
+            .expect("read image");
+        assert!(got == good, "{level}: copy on {} after repair", names[m]);
+    }
+    check(raidfs(&mount, dir.path()), "mount again");
+    drop_caches();
+    assert!(fs::read(mnt.join("f0")).expect("read") == data, "{level}");
+    check(raidfs(&["umount", "mnt"], dir.path()), "umount");
+}
+
+#[test]
+fn repair_on_a_live_mount_keeps_what_passes_the_checksum() {
+    if !fuse_available() {
+        return;
+    }
+    repair_level("1", 2, 3);
+    repair_level("5", 3, 4);
 }

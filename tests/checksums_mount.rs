@@ -79,23 +79,64 @@ fn find_copies(images: &[Vec<u8>], file: usize, block: usize) -> Vec<(usize, u64
     found
 }
 
+/// An array of `members` 64 MiB images in a temporary directory, created
+/// and mounted on `mnt` there, its daemon logging to `daemon.log`.
+struct Mounted {
+    dir: tempfile::TempDir,
+    names: Vec<String>,
+    mnt: PathBuf,
+    _guard: DaemonGuard,
+}
+
+impl Mounted {
+    fn new(level: &str, members: usize) -> Mounted {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names: Vec<String> = (0..members).map(|i| format!("m{i}.img")).collect();
+        let mut args = vec!["create", "--level", level, "--size", "64M"];
+        args.extend(names.iter().map(|s| s.as_str()));
+        check(raidfs(&args, dir.path()), "create");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).expect("mkdir mnt");
+        let mnt = mnt.canonicalize().expect("mount point");
+        let guard = DaemonGuard::new(&mnt);
+        let array = Mounted {
+            dir,
+            names,
+            mnt,
+            _guard: guard,
+        };
+        array.mount();
+        array
+    }
+
+    fn mount(&self) {
+        let log_opt = format!("log={}", self.dir.path().join("daemon.log").display());
+        let mut args = vec!["mount", "-o", log_opt.as_str()];
+        args.extend(self.names.iter().map(|s| s.as_str()));
+        args.push("mnt");
+        check(raidfs(&args, self.dir.path()), "mount");
+    }
+
+    /// `raidfs ARGS...` in the image directory; its stdout, after checking it succeeded.
+    fn run(&self, args: &[&str]) -> String {
+        let out = raidfs(args, self.dir.path());
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        check(out, &args.join(" "));
+        said
+    }
+
+    fn image_paths(&self) -> Vec<PathBuf> {
+        self.names.iter().map(|n| self.dir.path().join(n)).collect()
+    }
+}
+
 fn run_level(level: &str, members: usize, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let names: Vec<String> = (0..members).map(|i| format!("m{i}.img")).collect();
-    let mut args = vec!["create", "--level", level, "--size", "64M"];
-    args.extend(names.iter().map(|s| s.as_str()));
-    check(raidfs(&args, dir.path()), "create");
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).expect("mkdir mnt");
-    let mnt = mnt.canonicalize().expect("mount point");
-    let guard = DaemonGuard::new(&mnt);
+    let array = Mounted::new(level, members);
+    let Mounted {
+        dir, names, mnt, ..
+    } = &array;
     let log_path = dir.path().join("daemon.log");
-    let log_opt = format!("log={}", log_path.display());
-    let mut args = vec!["mount", "-o", log_opt.as_str()];
-    args.extend(names.iter().map(|s| s.as_str()));
-    args.push("mnt");
-    check(raidfs(&args, dir.path()), "mount");
 
     let files: Vec<Vec<u8>> = (0..FILES).map(|f| contents(&mut rng, f)).collect();
     for (f, data) in files.iter().enumerate() {
@@ -107,7 +148,7 @@ fn run_level(level: &str, members: usize, seed: u64) {
     }
 
     // Flip bytes in one copy of some blocks of every file, behind raidfs's back.
-    let paths: Vec<PathBuf> = names.iter().map(|n| dir.path().join(n)).collect();
+    let paths = array.image_paths();
     let images: Vec<Vec<u8>> = paths.iter().map(|p| fs::read(p).expect("image")).collect();
     let mut flipped_members = BTreeSet::new();
     for f in 0..FILES {
@@ -134,7 +175,6 @@ fn run_level(level: &str, members: usize, seed: u64) {
         assert!(&got == data, "{level}: f{f} reads back wrong");
     }
     check(raidfs(&["umount", "mnt"], dir.path()), "umount");
-    drop(guard);
 
     let log = fs::read_to_string(&log_path).unwrap_or_default();
     let mut blamed = BTreeSet::new();
@@ -199,25 +239,12 @@ fn flipped_bytes_under_a_live_mount_are_healed_and_named() {
 /// reverse. Without the filesystem's say the file would be lost.
 fn repair_level(level: &str, members: usize, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let names: Vec<String> = (0..members).map(|i| format!("m{i}.img")).collect();
-    let mut args = vec!["create", "--level", level, "--size", "64M"];
-    args.extend(names.iter().map(|s| s.as_str()));
-    check(raidfs(&args, dir.path()), "create");
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).expect("mkdir mnt");
-    let mnt = mnt.canonicalize().expect("mount point");
-    let _guard = DaemonGuard::new(&mnt);
-    let log_opt = format!("log={}", dir.path().join("daemon.log").display());
-    let mut mount = vec!["mount", "-o", log_opt.as_str()];
-    mount.extend(names.iter().map(|s| s.as_str()));
-    mount.push("mnt");
-    check(raidfs(&mount, dir.path()), "mount");
+    let array = Mounted::new(level, members);
     let data = contents(&mut rng, 0);
-    fs::write(mnt.join("f0"), &data).expect("write through the mount");
-    check(raidfs(&["umount", "mnt"], dir.path()), "umount");
+    fs::write(array.mnt.join("f0"), &data).expect("write through the mount");
+    array.run(&["umount", "mnt"]);
 
-    let paths: Vec<PathBuf> = names.iter().map(|n| dir.path().join(n)).collect();
+    let paths = array.image_paths();
     let images: Vec<Vec<u8>> = paths.iter().map(|p| fs::read(p).expect("image")).collect();
     let block = 7;
     let copies = find_copies(&images, 0, block);
@@ -232,20 +259,16 @@ fn repair_level(level: &str, members: usize, seed: u64) {
         .expect("pwrite into the image");
     image.sync_all().expect("sync image");
 
-    check(raidfs(&mount, dir.path()), "remount");
-    let repair = raidfs(&["repair", "--wait", "mnt"], dir.path());
-    let said = String::from_utf8_lossy(&repair.stdout).into_owned();
-    check(repair, "repair");
+    array.mount();
+    let said = array.run(&["repair", "--wait", "mnt"]);
     assert!(said.contains("repair finished"), "{level}: {said}");
     assert!(
         !said.contains("(0 bytes mismatched)"),
         "{level}: the bad block was found: {said}"
     );
-    let after = raidfs(&["check", "--wait", "mnt"], dir.path());
-    let said = String::from_utf8_lossy(&after.stdout).into_owned();
-    check(after, "check");
+    let said = array.run(&["check", "--wait", "mnt"]);
     assert!(said.contains("(0 bytes mismatched)"), "{level}: {said}");
-    check(raidfs(&["umount", "mnt"], dir.path()), "umount");
+    array.run(&["umount", "mnt"]);
 
     // Every copy of the block now holds the good bytes.
     let good = &data[block * BLOCK..(block + 1) * BLOCK];
@@ -254,12 +277,19 @@ fn repair_level(level: &str, members: usize, seed: u64) {
         fs::File::open(&paths[m])
             .and_then(|f| f.read_exact_at(&mut got, at))
             .expect("read image");
-        assert!(got == good, "{level}: copy on {} after repair", names[m]);
+        assert!(
+            got == good,
+            "{level}: copy on {} after repair",
+            array.names[m]
+        );
     }
-    check(raidfs(&mount, dir.path()), "mount again");
+    array.mount();
     drop_caches();
-    assert!(fs::read(mnt.join("f0")).expect("read") == data, "{level}");
-    check(raidfs(&["umount", "mnt"], dir.path()), "umount");
+    assert!(
+        fs::read(array.mnt.join("f0")).expect("read") == data,
+        "{level}"
+    );
+    array.run(&["umount", "mnt"]);
 }
 
 #[test]

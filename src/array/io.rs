@@ -56,9 +56,9 @@ pub(super) fn split(region: &Region, offset: u64, len: usize) -> Vec<Piece> {
     pieces
 }
 
-/// A member read or write covering one or more pieces.
-/// Consecutive bytes of one member that land on consecutive bytes of the
-/// caller's buffer, so one read fills them in place.
+/// A member read or write covering one or more pieces: consecutive bytes of
+/// one member that are also consecutive in the caller's buffer, so one
+/// member read fills them in place.
 struct Run {
     slot: usize,
     member_offset: u64,

@@ -341,6 +341,13 @@ fn an_older_format_mounts_and_is_upgraded_in_place() {
     assert!(!refused.status.success());
     assert!(stderr(&refused).contains("in use"), "{}", stderr(&refused));
     assert!(ok(&setup.umount("mnt")));
+    let fsck = raidfs(&["fsck", "m0", "m1", "m2"], setup.dir.path());
+    assert!(ok(&fsck), "{}", stdout(&fsck));
+    assert!(
+        stdout(&fsck).contains("note: filesystem format 3;"),
+        "{}",
+        stdout(&fsck)
+    );
 
     for _ in 0..2 {
         // --check changes nothing: the second one still finds format 3.
@@ -370,6 +377,11 @@ fn an_older_format_mounts_and_is_upgraded_in_place() {
 
     let fsck = raidfs(&["fsck", "m0", "m1", "m2"], setup.dir.path());
     assert!(ok(&fsck), "{}", stdout(&fsck));
+    assert!(
+        !stdout(&fsck).contains("filesystem format"),
+        "{}",
+        stdout(&fsck)
+    );
     let before = fs::read_to_string(setup.path("daemon.log")).unwrap().len();
     assert!(ok(&setup.mount("mnt")));
     assert_eq!(fs::read(mnt.join("kept.bin")).unwrap(), data);

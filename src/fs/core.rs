@@ -18,6 +18,7 @@ use super::range_lock::{RangeGuard, RangeLocks};
 use super::replay::{left_out_note, replay};
 use super::state::State;
 use super::store::{BlockStore, GroupInfo, GroupKind};
+use super::upgrade::older_format_note;
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 
 /// A batch this large is committed right away instead of waiting for the timer.
@@ -123,6 +124,9 @@ pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind, version: u32)
 pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
     let meta_group = metadata_group(store)?;
     let (header, mut notes) = read_header(store, meta_group)?;
+    if header.version < VERSION {
+        notes.push(older_format_note(header.version));
+    }
     let mut best: Option<(usize, super::journal::SlotContents)> = None;
     for (i, slot) in header.slots.iter().enumerate() {
         match read_slot(store, &header.uuid, *slot)? {
@@ -195,9 +199,7 @@ impl Inner {
         let csum = loaded.journal.header.data_checksum;
         let version = loaded.journal.header.version;
         if version < VERSION {
-            log::info!(
-                "filesystem format {version}; `raidfs upgrade` on the unmounted array moves it to format {VERSION} (`--check` tells what that brings)"
-            );
+            log::info!("{}", older_format_note(version));
         }
         let unwritten_extents = loaded.journal.header.version >= 3;
         let verified_commits = loaded.journal.header.version >= 4 && csum.enabled();

@@ -719,11 +719,8 @@ impl Array {
         } else {
             log::info!("{message}");
         }
-        // Keep the finished entry's figures readable until the next start.
-        if let Some(r) = self.sync.running.lock().as_mut() {
-            r.handle.take();
-        }
-        *self.sync.running.lock() = None;
+        // The result first, then the running entry goes: whoever sees no
+        // running work (`raidfs check --wait`) then reads this run's result.
         *self.sync.last.lock() = Some(SyncResult {
             action,
             completed,
@@ -732,6 +729,10 @@ impl Array {
             done,
             total,
         });
+        if let Some(r) = self.sync.running.lock().as_mut() {
+            r.handle.take();
+        }
+        *self.sync.running.lock() = None;
     }
 
     fn recovery_done(&self, slot: usize) {

@@ -158,10 +158,8 @@ pub(crate) fn wait_for_background(
         report = query(client)?;
     }
     bar.finish_and_clear();
-    // The engine clears the running entry a moment before recording the
-    // result; ask again so the result is this run's.
-    std::thread::sleep(Duration::from_millis(100));
-    report = query(client)?;
+    // The engine records the result before it clears the running entry, so
+    // the report that shows no running work holds this run's result.
     match report.last_sync {
         Some(last) if last.completed => {
             let extra = match last.action.as_str() {

@@ -166,6 +166,9 @@ impl ArrayReport {
     pub(crate) fn collect(array: &Array, origin: &Origin<'_>) -> ArrayReport {
         let status = array.status();
         let sb = array.superblock();
+        // Before `last_sync_result` below: the engine records a result
+        // before it clears the running entry, so a report without running
+        // work always holds that work's result.
         let sync = array.sync_progress().map(|p| SyncReport::from_progress(&p));
         let replacing = match (&sync, &origin.replacing) {
             (Some(s), Some((slot, name))) if s.action == "replace" && s.slot == Some(*slot) => {

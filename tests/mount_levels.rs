@@ -58,6 +58,14 @@ impl Array {
         self.dir.path().join("mnt")
     }
 
+    /// The member image files, in slot order.
+    fn images(&self) -> Vec<PathBuf> {
+        self.members
+            .iter()
+            .map(|m| self.dir.path().join(m))
+            .collect()
+    }
+
     fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
     }
@@ -458,11 +466,7 @@ fn replay_checks_the_last_fsync_against_its_checksums() {
     // reads that data back: here the "disk" loses it after a kill -9.
     let array = Array::create("1", 2, "128M");
     let _guard = DaemonGuard::new(&array.mnt());
-    let images: Vec<PathBuf> = array
-        .members
-        .iter()
-        .map(|m| array.dir.path().join(m))
-        .collect();
+    let images = array.images();
     let (a, b, c) = (
         pattern(1, 64 << 10),
         pattern(2, 64 << 10),
@@ -548,11 +552,7 @@ fn resync_after_a_crash_keeps_the_copy_that_passes_the_checksum() {
     // bad meanwhile, and only the checksum can tell.
     let array = Array::create("1", 2, "128M");
     let _guard = DaemonGuard::new(&array.mnt());
-    let images: Vec<PathBuf> = array
-        .members
-        .iter()
-        .map(|m| array.dir.path().join(m))
-        .collect();
+    let images = array.images();
     let (a, b) = (pattern(11, 64 << 10), pattern(12, 64 << 10));
     let first_block = a[..4096].to_vec();
     array.mount();

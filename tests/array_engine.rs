@@ -35,6 +35,19 @@ struct Config {
     copies: usize,
 }
 
+impl Config {
+    /// A left-symmetric configuration (the layout only parity levels use).
+    fn new(level: Level, members: usize, chunk: u64, copies: usize) -> Config {
+        Config {
+            level,
+            members,
+            chunk,
+            layout: Layout::LeftSymmetric,
+            copies,
+        }
+    }
+}
+
 fn configs() -> Vec<Config> {
     let c = |level, members, chunk, layout, copies| Config {
         level,
@@ -112,13 +125,7 @@ fn running_parity_array(
     members: usize,
     chunk: u64,
 ) -> (Vec<FaultyMember>, Arc<Array>, u64) {
-    let cfg = Config {
-        level,
-        members,
-        chunk,
-        layout: Layout::LeftSymmetric,
-        copies: 1,
-    };
+    let cfg = Config::new(level, members, chunk, 1);
     let ms = faulty_members(members);
     let (array, base) = running_with_data_group(&cfg, &ms);
     (ms, array, base)
@@ -231,13 +238,7 @@ fn random_io_with_member_failures_every_level() {
 
 #[test]
 fn raid6_survives_every_pair_of_failures() {
-    let cfg = Config {
-        level: Level::Raid6,
-        members: 5,
-        chunk: 8 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 1,
-    };
+    let cfg = Config::new(Level::Raid6, 5, 8 << 10, 1);
     let mut rng = StdRng::seed_from_u64(7);
     let data: Vec<u8> = (0..(400 << 10)).map(|_| rng.gen()).collect();
     for a in 0..cfg.members {
@@ -264,13 +265,7 @@ fn raid6_survives_every_pair_of_failures() {
 
 #[test]
 fn past_tolerance_writes_are_refused_and_data_stays() {
-    let cfg = Config {
-        level: Level::Raid5,
-        members: 4,
-        chunk: 16 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 1,
-    };
+    let cfg = Config::new(Level::Raid5, 4, 16 << 10, 1);
     let ms = faulty_members(4);
     let array = make_array(&cfg, &ms);
     let addr = new_data_group(&array);
@@ -302,13 +297,7 @@ fn past_tolerance_writes_are_refused_and_data_stays() {
 
 #[test]
 fn failed_member_is_stale_at_next_assembly() {
-    let cfg = Config {
-        level: Level::Raid1,
-        members: 3,
-        chunk: 64 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 3,
-    };
+    let cfg = Config::new(Level::Raid1, 3, 64 << 10, 3);
     let ms = faulty_members(3);
     let array = make_array(&cfg, &ms);
     let addr = new_data_group(&array);
@@ -338,13 +327,7 @@ fn set_events_behind(m: &FaultyMember, behind: u64) {
 fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
     // A kill while the superblocks are written one member after another
     // leaves some one event behind: mdadm's event margin takes them in.
-    let cfg = Config {
-        level: Level::Raid5,
-        members: 3,
-        chunk: 16 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 1,
-    };
+    let cfg = Config::new(Level::Raid5, 3, 16 << 10, 1);
     let ms = faulty_members(3);
     let array = make_array(&cfg, &ms);
     let addr = new_data_group(&array);
@@ -379,13 +362,7 @@ fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
 
 #[test]
 fn assembly_rules() {
-    let cfg = Config {
-        level: Level::Raid5,
-        members: 3,
-        chunk: 16 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 1,
-    };
+    let cfg = Config::new(Level::Raid5, 3, 16 << 10, 1);
     let a = faulty_members(3);
     let b = faulty_members(3);
     drop(make_array(&cfg, &a));
@@ -428,13 +405,7 @@ fn assembly_rules() {
 
 #[test]
 fn verified_read_repairs_a_bad_mirror_copy() {
-    let cfg = Config {
-        level: Level::Raid1,
-        members: 2,
-        chunk: 64 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 2,
-    };
+    let cfg = Config::new(Level::Raid1, 2, 64 << 10, 2);
     let ms = faulty_members(2);
     let array = make_array(&cfg, &ms);
     let g = array.allocate_group(GroupProfile::Metadata).expect("group");
@@ -460,13 +431,7 @@ fn verified_read_repairs_a_bad_mirror_copy() {
 /// what it returns for is in every member's crash image.
 #[test]
 fn flush_syncs_only_members_written_since_their_last_sync() {
-    let cfg = Config {
-        level: Level::Raid10,
-        members: 4,
-        chunk: 64 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 2,
-    };
+    let cfg = Config::new(Level::Raid10, 4, 64 << 10, 2);
     let ms = faulty_members(cfg.members);
     let array = make_array(&cfg, &ms);
     let group = array
@@ -554,13 +519,7 @@ fn multi_stripe_writes_leave_consistent_parity() {
 
 #[test]
 fn write_back_full_stripes_read_back_at_once_and_report_failures_at_flush() {
-    let cfg = Config {
-        level: Level::Raid5,
-        members: 5,
-        chunk: 64 << 10,
-        layout: Layout::LeftSymmetric,
-        copies: 1,
-    };
+    let cfg = Config::new(Level::Raid5, 5, 64 << 10, 1);
     let ms = faulty_members(5);
     ms.iter().for_each(|m| m.set_cached_writes(true));
     let (array, base) = running_with_data_group(&cfg, &ms);

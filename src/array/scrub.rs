@@ -94,8 +94,7 @@ impl Array {
             if !rebuilt.is_empty() {
                 parity = self.parity_of(&blocks[..k], members.len() - k, chunk);
             }
-            for (i, before, after) in rebuilt {
-                let differing = diff_bytes(&before, &after);
+            for (i, differing) in rebuilt {
                 bad += differing;
                 log::warn!(
                     "scrub: group {} stripe {stripe}: data on {} fails the filesystem's checksum in {differing} bytes; rebuilt from parity",
@@ -107,7 +106,7 @@ impl Array {
                         members[i],
                         Op::Write {
                             offset: at,
-                            data: Arc::from(after),
+                            data: Arc::from(blocks[i].as_slice()),
                             range: 0..chunk,
                         },
                     ));
@@ -269,7 +268,7 @@ fn diff_bytes(a: &[u8], b: &[u8]) -> u64 {
 /// Data blocks of a stripe (`blocks`: `k` data chunks, then P) that the
 /// judge rejects while the same block rebuilt from P and the other data
 /// passes: each such block is replaced in `blocks`. Returns, per data chunk
-/// changed, its index, its old contents and its new ones. `logical` is the
+/// changed, its index and how many of its bytes changed. `logical` is the
 /// logical address of the stripe's first data byte.
 fn data_from_parity(
     judge: &dyn ContentJudge,
@@ -277,11 +276,11 @@ fn data_from_parity(
     chunk: usize,
     blocks: &mut [Vec<u8>],
     k: usize,
-) -> Vec<(usize, Vec<u8>, Vec<u8>)> {
+) -> Vec<(usize, u64)> {
     let block = judge.block_size();
     let mut changed = Vec::new();
     for i in 0..k {
-        let before = blocks[i].clone();
+        let mut differing = 0;
         for start in (0..chunk).step_by(block) {
             let range = start..(start + block).min(chunk);
             let addr = logical + (i * chunk + start) as u64;
@@ -301,11 +300,12 @@ fn data_from_parity(
                     .for_each(|(r, o)| *r ^= o);
             }
             if judge.judge(addr, &rebuilt) == Some(true) {
+                differing += diff_bytes(&blocks[i][range.clone()], &rebuilt);
                 blocks[i][range].copy_from_slice(&rebuilt);
             }
         }
-        if blocks[i] != before {
-            changed.push((i, before, blocks[i].clone()));
+        if differing > 0 {
+            changed.push((i, differing));
         }
     }
     changed

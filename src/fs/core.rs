@@ -12,13 +12,14 @@ use super::alloc::Allocator;
 use super::csum::ChecksumKind;
 use super::inode::{Inode, BLOCK_SIZE};
 use super::journal::{read_slot, DataOrder, Journal};
-use super::layout::{decode, encode, plan, read_header, write_header, FsHeader, VERSION};
+use super::layout::{
+    decode, encode, older_format_note, plan, read_header, write_header, FsHeader, VERSION,
+};
 use super::meta::{Meta, MetaImage};
 use super::range_lock::{RangeGuard, RangeLocks};
 use super::replay::{left_out_note, replay};
 use super::state::State;
 use super::store::{BlockStore, GroupInfo, GroupKind};
-use super::upgrade::older_format_note;
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 
 /// A batch this large is committed right away instead of waiting for the timer.

@@ -26,6 +26,13 @@ pub const VERSION: u32 = 4;
 pub const OLDEST_VERSION: u32 = 2;
 const HEADER_COPIES: [u64; 2] = [0, BLOCK_SIZE];
 
+/// What the mount log and fsck say about a filesystem of an older format.
+pub fn older_format_note(version: u32) -> String {
+    format!(
+        "filesystem format {version}; `raidfs upgrade` on the unmounted array moves it to format {VERSION} (`--check` tells what that brings)"
+    )
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {
     pub addr: u64,

@@ -17,13 +17,6 @@ use super::layout::{read_header, write_header, VERSION};
 use super::{FileSystem, FsOptions, FsResult};
 use crate::fs::BlockStore;
 
-/// What the mount log and fsck say about a filesystem of an older format.
-pub fn older_format_note(version: u32) -> String {
-    format!(
-        "filesystem format {version}; `raidfs upgrade` on the unmounted array moves it to format {VERSION} (`--check` tells what that brings)"
-    )
-}
-
 /// What upgrading a filesystem does (or did).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Upgrade {

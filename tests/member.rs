@@ -161,6 +161,33 @@ fn a_second_open_is_refused_while_locked() {
     FileMember::open(&path, OpenOptions::default()).expect("lock released on drop");
 }
 
+/// Large buffered writes hand their ranges to a write-behind thread that
+/// holds the file open; dropping the member must still close it at once,
+/// or an array could not be assembled again right after it was stopped.
+#[test]
+fn the_lock_is_released_on_drop_after_large_buffered_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("busy.img");
+    for round in 0..20u8 {
+        let m = if round == 0 {
+            FileMember::create(&path, 8 << 20).unwrap()
+        } else {
+            FileMember::open(&path, OpenOptions::default())
+                .unwrap_or_else(|e| panic!("round {round}: reopen right after drop: {e}"))
+        };
+        let data = pattern(1 << 20, round);
+        for i in 0..4u64 {
+            m.write_at(&data, i << 20).unwrap();
+        }
+        m.write_vectored_at(&[&data[..1 << 19], &data[1 << 19..]], 4 << 20)
+            .unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        m.read_at(&mut back, 4 << 20).unwrap();
+        assert_eq!(back, data, "round {round}");
+        drop(m);
+    }
+}
+
 #[test]
 fn symlinks_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,13 +8,15 @@
 //! offset or length go through aligned bounce buffers, with a read-modify-write
 //! for partial blocks.
 
+use super::write_behind::WriteBehind;
 use super::Member;
 use parking_lot::Mutex;
 use std::fs::File;
 use std::io::{self, IoSlice};
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Alignment of buffers, offsets and lengths for `O_DIRECT` transfers. 4096 is
 /// a multiple of every logical block size in common use.
@@ -51,7 +53,9 @@ impl Default for OpenOptions {
 /// An image file or block device.
 pub struct FileMember {
     path: PathBuf,
-    file: File,
+    file: Arc<File>,
+    /// Starts the writeback of large buffered writes (write-behind).
+    write_behind: WriteBehind,
     len: u64,
     direct: bool,
     rmw_locks: Vec<Mutex<()>>,
@@ -134,8 +138,15 @@ impl FileMember {
                 ),
             ));
         }
+        let file = Arc::new(file);
+        let device = if file_type.is_block_device() {
+            metadata.rdev()
+        } else {
+            metadata.dev()
+        };
         Ok(FileMember {
             path: path.to_path_buf(),
+            write_behind: WriteBehind::new(Arc::clone(&file), device),
             file,
             len,
             direct: options.direct,
@@ -186,26 +197,6 @@ impl FileMember {
             }
         }
         Ok(())
-    }
-
-    /// Start writing `[offset, offset + len)` back to the disk now, without
-    /// waiting (write-behind). Durability is unchanged (only a sync makes
-    /// data durable), but the disk works while the writer goes on, so the
-    /// sync at the end of a large write finds little left to do; a write
-    /// through raidfs otherwise reached the disk only at fsync, as one
-    /// burst after the whole copy. Best effort: a failure here would show
-    /// up at the next sync anyway.
-    fn start_writeback(&self, offset: u64, len: usize) {
-        let (Ok(at), Ok(n)) = (
-            libc::off64_t::try_from(offset),
-            libc::off64_t::try_from(len),
-        ) else {
-            return;
-        };
-        // SAFETY: plain syscall on our own descriptor; no memory is passed.
-        unsafe {
-            libc::sync_file_range(self.file.as_raw_fd(), at, n, libc::SYNC_FILE_RANGE_WRITE);
-        }
     }
 
     /// pwrite until all of `buf` is written.
@@ -369,7 +360,7 @@ impl Member for FileMember {
         } else {
             self.pwrite_all(buf, offset).map(|()| {
                 if buf.len() >= WRITE_BEHIND_MIN {
-                    self.start_writeback(offset, buf.len());
+                    self.write_behind.start(offset, buf.len() as u64);
                 }
             })
         };
@@ -391,7 +382,7 @@ impl Member for FileMember {
         self.pwritev_all(bufs, offset)
             .map(|()| {
                 if total >= WRITE_BEHIND_MIN {
-                    self.start_writeback(offset, total);
+                    self.write_behind.start(offset, total as u64);
                 }
             })
             .map_err(|e| self.context("write", total, offset, e))

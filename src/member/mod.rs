@@ -10,6 +10,7 @@ pub mod faulty;
 pub mod file;
 pub mod memory;
 pub mod simulated;
+mod write_behind;
 
 use std::io;
 

@@ -329,6 +329,11 @@ fn an_older_format_mounts_and_is_upgraded_in_place() {
         raidfs(&all, setup.dir.path())
     };
     let stdout = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    // The command succeeded and printed `text`.
+    let says = |out: &Output, text: &str| {
+        assert!(ok(out));
+        assert!(stdout(out).contains(text), "{}", stdout(out));
+    };
     let mnt = setup.mount_dir("mnt");
     let _guard = DaemonGuard::new(&mnt);
     assert!(ok(&setup.mount("mnt")));
@@ -342,38 +347,16 @@ fn an_older_format_mounts_and_is_upgraded_in_place() {
     assert!(stderr(&refused).contains("in use"), "{}", stderr(&refused));
     assert!(ok(&setup.umount("mnt")));
     let fsck = raidfs(&["fsck", "m0", "m1", "m2"], setup.dir.path());
-    assert!(ok(&fsck), "{}", stdout(&fsck));
-    assert!(
-        stdout(&fsck).contains("note: filesystem format 3;"),
-        "{}",
-        stdout(&fsck)
-    );
+    says(&fsck, "note: filesystem format 3;");
 
     for _ in 0..2 {
         // --check changes nothing: the second one still finds format 3.
         let check = upgrade(&["--check"]);
-        assert!(ok(&check));
-        assert!(
-            stdout(&check).contains("filesystem format 3;"),
-            "{}",
-            stdout(&check)
-        );
-        assert!(stdout(&check).contains("one flush"), "{}", stdout(&check));
+        says(&check, "filesystem format 3;");
+        says(&check, "one flush");
     }
-    let done = upgrade(&[]);
-    assert!(ok(&done));
-    assert!(
-        stdout(&done).contains("from format 3 to format 4"),
-        "{}",
-        stdout(&done)
-    );
-    let again = upgrade(&[]);
-    assert!(ok(&again));
-    assert!(
-        stdout(&again).contains("format 4 is current"),
-        "{}",
-        stdout(&again)
-    );
+    says(&upgrade(&[]), "from format 3 to format 4");
+    says(&upgrade(&[]), "format 4 is current");
 
     let fsck = raidfs(&["fsck", "m0", "m1", "m2"], setup.dir.path());
     assert!(ok(&fsck), "{}", stdout(&fsck));

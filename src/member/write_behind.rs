@@ -71,11 +71,11 @@ impl WriteBehind {
         let kicker = self
             .kicker
             .get_or_init(|| Kicker::spawn(&self.file, &self.turn));
-        let handed_over = kicker
-            .as_ref()
-            .and_then(|k| k.ranges.as_ref())
-            .is_some_and(|tx| tx.send(range.clone()).is_ok());
-        if !handed_over {
+        let unsent = match kicker.as_ref().and_then(|k| k.ranges.as_ref()) {
+            Some(tx) => tx.send(range).err().map(|e| e.0),
+            None => Some(range),
+        };
+        if let Some(range) = unsent {
             start_writeback(&self.file, range);
         }
     }

@@ -15,7 +15,9 @@ use uuid::Uuid;
 
 #[derive(Clone, Copy, Default)]
 pub struct AssembleOptions {
-    /// Start a dirty and degraded parity array anyway.
+    /// Forced assembly: start an array whose members disagree about who
+    /// failed from the freshest set that can serve, and a dirty degraded
+    /// parity array.
     pub force: bool,
     /// Write nothing (no superblock updates, no resync).
     pub read_only: bool,
@@ -26,6 +28,8 @@ pub struct AssembleOptions {
     /// Treat every member as rotational (`Some(true)`) or solid-state
     /// (`Some(false)`) instead of detecting it (image files).
     pub rotational: Option<bool>,
+    /// What writes do while the host fails every member (`on_host_error=`).
+    pub on_host_error: super::OnHostError,
 }
 
 /// Open a member path (image file or block device), creating a sparse image
@@ -55,7 +59,23 @@ pub fn assemble_paths(paths: &[PathBuf], opts: AssembleOptions) -> ArrayResult<A
     assemble(open_members(paths)?, opts)
 }
 
+/// A member found at assembly, with the superblock it carries.
+struct Found {
+    member: Arc<dyn Member>,
+    name: String,
+    sb: Superblock,
+}
+
 /// Assemble an array from opened members.
+///
+/// Members are sorted by md's rules: the newest superblock (highest event
+/// count) is the reference; members at its events, or one behind with a
+/// slot it still records as active, are current; older ones are stale.
+/// Stale members whose slot is empty come back after the mount starts
+/// (re-added from the bitmap when it covers their absence, rebuilt in full
+/// otherwise), spares stay spares, and with `force` an array whose members
+/// disagree about who failed is started from the freshest set that can
+/// serve. Everything assembly decided is in [`Array::assembly_notes`].
 pub fn assemble(
     members: Vec<(Arc<dyn Member>, String)>,
     opts: AssembleOptions,
@@ -66,12 +86,12 @@ pub fn assemble(
     let mut found = Vec::with_capacity(members.len());
     for (member, name) in members {
         let (sb, _verdict) = Superblock::read_from(member.as_ref())?;
-        found.push((member, name, sb));
+        found.push(Found { member, name, sb });
     }
 
     let mut by_array: BTreeMap<Uuid, Vec<&str>> = BTreeMap::new();
-    for (_, name, sb) in &found {
-        by_array.entry(sb.array_uuid).or_default().push(name);
+    for f in &found {
+        by_array.entry(f.sb.array_uuid).or_default().push(&f.name);
     }
     if by_array.len() > 1 {
         let parts: Vec<String> = by_array
@@ -81,89 +101,142 @@ pub fn assemble(
         return Err(ArrayError::MixedArrays(parts.join("; ")));
     }
 
-    let (spares, found): (Vec<_>, Vec<_>) = found
-        .into_iter()
-        .partition(|(_, _, sb)| sb.slot == SPARE_SLOT);
-    for (_, name, _) in &spares {
-        log::info!("{name} is a spare; not used at assembly");
-    }
-    let newest = found
+    let mut notes: Vec<String> = Vec::new();
+    let (spares, found): (Vec<Found>, Vec<Found>) =
+        found.into_iter().partition(|f| f.sb.slot == SPARE_SLOT);
+    let newest = found.iter().map(|f| f.sb.events).max().ok_or_else(|| {
+        ArrayError::Refused("only spares were given; no active member to assemble from".into())
+    })?;
+    let mut reference = found
         .iter()
-        .map(|(_, _, sb)| sb.events)
-        .max()
-        .ok_or_else(|| {
-            ArrayError::Refused("only spares were given; no active member to assemble from".into())
-        })?;
+        .find(|f| f.sb.events == newest)
+        .map(|f| f.sb.clone())
+        .ok_or_else(|| ArrayError::Refused("no member holds the newest superblock".into()))?;
+    let total = reference.members as usize;
+    if let Some(f) = found.iter().find(|f| f.sb.slot as usize >= total) {
+        return Err(ArrayError::Refused(format!(
+            "{}: slot {} is outside the array's {total} slots",
+            f.name, f.sb.slot
+        )));
+    }
     // Like mdadm's event margin: a member one event behind whose slot the
     // newest superblock still records as active missed only the last
     // superblock update (a crash or kill while the superblocks were being
     // written one member after another), not any data, and is taken in.
     // Members that failed are recorded as faulty by the others, so the
     // margin never brings one back.
-    let mut reference = found
-        .iter()
-        .find(|(_, _, sb)| sb.events == newest)
-        .map(|(_, _, sb)| sb.clone())
-        .ok_or_else(|| ArrayError::Refused("no member holds the newest superblock".into()))?;
     let one_behind = |sb: &Superblock| {
         sb.events + 1 == newest && reference.slots.get(sb.slot as usize) == Some(&SlotState::Active)
     };
-    let (current, stale): (Vec<_>, Vec<_>) = found
+    let (mut current, mut stale): (Vec<Found>, Vec<Found>) = found
         .into_iter()
-        .partition(|(_, _, sb)| sb.events == newest || one_behind(sb));
-    let lagging: Vec<&str> = current
-        .iter()
-        .filter(|(_, _, sb)| sb.events != newest)
-        .map(|(_, name, _)| name.as_str())
-        .collect();
-    if !lagging.is_empty() {
+        .partition(|f| f.sb.events == newest || one_behind(&f.sb));
+    let mut changed = false;
+    for f in current.iter().filter(|f| f.sb.events != newest) {
         log::warn!(
             "{} one event behind (an interrupted superblock update); taken in",
-            lagging.join(", ")
+            f.name
         );
+        changed = true;
     }
-    let lagged = !lagging.is_empty();
-    for (_, name, sb) in &stale {
-        log::warn!(
-            "{name} is stale (events {} < {newest}) and is left out; add it back to rebuild it",
-            sb.events
-        );
-        eprintln!(
-            "raidfs: {name} is stale (events {} < {newest}) and is left out",
-            sb.events
-        );
+    // A current member the reference records as faulty is left out.
+    let (faulty, kept): (Vec<Found>, Vec<Found>) = current
+        .into_iter()
+        .partition(|f| reference.slots[f.sb.slot as usize] == SlotState::Faulty);
+    current = kept;
+    stale.extend(faulty);
+    stale.sort_by(|a, b| b.sb.events.cmp(&a.sb.events));
+
+    let geometry = data_geometry(&reference)?;
+    let meta = crate::geometry::Geometry::metadata(total, reference.chunk)?;
+    let serves = |slots: &[usize]| {
+        let missing: Vec<usize> = (0..total).filter(|s| !slots.contains(s)).collect();
+        survives(&geometry, &missing) && survives(&meta, &missing)
+    };
+    let slots_of = |set: &[Found]| set.iter().map(|f| f.sb.slot as usize).collect::<Vec<_>>();
+    if !serves(&slots_of(&current)) && opts.force {
+        // The members disagree about who failed (each recorded the others
+        // faulty as they went): start from the freshest set that can serve.
+        // Stale members whose absence the bitmap covers are taken in too,
+        // so the resync that follows (checksums judging each copy) sees
+        // every copy; older ones are rebuilt after the mount starts.
+        let cleared = bitmap_events_cleared(&reference, current.iter().chain(stale.iter()));
+        let mut taken: Vec<usize> = Vec::new();
+        for (i, f) in stale.iter().enumerate() {
+            let slot = f.sb.slot as usize;
+            if slots_of(&current).contains(&slot)
+                || taken.iter().any(|&t| stale[t].sb.slot == f.sb.slot)
+            {
+                continue;
+            }
+            let mut with: Vec<usize> = slots_of(&current);
+            with.extend(taken.iter().map(|&t| stale[t].sb.slot as usize));
+            if f.sb.events >= cleared || !serves(&with) {
+                taken.push(i);
+            }
+        }
+        let mut with: Vec<usize> = slots_of(&current);
+        with.extend(taken.iter().map(|&t| stale[t].sb.slot as usize));
+        if !serves(&with) {
+            return Err(refusal(&reference, &current, &stale, true));
+        }
+        taken.sort_unstable_by(|a, b| b.cmp(a));
+        for i in taken {
+            let f = stale.remove(i);
+            notes.push(format!(
+                "forced: {} (slot {}, events {} of {newest}) taken in as active{}",
+                f.name,
+                f.sb.slot,
+                f.sb.events,
+                if f.sb.events >= cleared {
+                    "; the bitmap covers what it missed"
+                } else {
+                    "; older than the bitmap: regions it missed may hold stale data"
+                }
+            ));
+            reference.slots[f.sb.slot as usize] = SlotState::Active;
+            current.push(f);
+        }
+        reference.state = ArrayState::Dirty;
+        changed = true;
+    }
+    if !serves(&slots_of(&current)) {
+        return Err(refusal(&reference, &current, &stale, false));
     }
 
-    let total = reference.members as usize;
     let mut slots: Vec<Option<Slot>> = (0..total).map(|_| None).collect();
-    for (member, name, sb) in current {
-        let slot = sb.slot as usize;
-        if slot >= total {
-            return Err(ArrayError::Refused(format!(
-                "{name}: slot {slot} is outside the array's {total} slots"
-            )));
-        }
-        if reference.slots[slot] == SlotState::Faulty {
-            log::warn!("{name} is recorded as faulty; left out");
-            continue;
-        }
+    for f in current {
+        let slot = f.sb.slot as usize;
         if let Some(other) = &slots[slot] {
             return Err(ArrayError::Refused(format!(
-                "{name} and {} both claim slot {slot}",
+                "{} and {} both claim slot {slot}",
+                f.name,
                 other.name()
             )));
         }
-        let s = Slot::new(Some(member), name, sb.member_uuid);
+        let s = Slot::new(Some(f.member), f.name, f.sb.member_uuid);
         if reference.slots[slot] == SlotState::Rebuilding {
             // Resume from the checkpointed position; only what lies below it is valid.
             s.valid_below
-                .store(sb.recovery_offset, std::sync::atomic::Ordering::Release);
+                .store(f.sb.recovery_offset, std::sync::atomic::Ordering::Release);
         }
         slots[slot] = Some(s);
     }
+    // Stale members whose slot nobody holds come back after the start; a
+    // stale member whose slot another member holds was replaced.
+    let mut returning = Vec::new();
+    for f in stale {
+        let slot = f.sb.slot as usize;
+        if slots[slot].is_some() || returning.iter().any(|r: &Found| r.sb.slot == f.sb.slot) {
+            notes.push(format!(
+                "{} is stale (events {} < {newest}) and slot {slot} belongs to another member: left out",
+                f.name, f.sb.events
+            ));
+            continue;
+        }
+        returning.push(f);
+    }
 
-    // A lagging member's superblock is brought up to date below.
-    let mut changed = lagged;
     let slots: Vec<Slot> = slots
         .into_iter()
         .enumerate()
@@ -178,9 +251,7 @@ pub fn assemble(
         })
         .collect();
 
-    let geometry = data_geometry(&reference)?;
     let present = slots.iter().filter(|s| s.member().is_some()).count();
-    let need = total - geometry.tolerance().min(total);
     let degraded = present < total;
     let ppl = reference.features & super::FEATURE_PPL != 0 && reference.level == Level::Raid5;
     // With a partial parity log the write hole is closed at assembly below.
@@ -192,15 +263,13 @@ pub fn assemble(
     {
         return Err(ArrayError::DirtyDegraded);
     }
-    for s in slots.iter().filter(|s| s.member().is_none()) {
-        log::warn!("array {} is degraded: {}", reference.array_uuid, s.name());
-    }
     if changed && !opts.read_only {
-        reference.events += 1;
+        reference.events = newest + 1;
     }
     let parity = opts.parity.unwrap_or_else(Parity::global);
     let mut array = Array::from_parts(slots, reference, parity)?;
     array.read_only = opts.read_only;
+    array.host.set_policy(opts.on_host_error);
     array.set_read_policy(opts.read_policy);
     if let Some(rotational) = opts.rotational {
         (0..array.member_count()).for_each(|slot| array.set_rotational(slot, rotational));
@@ -209,7 +278,7 @@ pub fn assemble(
         return Err(ArrayError::TooFewMembers {
             have: present,
             total,
-            need,
+            need: total - geometry.tolerance().min(total),
             level: geometry.level.to_string(),
         });
     }
@@ -222,6 +291,38 @@ pub fn assemble(
         .map(|(_, m)| m)
         .collect();
     array.bitmap.load(&members);
+    for f in returning {
+        let covered = f.sb.events >= array.bitmap.events_cleared();
+        if opts.read_only {
+            notes.push(format!(
+                "{} is stale (events {} < {newest}): left out of this read-only assembly",
+                f.name, f.sb.events
+            ));
+            continue;
+        }
+        notes.push(format!(
+            "{} (slot {}) is stale (events {} < {newest}): {}",
+            f.name,
+            f.sb.slot,
+            f.sb.events,
+            if covered {
+                "re-added; only the regions the bitmap marks are resynced onto it"
+            } else {
+                "the bitmap does not cover its absence; it is rebuilt in full"
+            }
+        ));
+        array.queue_returning(f.member, f.name);
+    }
+    for f in spares {
+        if opts.read_only {
+            continue;
+        }
+        notes.push(format!("{} is a hot spare", f.name));
+        array.adopt_spare(f.member, f.name, f.sb.member_uuid);
+    }
+    for s in array.slots.iter().filter(|s| s.member().is_none()) {
+        log::warn!("array {} is degraded: {}", array.uuid(), s.name());
+    }
     let repair = array.is_dirty() && degraded && !opts.read_only;
     let repaired = array.ppl_recover(repair)?;
     if repair && array.ppl.is_some() {
@@ -229,7 +330,7 @@ pub fn assemble(
     }
     if array.is_dirty() {
         let (regions, bytes) = array.bitmap.dirty();
-        if degraded {
+        if degraded && !array.has_returning() {
             log::warn!("array was not shut down cleanly and is degraded: {regions} regions may have inconsistent redundancy");
         } else {
             log::info!("array was not shut down cleanly: {regions} dirty regions ({} MiB) will be resynced", bytes >> 20);
@@ -238,5 +339,78 @@ pub fn assemble(
                 .store(true, std::sync::atomic::Ordering::Release);
         }
     }
+    if degraded {
+        let missing: Vec<String> = array
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.member().is_none())
+            .map(|(i, _)| format!("slot {i}"))
+            .collect();
+        notes.insert(
+            0,
+            format!(
+                "started degraded with {present} of {total} members ({} missing)",
+                missing.join(", ")
+            ),
+        );
+    }
+    for n in &notes {
+        log::warn!("{n}");
+    }
+    *array.notes.lock() = notes;
     Ok(array)
+}
+
+/// Whether geometry `g` keeps every chunk with `missing` slots gone.
+fn survives(g: &crate::geometry::Geometry, missing: &[usize]) -> bool {
+    match g.level {
+        Level::Raid0 | Level::Raid5 | Level::Raid6 => missing.len() <= g.tolerance(),
+        Level::Raid1 | Level::Raid10 => (0..g.members as u64).all(|k| {
+            g.map(k * g.chunk)
+                .targets
+                .iter()
+                .any(|t| !missing.contains(&t.member))
+        }),
+    }
+}
+
+/// The events of the last bitmap clearing, as the members' bitmaps record it.
+fn bitmap_events_cleared<'a>(
+    reference: &Superblock,
+    found: impl Iterator<Item = &'a Found>,
+) -> u64 {
+    let bitmap = super::bitmap::Bitmap::new(reference.data_offset, reference.data_size);
+    let members: Vec<Arc<dyn Member>> = found.map(|f| Arc::clone(&f.member)).collect();
+    bitmap.load(&members);
+    bitmap.events_cleared()
+}
+
+/// Why the array cannot start, member by member.
+fn refusal(reference: &Superblock, current: &[Found], stale: &[Found], forced: bool) -> ArrayError {
+    let mut lines: Vec<String> = current
+        .iter()
+        .chain(stale.iter())
+        .map(|f| format!("{} slot {} events {}", f.name, f.sb.slot, f.sb.events))
+        .collect();
+    lines.sort();
+    let geometry = data_geometry(reference);
+    let need = geometry
+        .map(|g| reference.members as usize - g.tolerance().min(reference.members as usize))
+        .unwrap_or(reference.members as usize);
+    ArrayError::Refused(format!(
+        "too few members to start the {} array {}: {} of {} slots up to date, at least {need} needed ({}){}",
+        reference.level,
+        reference.array_uuid,
+        current.len(),
+        reference.members,
+        lines.join("; "),
+        if forced {
+            "; no set of the members given can serve, even forced"
+        } else if current.len() + stale.len() >= need {
+            "; the members disagree about who failed: mount with -o force (fsck --force) to start from the freshest set that can serve"
+        } else {
+            ""
+        }
+    ))
 }

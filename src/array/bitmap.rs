@@ -49,6 +49,15 @@ struct State {
     /// Bits written since the last cleaning pass.
     recent: Vec<u64>,
     events_cleared: u64,
+    /// Regions a write failed in for the host's sake (out of space, or the
+    /// array suspended): some stripe there may be half written, so the bit
+    /// stays set until a resync has made the region agree again.
+    suspect: Vec<u64>,
+    /// Bumped whenever a region turns suspect (a resync clears only what
+    /// it saw).
+    suspect_gen: u64,
+    /// When a resync of suspect regions last failed.
+    suspect_resync: Option<std::time::Instant>,
 }
 
 pub struct Bitmap {
@@ -99,6 +108,9 @@ impl Bitmap {
                 pending: vec![0; nbits],
                 recent: vec![0; words],
                 events_cleared: 0,
+                suspect: vec![0; words],
+                suspect_gen: 0,
+                suspect_resync: None,
             }),
             writing: Mutex::new(()),
         }
@@ -298,7 +310,11 @@ impl Bitmap {
         let mut st = self.state.lock();
         let mut cleared = 0;
         for b in 0..self.nbits {
-            if test(&st.bits, b) && !test(&st.recent, b) && st.pending[b] == 0 {
+            if test(&st.bits, b)
+                && !test(&st.recent, b)
+                && !test(&st.suspect, b)
+                && st.pending[b] == 0
+            {
                 st.bits[b / 64] &= !(1 << (b % 64));
                 // Soon cleared on the members too: a writer setting it again
                 // must write it again.
@@ -311,6 +327,70 @@ impl Bitmap {
         }
         st.recent.iter_mut().for_each(|w| *w = 0);
         cleared
+    }
+
+    /// A write to member offsets `[start, end)` failed for the host's sake:
+    /// keep its regions set until a resync.
+    pub fn mark_suspect(&self, start: u64, end: u64) {
+        let range = self.bit_range(start, end);
+        let mut st = self.state.lock();
+        for b in range {
+            set(&mut st.suspect, b);
+            set(&mut st.bits, b);
+        }
+        st.suspect_gen += 1;
+    }
+
+    /// Every region the bitmap marks turns suspect (the host failed with
+    /// writes in flight anywhere).
+    pub fn mark_all_dirty_suspect(&self) {
+        let mut st = self.state.lock();
+        let bits = st.bits.clone();
+        for (s, b) in st.suspect.iter_mut().zip(bits) {
+            *s |= b;
+        }
+        st.suspect_gen += 1;
+    }
+
+    /// Whether any region covering member offsets `[start, end)` is suspect.
+    pub fn is_suspect(&self, start: u64, end: u64) -> bool {
+        let st = self.state.lock();
+        if st.suspect.iter().all(|&w| w == 0) {
+            return false;
+        }
+        self.bit_range(start, end).any(|b| test(&st.suspect, b))
+    }
+
+    pub fn has_suspect(&self) -> bool {
+        self.state.lock().suspect.iter().any(|&w| w != 0)
+    }
+
+    /// Whether a resync of the suspect regions may start now: not within
+    /// 10 s of one that failed, so a host still full is not hammered.
+    pub fn resync_due(&self) -> bool {
+        let st = self.state.lock();
+        !st.suspect_resync
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(10))
+    }
+
+    /// A resync of the suspect regions failed (the host still refuses).
+    pub fn resync_failed(&self) {
+        self.state.lock().suspect_resync = Some(std::time::Instant::now());
+    }
+
+    /// The suspect generation now (see [`Bitmap::resynced`]).
+    pub fn suspect_generation(&self) -> u64 {
+        self.state.lock().suspect_gen
+    }
+
+    /// A resync that started at suspect generation `gen` finished: the
+    /// regions are consistent again unless one turned suspect meanwhile.
+    pub fn resynced(&self, gen: u64) {
+        let mut st = self.state.lock();
+        if st.suspect_gen == gen {
+            st.suspect.iter_mut().for_each(|w| *w = 0);
+            st.suspect_resync = None;
+        }
     }
 
     /// Forget that anything was written recently (degraded arrays keep all bits).

@@ -116,7 +116,7 @@ impl Array {
                 .collect()
         };
         let slots: Vec<usize> = writes.iter().map(|w| w.0).collect();
-        if self.write_back.enabled() && self.pool.writes_cached(&slots) {
+        if self.write_back.enabled() && self.pool.writes_cached(&slots) && !self.write_through() {
             // Returns before the members have the data; see `write_back`.
             let last = first + stripes.len() as u64 - 1;
             let held = StripeLocks::hold(guard);
@@ -127,10 +127,16 @@ impl Array {
             Some(outcomes) => outcomes,
             None => self.pool.run(owned_jobs(&writes)),
         };
-        for (slot, outcome) in slots.iter().zip(outcomes) {
+        let mut host = None;
+        for ((slot, outcome), (_, at, parts)) in slots.iter().zip(outcomes).zip(&writes) {
             if let Err(e) = outcome {
-                self.write_failed(*slot, &format!("write failed: {e}"));
+                let len: usize = parts.iter().map(|p| p.len()).sum();
+                let span = Some((*at, *at + len as u64));
+                host = host.or(self.write_failed(*slot, &e, "write", span));
             }
+        }
+        if let Some(e) = host {
+            return Err(e);
         }
         self.ensure_writable()
     }

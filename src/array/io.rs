@@ -119,18 +119,29 @@ impl Array {
     pub fn flush(&self) -> ArrayResult<()> {
         // Writes gathered in the stripe cache, and full-stripe writes still
         // under way, are completed writes to the callers that made them.
+        self.host_gate()?;
         let cached = self.write_out_cached(..);
         self.write_back.wait_idle();
-        match &self.ppl {
+        let parked = self.retry_parked();
+        let host = match &self.ppl {
             // A new log epoch starts with the sync that makes logged writes durable.
             Some(ppl) => ppl.flush_with(|header| self.sync_members(Some(header))),
             None => self.sync_members(None),
-        }
+        };
         cached?;
-        self.ensure_writable()
+        parked?;
+        if let Some(e) = host {
+            return Err(e);
+        }
+        self.ensure_writable()?;
+        self.resync_suspect();
+        Ok(())
     }
 
-    fn sync_members(&self, ppl_header: Option<&[u8]>) {
+    /// Sync every working member (after writing the partial parity log's
+    /// new header). The error to report when the host refused.
+    fn sync_members(&self, ppl_header: Option<&[u8]>) -> Option<ArrayError> {
+        let mut host = None;
         let slots: Vec<usize> = (0..self.slots.len())
             .filter(|&s| !self.is_failed(s))
             .collect();
@@ -151,16 +162,17 @@ impl Array {
                 .collect();
             for (slot, outcome) in slots.iter().zip(self.pool.run(jobs)) {
                 if let Err(e) = outcome {
-                    self.fail_member(*slot, &format!("log header write failed: {e}"));
+                    host = host.or(self.write_failed(*slot, &e, "log header write", None));
                 }
             }
         }
         let slots: Vec<usize> = slots.into_iter().filter(|&s| !self.is_failed(s)).collect();
         for (slot, outcome) in self.sync_written(&slots) {
             if let Err(e) = outcome {
-                self.write_failed(slot, &format!("sync failed: {e}"));
+                host = host.or(self.write_failed(slot, &e, "sync", None));
             }
         }
+        host
     }
 
     /// Sync those of `slots` that were written since their last sync, in
@@ -236,10 +248,11 @@ impl Array {
                 .unwrap_or_else(|| Err(std::io::Error::other("no result")))
         });
         if let Err(e) = synced {
-            self.fail_member(
-                parity_slot,
-                &format!("partial parity log write failed: {e}"),
-            );
+            if let Some(host) = self.write_failed(parity_slot, &e, "partial parity log write", None)
+            {
+                ppl.done();
+                return Err(host);
+            }
         }
         Ok(true)
     }
@@ -341,7 +354,9 @@ impl Array {
             let mut retry = false;
             for (run, outcome) in runs.iter().zip(outcomes) {
                 if let Err(e) = outcome {
-                    self.read_failed(run.slot, &format!("read failed: {e}"));
+                    if let Some(host) = self.read_failed(run.slot, &e, "read") {
+                        return Err(host);
+                    }
                     retry = true;
                 }
             }
@@ -393,7 +408,9 @@ impl Array {
         let outcomes = self.read_runs_into(&runs, buf);
         for (run, outcome) in runs.iter().zip(outcomes) {
             if let Err(e) = outcome {
-                self.read_failed(run.slot, &format!("read failed: {e}"));
+                if let Some(host) = self.read_failed(run.slot, &e, "read") {
+                    return Err(host);
+                }
                 for &(_, buf_off, _) in &run.parts {
                     degraded.extend(pieces.iter().position(|p| p.buf_off == buf_off));
                 }
@@ -469,7 +486,9 @@ impl Array {
                 match outcome {
                     Ok(bytes) => blocks[i] = bytes,
                     Err(e) => {
-                        self.read_failed(members[i], &format!("read failed: {e}"));
+                        if let Some(host) = self.read_failed(members[i], &e, "read") {
+                            return Err(host);
+                        }
                         retry = true;
                     }
                 }
@@ -525,11 +544,35 @@ impl Array {
         data: &[u8],
         caching: Caching,
     ) -> ArrayResult<()> {
-        let may_cache = caching == Caching::Allowed;
+        let may_cache = caching == Caching::Allowed && !self.write_through();
+        self.host_gate()?;
         self.ensure_writable()?;
         if data.is_empty() {
             return Ok(());
         }
+        loop {
+            match self.write_marked(region, offset, data, may_cache) {
+                // Under on_host_error=wait a write the host refused waits
+                // for it to recover and is done again (same bytes, same place).
+                Err(ArrayError::HostFault { .. })
+                    if self.host.policy() == super::host::OnHostError::Wait
+                        && !self.sync.stop.load(Ordering::Acquire) =>
+                {
+                    self.host_gate()?;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// `write_region_with` once: bitmap marked around the write.
+    fn write_marked(
+        &self,
+        region: &Region,
+        offset: u64,
+        data: &[u8],
+        may_cache: bool,
+    ) -> ArrayResult<()> {
         let (start, end) = member_span(region, offset, data.len());
         match self.bitmap.begin_write(start, end) {
             Intent::Ready => {}
@@ -576,10 +619,15 @@ impl Array {
                 )
             })
             .collect();
+        let mut host = None;
         for (slot, outcome) in slots.iter().zip(self.pool.run(jobs)) {
             if let Err(e) = outcome {
-                self.fail_member(*slot, &format!("bitmap write failed: {e}"));
+                host = host.or(self.member_error(*slot, &e, "bitmap write", None));
             }
+        }
+        if let Some(e) = host {
+            // Not durable everywhere: the next writer of the region marks again.
+            return Err(e);
         }
         // The members still working hold the snapshot; failed ones are out.
         self.bitmap.written(snapshot);
@@ -683,10 +731,15 @@ impl Array {
                 self.pool.run(jobs)
             }
         };
+        let mut host = None;
         for (run, outcome) in runs.iter().zip(outcomes) {
             if let Err(e) = outcome {
-                self.write_failed(run.slot, &format!("write failed: {e}"));
+                let span = (run.member_offset, run.member_offset + run.len as u64);
+                host = host.or(self.write_failed(run.slot, &e, "write", Some(span)));
             }
+        }
+        if let Some(e) = host {
+            return Err(e);
         }
         // Every piece must have reached at least one working copy.
         for p in &pieces {
@@ -743,7 +796,10 @@ impl Array {
 
         let mut blocks: Vec<Vec<u8>>;
         let mut partial_parity: Option<Vec<u8>> = None;
-        if !degraded && touched + nparity < k - full {
+        // A stripe a host fault may have left half written has parity that
+        // cannot be trusted to update: it is recomputed from the data.
+        let suspect = self.bitmap.is_suspect(at, at + width as u64);
+        if !degraded && !suspect && touched + nparity < k - full {
             // Read-modify-write: old data of touched chunks and old parity.
             let wanted: Vec<usize> = (0..k)
                 .filter(|&i| new[i].is_some())
@@ -769,7 +825,9 @@ impl Array {
                 match outcome {
                     Ok(b) => blocks[i] = b,
                     Err(e) => {
-                        self.read_failed(members[i], &format!("read failed: {e}"));
+                        if let Some(host) = self.read_failed(members[i], &e, "read") {
+                            return Err(host);
+                        }
                         failed = true;
                     }
                 }
@@ -854,6 +912,7 @@ impl Array {
         mut blocks: Vec<Vec<u8>>,
         at: u64,
     ) -> ArrayResult<()> {
+        let len = blocks.iter().map(|b| b.len()).max().unwrap_or(0) as u64;
         // Write touched data chunks and the parity, on working members.
         let targets: Vec<usize> = (0..members.len())
             .filter(|&i| (i >= k || new[i].is_some()) && !self.is_failed(members[i]))
@@ -873,10 +932,15 @@ impl Array {
                 )
             })
             .collect();
+        let mut host = None;
         for (&i, outcome) in targets.iter().zip(self.pool.run(jobs)) {
             if let Err(e) = outcome {
-                self.write_failed(members[i], &format!("write failed: {e}"));
+                let span = Some((at, at + len));
+                host = host.or(self.write_failed(members[i], &e, "write", span));
             }
+        }
+        if let Some(e) = host {
+            return Err(e);
         }
         self.ensure_writable()
     }

@@ -127,6 +127,11 @@ pub(crate) struct SyncState {
     /// The running recovery is a re-add: only dirty regions are copied.
     recovery_bitmap_only: AtomicBool,
     cleaner: Mutex<Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>>,
+    /// The bitmap's suspect generation when the running resync started.
+    resync_suspect_gen: AtomicU64,
+    /// Stale members given at assembly, to be re-added one after another
+    /// once background work may run.
+    returning: Mutex<Vec<(Arc<dyn Member>, String)>>,
 }
 
 impl Default for SyncState {
@@ -143,6 +148,8 @@ impl Default for SyncState {
             this: Mutex::new(Weak::new()),
             cleaner: Mutex::new(None),
             recovery_bitmap_only: AtomicBool::new(false),
+            resync_suspect_gen: AtomicU64::new(0),
+            returning: Mutex::new(Vec::new()),
         }
     }
 }
@@ -187,6 +194,14 @@ impl Array {
         *self.sync.this.lock() = Arc::downgrade(self);
         self.write_back.start(Arc::downgrade(self));
         self.stripe_cache.enable();
+        self.start_next_work();
+        self.start_cleaner();
+    }
+
+    /// Start the background work that is due, in order: a recovery that
+    /// was checkpointed, then stale members coming back, then the resync
+    /// of an unclean shutdown (once no member is missing).
+    fn start_next_work(&self) {
         let resuming = (0..self.slots.len()).find(|&i| {
             !self.is_failed(i) && self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
         });
@@ -196,7 +211,8 @@ impl Array {
             if let Err(e) = self.spawn(SyncAction::Recovery, Some(slot)) {
                 log::error!("cannot resume recovery: {e}");
             }
-        } else if self.needs_resync.swap(false, Ordering::AcqRel) {
+        } else if self.start_returning() {
+        } else if !self.is_degraded() && self.needs_resync.swap(false, Ordering::AcqRel) {
             let (regions, bytes) = self.bitmap.dirty();
             log::info!(
                 "resync of {regions} dirty regions ({} MiB of {} MiB allocated)",
@@ -207,7 +223,42 @@ impl Array {
                 log::error!("cannot start resync: {e}");
             }
         }
-        self.start_cleaner();
+    }
+
+    /// A stale member given at assembly, to come back once the array runs.
+    pub(crate) fn queue_returning(&self, member: Arc<dyn Member>, name: String) {
+        self.sync.returning.lock().push((member, name));
+    }
+
+    pub(crate) fn has_returning(&self) -> bool {
+        !self.sync.returning.lock().is_empty()
+    }
+
+    /// A spare found at assembly stays a spare.
+    pub(crate) fn adopt_spare(&self, member: Arc<dyn Member>, name: String, uuid: Uuid) {
+        self.sync.spares.lock().push(SlotDev {
+            member: Some(member),
+            name,
+            uuid,
+        });
+    }
+
+    /// Bring back the next stale member (re-add from the bitmap, or a full
+    /// rebuild into its own slot). True when one started.
+    fn start_returning(&self) -> bool {
+        loop {
+            let Some((member, name)) = self.sync.returning.lock().pop() else {
+                return false;
+            };
+            match self.add(member, name.clone()) {
+                Ok(AddOutcome::ReAdded { slot }) | Ok(AddOutcome::Rebuilding { slot }) => {
+                    log::info!("{name} is coming back into slot {slot}");
+                    return true;
+                }
+                Ok(AddOutcome::Spare) => log::info!("{name} waits as a hot spare"),
+                Err(e) => log::error!("{name} could not be taken back: {e}"),
+            }
+        }
     }
 
     /// The bitmap thread: every few seconds it flushes and clears the bits
@@ -262,9 +313,16 @@ impl Array {
         }
     }
 
-    /// One cleaning pass (also used at clean shutdown).
+    /// One cleaning pass (also used at clean shutdown); it also does again
+    /// the writes the host refused ([`Array::retry_parked`]).
     pub(crate) fn clean_bitmap(&self) {
+        if self.host.suspension().is_some() {
+            return;
+        }
         if self.is_degraded() {
+            if self.write_back.has_parked() {
+                let _ = self.flush();
+            }
             self.bitmap.reset_recent();
             return;
         }
@@ -418,7 +476,13 @@ impl Array {
                 return Ok(AddOutcome::ReAdded { slot });
             }
         }
-        let slot = (0..self.slots.len()).find(|&i| self.is_failed(i));
+        // A former member goes back into its own slot when that is empty.
+        let own = Superblock::read_from(member.as_ref())
+            .ok()
+            .filter(|(sb, _)| sb.array_uuid == self.uuid())
+            .map(|(sb, _)| sb.slot as usize)
+            .filter(|&s| s < self.slots.len() && self.is_failed(s));
+        let slot = own.or_else(|| (0..self.slots.len()).find(|&i| self.is_failed(i)));
         match slot {
             Some(slot) if self.sync.running.lock().is_none() => {
                 self.sync
@@ -616,6 +680,15 @@ impl Array {
             .sum()
     }
 
+    /// Resync the regions the bitmap marks (suspect ones among them) on a
+    /// running array.
+    pub(crate) fn spawn_resync(&self) -> ArrayResult<()> {
+        let gen = self.bitmap.suspect_generation();
+        self.sync.resync_suspect_gen.store(gen, Ordering::Release);
+        log::info!("resync of the regions a host fault may have left inconsistent");
+        self.spawn(SyncAction::Resync, None)
+    }
+
     fn spawn(&self, action: SyncAction, slot: Option<usize>) -> ArrayResult<()> {
         let this = self.sync.this.lock().upgrade().ok_or_else(|| {
             ArrayError::Refused(
@@ -702,8 +775,14 @@ impl Array {
         self.sync
             .recovery_bitmap_only
             .store(false, Ordering::Release);
+        if !completed && action == SyncAction::Resync {
+            self.bitmap.resync_failed();
+        }
         if completed {
             match (action, slot) {
+                (SyncAction::Resync, _) => self
+                    .bitmap
+                    .resynced(self.sync.resync_suspect_gen.load(Ordering::Acquire)),
                 (SyncAction::Recovery, Some(s)) => self.recovery_done(s),
                 (SyncAction::Replace, Some(s)) => self.replacement_done(s),
                 _ => {}
@@ -733,6 +812,9 @@ impl Array {
             r.handle.take();
         }
         *self.sync.running.lock() = None;
+        if completed && !self.sync.stop.load(Ordering::Acquire) {
+            self.start_next_work();
+        }
     }
 
     fn recovery_done(&self, slot: usize) {

@@ -12,6 +12,7 @@ pub mod balance;
 mod bitmap;
 mod create;
 mod full_stripe;
+pub mod host;
 mod io;
 pub mod judge;
 mod lifecycle;
@@ -28,6 +29,7 @@ mod write_back;
 pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
 pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec};
+pub use host::{OnHostError, Suspension};
 pub use judge::ContentJudge;
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};
@@ -87,6 +89,10 @@ pub enum ArrayError {
     NoSpace,
     #[error("no copy or reconstruction of {0:#x} passes verification")]
     Unrecoverable(u64),
+    #[error("the host has no space left for a member: {0}")]
+    HostNoSpace(String),
+    #[error("the array is suspended: {why}")]
+    HostFault { read_only: bool, why: String },
 }
 
 pub type ArrayResult<T> = Result<T, ArrayError>;
@@ -169,6 +175,10 @@ pub struct Array {
     pub(crate) read_only: bool,
     /// The filesystem's view of which version of a block is right.
     pub(crate) judge: RwLock<Option<std::sync::Weak<dyn judge::ContentJudge>>>,
+    /// Out-of-space answers and suspension (faults that are the host's).
+    pub(crate) host: host::HostState,
+    /// What assembly decided, for the terminal (see [`Array::assembly_notes`]).
+    pub(crate) notes: Mutex<Vec<String>>,
 }
 
 /// The data geometry a superblock describes.
@@ -234,10 +244,29 @@ impl Array {
             stripe_cache: stripe_cache::StripeCache::default(),
             read_only: false,
             judge: RwLock::new(None),
+            host: host::HostState::default(),
+            notes: Mutex::new(Vec::new()),
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();
         Ok(array)
+    }
+
+    /// What assembly did that a person starting the array should read:
+    /// a degraded start, stale members re-added or rebuilt, forced members,
+    /// spares kept. Empty for an ordinary start.
+    pub fn assembly_notes(&self) -> Vec<String> {
+        self.notes.lock().clone()
+    }
+
+    /// Why the array is suspended (the host failed every member), if it is.
+    pub fn suspension(&self) -> Option<Suspension> {
+        self.host.suspension()
+    }
+
+    /// Member writes the host refused for lack of space, so far.
+    pub fn host_no_space_errors(&self) -> u64 {
+        self.host.no_space_errors()
     }
 
     pub fn uuid(&self) -> Uuid {
@@ -356,7 +385,7 @@ impl Array {
     }
 
     /// Whether every stripe of `g` still has its data with `failed` members gone.
-    fn geometry_survives(&self, g: &Geometry, failed: &[usize]) -> bool {
+    pub(crate) fn geometry_survives(&self, g: &Geometry, failed: &[usize]) -> bool {
         match g.level {
             Level::Raid0 | Level::Raid5 | Level::Raid6 => failed.len() <= g.tolerance(),
             Level::Raid1 | Level::Raid10 => {
@@ -373,6 +402,9 @@ impl Array {
     }
 
     pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {
+        if let Some(e) = self.host.suspended_error() {
+            return Err(e);
+        }
         if self.broken.load(Ordering::Acquire) {
             let names: Vec<String> = self
                 .failed_slots()
@@ -397,7 +429,7 @@ impl Array {
         let present = self.present_members();
         let members: Vec<Arc<dyn Member>> = present.iter().map(|(_, m)| Arc::clone(m)).collect();
         for (i, e) in self.bitmap.write_all(&members) {
-            self.fail_member(present[i].0, &format!("bitmap write failed: {e}"));
+            self.member_error(present[i].0, &e, "bitmap write", None);
         }
     }
 

@@ -512,7 +512,9 @@ impl Rebuild<'_> {
                     self.buffers.reads.push(buf);
                 }
                 Some(Err(e)) => {
-                    array.fail_member(self.slot, &format!("read failed during replace: {e}"));
+                    if let Some(host) = array.read_failed(self.slot, &e, "read during replace") {
+                        return Err(host);
+                    }
                     return Err(ArrayError::Failed(format!(
                         "slot {} failed during replace",
                         self.slot
@@ -524,14 +526,18 @@ impl Rebuild<'_> {
                 let mut data: Vec<Option<Vec<u8>>> = vec![None; array.slots.len()];
                 let outcomes = array.pool.wait(batch);
                 let mut failed = None;
+                let mut host = None;
                 for (&m, outcome) in slots.iter().zip(outcomes) {
                     match outcome {
                         Ok(buf) => data[m] = Some(buf),
                         Err(e) => {
                             failed.get_or_insert(m);
-                            array.fail_member(m, &format!("read failed during recovery: {e}"));
+                            host = host.or(array.read_failed(m, &e, "read during recovery"));
                         }
                     }
+                }
+                if let Some(e) = host {
+                    return Err(e);
                 }
                 if let Some(m) = failed {
                     return Err(ArrayError::Failed(format!(
@@ -667,8 +673,12 @@ impl Rebuild<'_> {
         if self.to_replacement {
             return ArrayError::Refused(format!("writing to the replacement failed: {e}"));
         }
-        self.array
-            .fail_member(self.slot, &format!("write failed during recovery: {e}"));
+        if let Some(host) = self
+            .array
+            .write_failed(self.slot, &e, "write during recovery", None)
+        {
+            return host;
+        }
         ArrayError::Failed(format!("slot {} failed during recovery", self.slot))
     }
 }

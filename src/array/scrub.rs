@@ -77,7 +77,9 @@ impl Array {
             match outcome {
                 Ok(b) => blocks.push(b),
                 Err(e) => {
-                    self.fail_member(m, &format!("read failed during scrub: {e}"));
+                    if let Some(host) = self.read_failed(m, &e, "read during scrub") {
+                        return Err(host);
+                    }
                     return Ok(0);
                 }
             }
@@ -170,7 +172,9 @@ impl Array {
             match outcome {
                 Ok(b) => copies.push((t, b)),
                 Err(e) => {
-                    self.fail_member(t.member, &format!("read failed during scrub: {e}"));
+                    if let Some(host) = self.read_failed(t.member, &e, "read during scrub") {
+                        return Err(host);
+                    }
                     return Ok(0);
                 }
             }
@@ -251,10 +255,14 @@ impl Array {
             return Ok(());
         }
         let slots: Vec<usize> = writes.iter().map(|(s, _)| *s).collect();
+        let mut host = None;
         for (slot, outcome) in slots.into_iter().zip(self.pool.run(writes)) {
             if let Err(e) = outcome {
-                self.fail_member(slot, &format!("write failed during repair: {e}"));
+                host = host.or(self.write_failed(slot, &e, "write during repair", None));
             }
+        }
+        if let Some(e) = host {
+            return Err(e);
         }
         self.ensure_writable()
             .map_err(|e| ArrayError::Failed(e.to_string()))

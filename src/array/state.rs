@@ -47,8 +47,22 @@ pub(crate) fn now_secs() -> u64 {
 
 impl Array {
     /// Write the current superblock to every working member (copy 0, sync,
-    /// copy 1, sync). A member that cannot take it is failed.
+    /// copy 1, sync). A member that cannot take it goes through
+    /// [`Array::member_error`]: failed, or the array suspended when every
+    /// member refuses (the host's fault). Nothing is written while the
+    /// array is suspended, so a host fault never reaches the superblocks.
     pub(crate) fn write_superblocks(&self) -> ArrayResult<()> {
+        if let Some(e) = self.host.suspended_error() {
+            return Err(e);
+        }
+        for (slot, e) in self.write_superblocks_once() {
+            self.member_error(slot, &e, "superblock write", None);
+        }
+        Ok(())
+    }
+
+    /// One round of superblock writes; the members that failed it.
+    fn write_superblocks_once(&self) -> Vec<(usize, std::io::Error)> {
         let _serial = self.sb_write.lock();
         let template = {
             let mut sb = self.sb.lock();
@@ -73,16 +87,14 @@ impl Array {
             for (i, h) in handles {
                 match h.join() {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => failures.push((i, e.to_string())),
-                    Err(_) => failures.push((i, "superblock writer panicked".to_string())),
+                    Ok(Err(e)) => failures.push((i, e)),
+                    Err(_) => {
+                        failures.push((i, std::io::Error::other("superblock writer panicked")))
+                    }
                 }
             }
         });
-        drop(_serial);
-        for (slot, why) in failures {
-            self.fail_member(slot, &format!("superblock write failed: {why}"));
-        }
-        Ok(())
+        failures
     }
 
     /// Write every working member's superblock again (heals a damaged copy).
@@ -91,10 +103,12 @@ impl Array {
         self.write_superblocks()
     }
 
-    /// Take a member out of service after an I/O error: it is marked faulty
-    /// in the other members' superblocks (with a new event count, so a later
-    /// assembly knows it is stale) and the array goes on degraded.
-    pub(crate) fn fail_member(&self, slot: usize, why: &str) {
+    /// Take a member out of service: it is marked faulty in the other
+    /// members' superblocks (with a new event count, so a later assembly
+    /// knows it is stale) and the array goes on degraded. After an I/O
+    /// error this is reached only through [`Array::member_error`], which
+    /// first rules out the host.
+    pub(crate) fn record_failure(&self, slot: usize, why: &str) {
         if self.slots[slot].failed.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -116,7 +130,7 @@ impl Array {
                 self.slots[slot].name()
             );
         }
-        // Failures while recording this one fail those members in turn.
+        // Failures while recording this one are decided in turn.
         let _ = self.write_superblocks();
         self.take_spare(slot);
     }
@@ -126,7 +140,7 @@ impl Array {
         if slot >= self.slots.len() {
             return Err(ArrayError::Refused(format!("no member slot {slot}")));
         }
-        self.fail_member(slot, "failed by request");
+        self.record_failure(slot, "failed by request");
         Ok(())
     }
 
@@ -154,8 +168,20 @@ impl Array {
 
     /// After the last write and a flush: every stripe is consistent.
     pub fn mark_clean(&self) -> ArrayResult<()> {
+        if let Some(e) = self.host.suspended_error() {
+            // The host refuses writes: the array stays dirty, which the next
+            // assembly resyncs by the bitmap.
+            self.stop_background();
+            return Err(e);
+        }
         self.stop_background();
         self.flush()?;
+        if self.bitmap.has_suspect() {
+            // Some stripe a host fault interrupted was never resynced: stay
+            // dirty so the next assembly resyncs the regions the bitmap marks.
+            log::warn!("raidfs: regions a host fault interrupted are not resynced yet; the array stays dirty");
+            return Ok(());
+        }
         // Everything is durable and consistent: no region needs a resync.
         if !self.is_degraded() {
             self.bitmap.reset_recent();
@@ -230,7 +256,16 @@ impl Array {
             if let Some(m) = self.slots[slot].member() {
                 match m.zero_range(base, size) {
                     Ok(()) => self.pool.note_written(slot),
-                    Err(e) => self.fail_member(slot, &format!("zeroing a new group failed: {e}")),
+                    Err(e) => {
+                        if let Some(host) = self.member_error(
+                            slot,
+                            &e,
+                            "zeroing a new group",
+                            Some((base, base + size)),
+                        ) {
+                            return Err(host);
+                        }
+                    }
                 }
             }
         }

@@ -23,7 +23,7 @@
 //! is (a partial write, read-modify-write).
 
 use super::io::{split, Caching, Piece};
-use super::{Array, ArrayResult, Region, GROUP_SHIFT};
+use super::{Array, ArrayError, ArrayResult, Region, GROUP_SHIFT};
 use crate::geometry::Level;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
@@ -262,6 +262,19 @@ impl StripeCache {
         None
     }
 
+    /// The write-out of `key`'s entry was refused by the host: keep it, as
+    /// filling, for a later flush (the writes it holds were answered).
+    pub fn restore(&self, key: Key, entry: Entry) {
+        let mut st = self.state.lock();
+        if matches!(st.slots.get(&key), Some(Slot::WritingOut)) {
+            st.bytes += entry.data.len();
+            st.order.push_back(key);
+            st.slots.insert(key, Slot::Filling(entry));
+        }
+        self.publish(&st);
+        self.settled.notify_all();
+    }
+
     /// The entry of `key` has been written out (or failed to be).
     pub fn done(&self, key: Key) {
         let mut st = self.state.lock();
@@ -327,7 +340,14 @@ impl Array {
             Absorbed::Whole(entry) => {
                 let _done = Done(&self.stripe_cache, key);
                 let whole = split(region, stripe_offset, stripe_bytes);
-                self.write_full_stripes(region, &[&whole], &entry.data)?;
+                match self.write_full_stripes(region, &[&whole], &entry.data) {
+                    Ok(()) => {}
+                    Err(e @ (ArrayError::HostNoSpace(_) | ArrayError::HostFault { .. })) => {
+                        self.stripe_cache.restore(key, entry);
+                        return Err(e);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         while let Some((key, entry)) = self.stripe_cache.take_over_limit() {
@@ -356,12 +376,22 @@ impl Array {
     /// parity log as for any write).
     fn write_out(&self, key: Key, entry: Entry) -> ArrayResult<()> {
         let _done = Done(&self.stripe_cache, key);
+        let mut result = Ok(());
         for run in entry.filled_runs() {
             let addr = entry.addr + run.start as u64;
             let (region, offset) = self.region(addr, run.len())?;
-            self.write_region_with(&region, offset, &entry.data[run], Caching::Bypass)?;
+            result = self.write_region_with(&region, offset, &entry.data[run], Caching::Bypass);
+            if result.is_err() {
+                break;
+            }
         }
-        Ok(())
+        if let Err(e @ (ArrayError::HostNoSpace(_) | ArrayError::HostFault { .. })) = result {
+            // Answered writes are not dropped because the host is full:
+            // kept for the next flush, which reports the error meanwhile.
+            self.stripe_cache.restore(key, entry);
+            return Err(e);
+        }
+        result
     }
 }
 

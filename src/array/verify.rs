@@ -219,7 +219,7 @@ impl Array {
         let slots: Vec<usize> = writes.iter().map(|(s, _)| *s).collect();
         for (slot, outcome) in slots.into_iter().zip(self.pool.run(writes)) {
             if let Err(e) = outcome {
-                self.write_failed(slot, &format!("rewriting a bad copy failed: {e}"));
+                self.write_failed(slot, &e, "rewriting a bad copy", None);
             }
         }
     }
@@ -243,7 +243,7 @@ impl Array {
         if self.geometry_survives(&self.data_geometry, &without)
             && self.geometry_survives(&self.meta_geometry, &without)
         {
-            self.fail_member(
+            self.record_failure(
                 slot,
                 &format!("{total} read and checksum errors (limit {MAX_CORRECTED_ERRORS})"),
             );
@@ -255,18 +255,33 @@ impl Array {
         }
     }
 
-    /// A member read failed: count it and take the member out of service.
-    pub(crate) fn read_failed(&self, slot: usize, why: &str) {
+    /// A member read failed: count it, then let [`Array::member_error`]
+    /// decide whether the member or the host is at fault. The error the
+    /// request must report when it is the host's.
+    pub(crate) fn read_failed(
+        &self,
+        slot: usize,
+        e: &std::io::Error,
+        what: &str,
+    ) -> Option<ArrayError> {
         self.slots[slot].errors.read.fetch_add(1, Ordering::Relaxed);
-        self.fail_member(slot, why);
+        self.member_error(slot, e, what, None)
     }
 
-    /// A member write (or sync) failed: count it and take the member out of service.
-    pub(crate) fn write_failed(&self, slot: usize, why: &str) {
+    /// A member write (or sync) failed: as [`Array::read_failed`]; `span`
+    /// is the member byte range the write touched (kept for a resync when
+    /// the host is out of space).
+    pub(crate) fn write_failed(
+        &self,
+        slot: usize,
+        e: &std::io::Error,
+        what: &str,
+        span: Option<(u64, u64)>,
+    ) -> Option<ArrayError> {
         self.slots[slot]
             .errors
             .write
             .fetch_add(1, Ordering::Relaxed);
-        self.fail_member(slot, why);
+        self.member_error(slot, e, what, span)
     }
 }

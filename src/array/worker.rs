@@ -45,7 +45,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn duplicate(&self) -> Option<Op> {
+    pub(crate) fn duplicate(&self) -> Option<Op> {
         match self {
             Op::Read { .. } | Op::ReadInto { .. } => None,
             Op::Write {

@@ -11,14 +11,20 @@
 //! * a flush waits until nothing is in flight before it syncs
 //!   ([`WriteBack::wait_idle`]), so `fsync` covers every write it follows;
 //! * a member write that fails fails the member (as a synchronous write
-//!   would); if that leaves the array broken, the next flush reports it.
+//!   would); if that leaves the array broken, the next flush reports it;
+//! * a member write the host refuses (out of space, or the array suspended)
+//!   is kept, *parked* with its stripes still locked, and done again by
+//!   every flush until it lands; the flush reports the host's error
+//!   meanwhile, so `fsync` never returns before the data is on the members.
+//!   Writes are not handed here at all while the host is short of space
+//!   ([`Array::write_through`]), so parking is rare.
 //!
 //! The reaper is a thread started with the array's background work; an
 //! array used without it writes synchronously.
 
 use super::stripe_lock::HeldStripes;
-use super::worker::Batch;
-use super::Array;
+use super::worker::{Batch, Op};
+use super::{Array, ArrayError, ArrayResult};
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Weak;
@@ -32,6 +38,15 @@ pub(crate) struct InFlight {
     batch: Batch,
     /// The member slot of each job of `batch`, in order.
     slots: Vec<usize>,
+    /// The jobs again (sharing their buffers), to redo those the host refused.
+    copies: Vec<Option<Op>>,
+    held: HeldStripes,
+}
+
+/// A write the host refused, waiting for a flush to do it again.
+struct Parked {
+    id: u64,
+    jobs: Vec<(usize, Op)>,
     held: HeldStripes,
 }
 
@@ -41,6 +56,7 @@ struct Entry {
     group: u32,
     first: u64,
     last: u64,
+    parked: bool,
 }
 
 #[derive(Default)]
@@ -49,9 +65,16 @@ struct State {
     next_id: u64,
 }
 
+impl State {
+    fn in_flight(&self) -> usize {
+        self.entries.iter().filter(|e| !e.parked).count()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct WriteBack {
     state: Mutex<State>,
+    parked: Mutex<Vec<Parked>>,
     changed: Condvar,
     reaper: Mutex<Option<Sender<InFlight>>>,
 }
@@ -91,7 +114,7 @@ impl WriteBack {
     /// while too many writes are. Returns the write's id.
     fn register(&self, group: u32, first: u64, last: u64) -> u64 {
         let mut st = self.state.lock();
-        while st.entries.len() >= MAX_IN_FLIGHT {
+        while st.in_flight() >= MAX_IN_FLIGHT {
             self.changed.wait(&mut st);
         }
         let id = st.next_id;
@@ -101,8 +124,23 @@ impl WriteBack {
             group,
             first,
             last,
+            parked: false,
         });
         id
+    }
+
+    fn set_parked(&self, id: u64, parked: bool) {
+        let mut st = self.state.lock();
+        for e in st.entries.iter_mut().filter(|e| e.id == id) {
+            e.parked = parked;
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// Whether some write waits for the host.
+    pub fn has_parked(&self) -> bool {
+        !self.parked.lock().is_empty()
     }
 
     fn done(&self, id: u64) {
@@ -124,10 +162,11 @@ impl WriteBack {
         }
     }
 
-    /// Wait until nothing is in flight.
+    /// Wait until nothing is in flight (parked writes aside: a flush does
+    /// them itself, see [`Array::retry_parked`]).
     pub fn wait_idle(&self) {
         let mut st = self.state.lock();
-        while !st.entries.is_empty() {
+        while st.in_flight() > 0 {
             self.changed.wait(&mut st);
         }
     }
@@ -146,10 +185,12 @@ impl Array {
     ) {
         let id = self.write_back.register(group, first, last);
         let slots = jobs.iter().map(|(slot, _)| *slot).collect();
+        let copies = jobs.iter().map(|(_, op)| op.duplicate()).collect();
         let write = InFlight {
             id,
             batch: self.pool.submit(jobs),
             slots,
+            copies,
             held,
         };
         let reaper = self.write_back.reaper.lock().clone();
@@ -162,21 +203,93 @@ impl Array {
         }
     }
 
-    /// Collect a queued write: fail the members whose write failed, then
-    /// release its stripes.
+    /// Collect a queued write: fail the members whose write failed, park
+    /// what the host refused, then release its stripes.
     fn reap(&self, write: InFlight) {
         let InFlight {
             id,
             batch,
             slots,
+            copies,
             held,
         } = write;
-        for (slot, outcome) in slots.into_iter().zip(self.pool.wait(batch)) {
+        let mut refused = Vec::new();
+        for ((slot, outcome), copy) in slots.into_iter().zip(self.pool.wait(batch)).zip(copies) {
             if let Err(e) = outcome {
-                self.write_failed(slot, &format!("write failed: {e}"));
+                let span = copy.as_ref().and_then(op_span);
+                if self.write_failed(slot, &e, "write", span).is_some() {
+                    refused.extend(copy.map(|op| (slot, op)));
+                }
             }
         }
-        held.release(&self.locks);
-        self.write_back.done(id);
+        if refused.is_empty() {
+            held.release(&self.locks);
+            self.write_back.done(id);
+            return;
+        }
+        log::warn!(
+            "raidfs: {} member writes of an answered full-stripe write wait for the host",
+            refused.len()
+        );
+        self.write_back.set_parked(id, true);
+        self.write_back.parked.lock().push(Parked {
+            id,
+            jobs: refused,
+            held,
+        });
+    }
+
+    /// Do the parked writes again (a flush, and the bitmap thread's pass):
+    /// the host's error while any is still refused.
+    pub(crate) fn retry_parked(&self) -> ArrayResult<()> {
+        let parked = std::mem::take(&mut *self.write_back.parked.lock());
+        let mut error: Option<ArrayError> = None;
+        for p in parked {
+            let Parked { id, jobs, held } = p;
+            let copies: Vec<(usize, Option<Op>)> =
+                jobs.iter().map(|(s, op)| (*s, op.duplicate())).collect();
+            let live: Vec<(usize, Op)> = jobs
+                .into_iter()
+                .filter(|(slot, _)| !self.is_failed(*slot))
+                .collect();
+            let live_copies: Vec<(usize, Option<Op>)> = copies
+                .into_iter()
+                .filter(|(slot, _)| !self.is_failed(*slot))
+                .collect();
+            let mut again = Vec::new();
+            for ((slot, copy), outcome) in live_copies.into_iter().zip(self.pool.run(live)) {
+                if let Err(e) = outcome {
+                    let span = copy.as_ref().and_then(op_span);
+                    if let Some(host) = self.write_failed(slot, &e, "write", span) {
+                        error.get_or_insert(host);
+                        again.extend(copy.map(|op| (slot, op)));
+                    }
+                }
+            }
+            if again.is_empty() {
+                held.release(&self.locks);
+                self.write_back.set_parked(id, false);
+                self.write_back.done(id);
+            } else {
+                self.write_back.parked.lock().push(Parked {
+                    id,
+                    jobs: again,
+                    held,
+                });
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The member bytes a write job covers.
+fn op_span(op: &Op) -> Option<(u64, u64)> {
+    match op {
+        Op::Write { offset, range, .. } => Some((*offset, *offset + range.len() as u64)),
+        Op::WriteDurable { offset, data } => Some((*offset, *offset + data.len() as u64)),
+        _ => None,
     }
 }

@@ -43,6 +43,8 @@ fn store_error(e: ArrayError) -> StoreError {
         ArrayError::NoSpace => StoreError::NoSpace,
         ArrayError::Unrecoverable(addr) => StoreError::Unrecoverable(addr),
         ArrayError::Failed(why) => StoreError::ReadOnly(format!("array has failed: {why}")),
+        ArrayError::HostNoSpace(why) => StoreError::HostNoSpace(why),
+        ArrayError::HostFault { read_only, why } => StoreError::HostFault { read_only, why },
         other => StoreError::Io(other.to_string()),
     }
 }

@@ -55,6 +55,11 @@ pub struct Inner {
     /// free block was left: from then on every record follows flushed data,
     /// since replay cannot check blocks that may have been overwritten.
     in_place_overwrites: AtomicBool,
+    /// Extents freed by changes whose commit the host refused (out of
+    /// space, or the array suspended): freed once a later commit lands.
+    /// While set, the next commit is a checkpoint, whose image covers
+    /// the changes the refused record held.
+    refused: Mutex<Option<Vec<super::extent::Extent>>>,
     file_locks: RangeLocks,
 }
 
@@ -218,6 +223,7 @@ impl Inner {
             unwritten_extents,
             verified_commits,
             in_place_overwrites: AtomicBool::new(false),
+            refused: Mutex::new(None),
             file_locks: RangeLocks::default(),
         });
         if csum.enabled() {
@@ -322,13 +328,14 @@ impl Inner {
         let mut journal = self.journal.lock();
         let (payload, step, freed) = {
             let mut st = self.state.write();
-            if st.batch.is_empty() && !force_checkpoint && !even_empty {
+            let refused = self.refused.lock().is_some();
+            if st.batch.is_empty() && !force_checkpoint && !even_empty && !refused {
                 return Ok(false);
             }
             let (rec, freed) = st.take_record();
             let new_blocks: usize = rec.csum_sets.iter().map(|(_, crcs)| crcs.len()).sum();
             let bytes = encode(&rec)?;
-            if force_checkpoint || !journal.fits(bytes.len()) {
+            if force_checkpoint || refused || !journal.fits(bytes.len()) {
                 (encode(&st.meta.image())?, CommitStep::Checkpoint, freed)
             } else if self.verified_commits && new_blocks as u64 * BLOCK_SIZE <= VERIFIED_COMMIT_MAX
             {
@@ -354,11 +361,22 @@ impl Inner {
         });
         match result {
             Ok(()) => {
+                let earlier = self.refused.lock().take().unwrap_or_default();
                 let mut st = self.state.write();
-                for ext in freed {
+                for ext in freed.into_iter().chain(earlier) {
                     st.alloc.free(ext);
                 }
                 Ok(true)
+            }
+            Err(FsError::Store(e)) if e.is_retryable() => {
+                // The host refused, not the array: the changes stay in
+                // memory and the next commit writes them in a checkpoint.
+                log::warn!("journal commit refused by the host, kept for the next commit: {e}");
+                self.refused
+                    .lock()
+                    .get_or_insert_with(Vec::new)
+                    .extend(freed);
+                Err(FsError::Store(e))
             }
             Err(e) => {
                 // The in-memory state is now ahead of what can be made

@@ -43,6 +43,24 @@ pub enum StoreError {
     Unrecoverable(u64),
     #[error("array is read-only: {0}")]
     ReadOnly(String),
+    /// The host refused the write (out of space, or every member failing
+    /// at once); the array is intact and the write can be done again later.
+    #[error("{0}")]
+    HostNoSpace(String),
+    #[error("{why}")]
+    HostFault { read_only: bool, why: String },
+}
+
+impl StoreError {
+    /// Whether the store may take the same write later (the host's fault,
+    /// not the data's or the array's): the filesystem keeps what it could
+    /// not write instead of giving up.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::HostNoSpace(_) | StoreError::HostFault { .. }
+        )
+    }
 }
 
 /// A checksum test a read result must pass (see [`BlockStore::read`]).

@@ -36,6 +36,13 @@ pub fn errno_of(err: &FsError) -> Errno {
             StoreError::NoSpace => libc::ENOSPC,
             StoreError::Unrecoverable(_) => libc::EIO,
             StoreError::ReadOnly(_) => libc::EROFS,
+            StoreError::HostNoSpace(_) => libc::ENOSPC,
+            StoreError::HostFault {
+                read_only: true, ..
+            } => libc::EROFS,
+            StoreError::HostFault {
+                read_only: false, ..
+            } => libc::EIO,
         },
     };
     Errno::from_i32(code)

@@ -106,6 +106,9 @@ struct Faults {
     trip: Option<(u64, Ops)>,
     tripped: Option<Ops>,
     ranges: Vec<(Range<u64>, Ops)>,
+    /// The kind injected errors carry (`Other` unless set: a disk's error;
+    /// `StorageFull` or `ReadOnlyFilesystem` for the host's).
+    kind: Option<io::ErrorKind>,
 }
 
 /// A write not yet covered by a successful sync, with what it overwrote.
@@ -227,6 +230,12 @@ impl FaultyMember {
         self.fail_after(n, Ops::WRITES);
     }
 
+    /// Make injected faults carry `kind` (`StorageFull` models a full host
+    /// filesystem, `ReadOnlyFilesystem` one that went read-only).
+    pub fn set_fault_kind(&self, kind: io::ErrorKind) {
+        self.shared.faults.lock().kind = Some(kind);
+    }
+
     /// Fail operations of the kinds in `ops` that touch any byte of `range`.
     pub fn fail_range(&self, range: Range<u64>, ops: Ops) {
         self.shared.faults.lock().ranges.push((range, ops));
@@ -331,9 +340,10 @@ impl FaultyMember {
 
     /// Decide whether this operation fails; counts it either way.
     fn admit(&self, op: Op, range: Option<Range<u64>>) -> io::Result<()> {
-        let failure = {
+        let (failure, kind) = {
             let mut faults = self.shared.faults.lock();
-            if faults.pulled {
+            let kind = faults.kind;
+            let failure = if faults.pulled {
                 Some("member pulled".to_string())
             } else if faults.tripped.is_some_and(|ops| ops.has(op)) {
                 Some("operation countdown expired".to_string())
@@ -356,7 +366,8 @@ impl FaultyMember {
                     }
                 }
                 None
-            }
+            };
+            (failure, kind)
         };
         let c = &self.shared.counters;
         let (count, failed) = match op {
@@ -372,11 +383,14 @@ impl FaultyMember {
                 let place = range
                     .map(|r| format!(" at offset {}", r.start))
                     .unwrap_or_default();
-                Err(io::Error::other(format!(
-                    "{}: injected {} fault{place} ({why})",
-                    self.shared.inner.name(),
-                    op.verb()
-                )))
+                Err(io::Error::new(
+                    kind.unwrap_or(io::ErrorKind::Other),
+                    format!(
+                        "{}: injected {} fault{place} ({why})",
+                        self.shared.inner.name(),
+                        op.verb()
+                    ),
+                ))
             }
         }
     }

@@ -58,6 +58,8 @@ pub struct FileMember {
     write_behind: WriteBehind,
     len: u64,
     direct: bool,
+    /// An image file (not a block device): it can run out of host space.
+    regular: bool,
     rmw_locks: Vec<Mutex<()>>,
 }
 
@@ -150,6 +152,7 @@ impl FileMember {
             file,
             len,
             direct: options.direct,
+            regular: file_type.is_file(),
             rmw_locks: (0..RMW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
@@ -407,6 +410,21 @@ impl Member for FileMember {
 
     fn cached_writes(&self) -> bool {
         !self.direct
+    }
+
+    fn host_free_bytes(&self) -> Option<u64> {
+        if !self.regular {
+            return None;
+        }
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: fstatvfs fills the struct through the pointer on success.
+        let rc = unsafe { libc::fstatvfs(self.file.as_raw_fd(), st.as_mut_ptr()) };
+        if rc != 0 {
+            return None;
+        }
+        // SAFETY: rc == 0, so the kernel initialised it.
+        let st = unsafe { st.assume_init() };
+        Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
     }
 
     fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -58,6 +58,13 @@ pub trait Member: Send + Sync {
         }
         Ok(())
     }
+    /// Bytes free for this member to grow into on the filesystem that
+    /// holds it (a sparse image file), or None when it cannot run out
+    /// (block devices, memory). Lets the array stop answering writes
+    /// before they land when the host is nearly full.
+    fn host_free_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Whether the device has a moving head (seeks cost time), when known.
     /// `None` leaves it to the array to detect from the path or assume.
     fn rotational(&self) -> Option<bool> {

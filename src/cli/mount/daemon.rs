@@ -29,13 +29,20 @@ pub struct MountPlan {
 }
 
 /// How the daemon tells the invoking process that the mount is up.
-type Report<'a> = &'a mut dyn FnMut(Result<(), String>);
+/// `Ok` carries what assembly decided (a degraded start, members re-added),
+/// for the terminal.
+type Report<'a> = &'a mut dyn FnMut(Result<Vec<String>, String>);
 
 /// `raidfs mount -f`: serve in this process, logging to stderr.
 pub fn run_foreground(plan: &MountPlan) -> i32 {
     init_logger();
-    let mut report = |outcome: Result<(), String>| match outcome {
-        Ok(()) => info!("mounted on {}", plan.mount_point.display()),
+    let mut report = |outcome: Result<Vec<String>, String>| match outcome {
+        Ok(notes) => {
+            for note in notes {
+                eprintln!("raidfs: {note}");
+            }
+            info!("mounted on {}", plan.mount_point.display())
+        }
         Err(msg) => eprintln!("raidfs: error: {msg}"),
     };
     serve(plan, &mut report)
@@ -69,7 +76,12 @@ fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
     if let Err(e) = pipe.read_to_string(&mut message) {
         return crate::cli::fail(format!("reading from the mount daemon: {e}"));
     }
-    match message.lines().next() {
+    let mut lines = message.lines().peekable();
+    while let Some(note) = lines.peek().and_then(|l| l.strip_prefix("NOTE ")) {
+        eprintln!("raidfs: {note}");
+        lines.next();
+    }
+    match lines.next() {
         Some("OK") => {
             println!(
                 "raidfs: mounted on {} (log: {})",
@@ -88,10 +100,14 @@ fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
 
 fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
     let mut pipe = Some(std::fs::File::from(write_end));
-    let mut report = |outcome: Result<(), String>| {
+    let mut report = |outcome: Result<Vec<String>, String>| {
         if let Some(mut p) = pipe.take() {
             let line = match outcome {
-                Ok(()) => "OK\n".to_string(),
+                Ok(notes) => notes
+                    .iter()
+                    .map(|n| format!("NOTE {}\n", n.replace('\n', " ")))
+                    .chain(["OK\n".to_string()])
+                    .collect(),
                 Err(msg) => format!("ERR {}\n", msg.replace('\n', " ")),
             };
             // The parent may be gone (killed); the daemon carries on regardless.
@@ -151,6 +167,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         parity,
         read_policy: plan.options.balance.unwrap_or_default(),
         rotational: plan.options.rotational,
+        on_host_error: plan.options.on_host_error,
     };
     let array = match assemble_paths(&plan.members, assemble_opts) {
         Ok(array) => Arc::new(array),
@@ -248,7 +265,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     }
     let control = start_control(plan, &array, read_only);
     stop.arm(handle.unmounter());
-    report(Ok(()));
+    report(Ok(array.assembly_notes()));
     info!(
         "serving {} from {} members",
         plan.mount_point.display(),

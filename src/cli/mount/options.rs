@@ -30,6 +30,8 @@ pub struct MountOptions {
     pub deferred_writes: Option<usize>,
     /// Per-mount flags asked for with the generic mount options.
     pub vfs: VfsFlags,
+    /// What writes do while the host fails every member (`on_host_error=`).
+    pub on_host_error: crate::array::OnHostError,
 }
 
 /// Per-mount flags (`MS_NOSUID`, `MS_NOEXEC`, atime modes...) to set and to
@@ -113,7 +115,7 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
     writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, deferred_writes=N, read_ahead_kb=N, log=PATH, parity=KERNEL, \
-    balance=sticky|round-robin|first|legacy, rotational=0|1; \
+    balance=sticky|round-robin|first|legacy, rotational=0|1, on_host_error=fail|wait; \
     and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
     nosuid, nodev, noexec, noatime, ...";
 
@@ -183,6 +185,7 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             ("balance", Some(v)) => {
                 opts.balance = Some(v.parse().map_err(|e| format!("balance={v}: {e}"))?)
             }
+            ("on_host_error", Some(v)) => opts.on_host_error = v.parse()?,
             ("rotational", Some("0")) => opts.rotational = Some(false),
             ("rotational", Some("1")) => opts.rotational = Some(true),
             _ if generic_option(key, value).is_some() => {

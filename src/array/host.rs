@@ -1,0 +1,424 @@
+//! Host faults: errors that come from what the host did, not from a member.
+//!
+//! Image-backed arrays live on the host's filesystems, and the commonest
+//! failure there is not a disk dying but the host running out of space
+//! (sparse images grow as they are written) or erroring on everything at
+//! once (a host filesystem that went read-only, a controller reset). md,
+//! ZFS and btrfs users expect none of those to cost the array, so this
+//! module decides, for every member I/O error, whose fault it is:
+//!
+//! * **out of space** (ENOSPC, EDQUOT): the request that needed the space
+//!   fails with ENOSPC and no member is failed. The regions the failed
+//!   write touched may now hold a half-updated stripe, so they are marked
+//!   suspect in the bitmap (kept set, resynced once writes work again).
+//!   While the host is short of space, writes that would be answered before
+//!   they reach the members (full-stripe write-back, the stripe cache) are
+//!   done synchronously so the writer sees the ENOSPC itself.
+//! * **everything at once**: before a member is recorded as failed, every
+//!   other working member is probed with a small durable write. If the
+//!   probes fail too, or the failures together are more than the array can
+//!   lose, nothing is recorded in any superblock: the array is *suspended*
+//!   (ZFS's `failmode`): writes answer EIO (EROFS if the host said so), or
+//!   with `on_host_error=wait` they wait; a watcher probes the members and
+//!   resumes the array when they all answer again; a remount after the host
+//!   recovers assembles cleanly.
+//! * anything else is the member's own error and fails that member, as md
+//!   does.
+
+use super::{Array, ArrayError, ArrayResult};
+use crate::member::Member;
+use parking_lot::{Condvar, Mutex};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Member offset of the 4 KiB probe block (in the reserved gap before the
+/// bitmap; its contents are never read back or trusted).
+pub const PROBE_OFFSET: u64 = 32 << 10;
+const PROBE_SIZE: usize = 4096;
+/// How long after an ENOSPC the host counts as short of space.
+const NO_SPACE_RECENT: Duration = Duration::from_secs(30);
+/// Below this much free space on a member's host filesystem, writes are
+/// not answered before they reach the members.
+const LOW_SPACE: u64 = 256 << 20;
+/// How often the host's free space is looked up again.
+const FREE_SPACE_EVERY: Duration = Duration::from_millis(500);
+/// How often a suspended array probes its members.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Whose fault an I/O error is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The host filesystem is full (or over quota).
+    NoSpace,
+    /// The host filesystem is read-only.
+    ReadOnlyHost,
+    /// Anything else: the member's (until the probes say otherwise).
+    Member,
+}
+
+pub(crate) fn classify(e: &io::Error) -> Fault {
+    match e.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Fault::NoSpace,
+        io::ErrorKind::ReadOnlyFilesystem => Fault::ReadOnlyHost,
+        _ => match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Fault::NoSpace,
+            Some(libc::EROFS) => Fault::ReadOnlyHost,
+            _ => Fault::Member,
+        },
+    }
+}
+
+/// What a suspended array does with writes (`-o on_host_error=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnHostError {
+    /// Answer EIO (EROFS when the host is read-only) until it recovers.
+    #[default]
+    Fail,
+    /// Hold writes until the host recovers (ZFS's `failmode=wait`).
+    Wait,
+}
+
+impl std::str::FromStr for OnHostError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<OnHostError, String> {
+        match s {
+            "fail" => Ok(OnHostError::Fail),
+            "wait" => Ok(OnHostError::Wait),
+            other => Err(format!("on_host_error={other}: expected 'fail' or 'wait'")),
+        }
+    }
+}
+
+/// Why the array is suspended.
+#[derive(Clone, Debug)]
+pub struct Suspension {
+    pub why: String,
+    /// The host said read-only (answer EROFS rather than EIO).
+    pub read_only: bool,
+    pub since: Instant,
+}
+
+#[derive(Default)]
+pub(crate) struct HostState {
+    policy: AtomicU8,
+    /// ENOSPC answers from members so far.
+    no_space_errors: AtomicU64,
+    last_no_space: Mutex<Option<Instant>>,
+    /// Free space of the members' hosts, as last looked up.
+    free: Mutex<Option<(Instant, u64)>>,
+    suspended: Mutex<Option<Suspension>>,
+    resumed: Condvar,
+    suspensions: AtomicU64,
+    /// Serialises failure decisions (probes, then records).
+    deciding: parking_lot::ReentrantMutex<()>,
+    watcher: AtomicBool,
+}
+
+impl HostState {
+    pub fn set_policy(&self, policy: OnHostError) {
+        self.policy.store(
+            match policy {
+                OnHostError::Fail => 0,
+                OnHostError::Wait => 1,
+            },
+            Ordering::Release,
+        );
+    }
+
+    pub fn policy(&self) -> OnHostError {
+        match self.policy.load(Ordering::Acquire) {
+            1 => OnHostError::Wait,
+            _ => OnHostError::Fail,
+        }
+    }
+
+    pub fn suspension(&self) -> Option<Suspension> {
+        self.suspended.lock().clone()
+    }
+
+    pub fn no_space_errors(&self) -> u64 {
+        self.no_space_errors.load(Ordering::Relaxed)
+    }
+
+    /// Whether an ENOSPC came back recently.
+    pub fn short_of_space(&self) -> bool {
+        self.last_no_space
+            .lock()
+            .is_some_and(|t| t.elapsed() < NO_SPACE_RECENT)
+    }
+
+    fn note_no_space(&self) {
+        self.no_space_errors.fetch_add(1, Ordering::Relaxed);
+        *self.last_no_space.lock() = Some(Instant::now());
+    }
+
+    /// The error a request gets while the array is suspended.
+    pub fn suspended_error(&self) -> Option<ArrayError> {
+        self.suspended
+            .lock()
+            .as_ref()
+            .map(|s| ArrayError::HostFault {
+                read_only: s.read_only,
+                why: s.why.clone(),
+            })
+    }
+}
+
+fn probe_block() -> Vec<u8> {
+    let mut block = vec![0u8; PROBE_SIZE];
+    block[..8].copy_from_slice(b"RAIDPRB1");
+    let now = super::state::now_secs();
+    block[8..16].copy_from_slice(&now.to_le_bytes());
+    block
+}
+
+/// A small durable write where nothing lives: does the member take writes?
+fn probe(member: &dyn Member) -> io::Result<()> {
+    if member.len() < PROBE_OFFSET + PROBE_SIZE as u64 {
+        return Ok(());
+    }
+    member.write_durable(&probe_block(), PROBE_OFFSET)
+}
+
+impl Array {
+    /// What the host's suspension or free space means for a write that is
+    /// about to start: an error while suspended (or a wait, under
+    /// `on_host_error=wait`).
+    pub(crate) fn host_gate(&self) -> ArrayResult<()> {
+        let mut suspended = self.host.suspended.lock();
+        while suspended.is_some() {
+            if self.host.policy() == OnHostError::Fail || self.sync.stop.load(Ordering::Acquire) {
+                let s = suspended.as_ref().map(|s| (s.read_only, s.why.clone()));
+                let (read_only, why) = s.unwrap_or_default();
+                return Err(ArrayError::HostFault { read_only, why });
+            }
+            self.host
+                .resumed
+                .wait_for(&mut suspended, Duration::from_millis(500));
+        }
+        Ok(())
+    }
+
+    /// Whether writes should reach the members before they are answered:
+    /// the host is short of space (an ENOSPC lately, or little free).
+    pub(crate) fn write_through(&self) -> bool {
+        if self.host.short_of_space() {
+            return true;
+        }
+        let mut free = self.host.free.lock();
+        let stale = free.is_none_or(|(at, _)| at.elapsed() >= FREE_SPACE_EVERY);
+        if stale {
+            let least = self
+                .present_members()
+                .iter()
+                .filter_map(|(_, m)| m.host_free_bytes())
+                .min()
+                .unwrap_or(u64::MAX);
+            *free = Some((Instant::now(), least));
+        }
+        free.is_some_and(|(_, bytes)| bytes < LOW_SPACE)
+    }
+
+    /// A member I/O error: decide whose it is and act. Returns the error
+    /// the request must report when it is the host's (out of space,
+    /// suspended); None when a member was failed and the array goes on.
+    /// `span` is the member byte range a failed write touched.
+    pub(crate) fn member_error(
+        &self,
+        slot: usize,
+        e: &io::Error,
+        what: &str,
+        span: Option<(u64, u64)>,
+    ) -> Option<ArrayError> {
+        match classify(e) {
+            Fault::NoSpace => {
+                self.host.note_no_space();
+                if let Some((start, end)) = span {
+                    self.bitmap.mark_suspect(start, end);
+                }
+                log::warn!(
+                    "raidfs: {} has no space left on its host ({what}: {e}); the request fails with ENOSPC, the member stays in the array",
+                    self.slots[slot].name()
+                );
+                Some(ArrayError::HostNoSpace(format!(
+                    "{}: {what}: {e}",
+                    self.slots[slot].name()
+                )))
+            }
+            Fault::ReadOnlyHost | Fault::Member => {
+                if let Some((start, end)) = span {
+                    self.bitmap.mark_suspect(start, end);
+                }
+                self.decide_failure(slot, &format!("{what}: {e}"), classify(e));
+                self.host.suspended_error()
+            }
+        }
+    }
+
+    /// Probe the other members, then record `slot` (and any member whose
+    /// probe failed) as failed, or suspend the array when the failures are
+    /// the host's: every member, or more than the array can lose.
+    fn decide_failure(&self, slot: usize, why: &str, fault: Fault) {
+        if self.is_failed(slot) || self.host.suspension().is_some() {
+            return;
+        }
+        if self.read_only {
+            // Nothing is recorded on an array assembled read-only.
+            self.slots[slot].failed.store(true, Ordering::Release);
+            log::error!(
+                "raidfs: member {} (slot {slot}) left out: {why}",
+                self.slots[slot].name()
+            );
+            return;
+        }
+        let _deciding = self.host.deciding.lock();
+        if self.is_failed(slot) || self.host.suspension().is_some() {
+            return;
+        }
+        let mut failing = vec![(slot, why.to_string())];
+        let mut read_only = fault == Fault::ReadOnlyHost;
+        let mut host_side = fault == Fault::ReadOnlyHost;
+        for (other, member) in self.present_members() {
+            if other == slot {
+                continue;
+            }
+            if let Err(e) = probe(member.as_ref()) {
+                let f = classify(&e);
+                read_only |= f == Fault::ReadOnlyHost;
+                host_side |= f != Fault::Member;
+                failing.push((
+                    other,
+                    format!("probe after {} failed: {e}", self.slots[slot].name()),
+                ));
+            }
+        }
+        let working = self.present_members().len();
+        let mut without = self.unreadable_slots();
+        without.extend(failing.iter().map(|(s, _)| *s));
+        let survives = self.geometry_survives(&self.data_geometry, &without)
+            && self.geometry_survives(&self.meta_geometry, &without);
+        let everything = failing.len() >= working && working > 1;
+        if everything || !survives || (host_side && failing.len() > 1) {
+            let names: Vec<String> = failing
+                .iter()
+                .map(|(s, why)| format!("{} ({why})", self.slots[*s].name()))
+                .collect();
+            self.suspend(
+                format!(
+                    "{} of {working} members failed at once: {}",
+                    failing.len(),
+                    names.join("; ")
+                ),
+                read_only,
+            );
+            return;
+        }
+        for (s, why) in failing {
+            self.record_failure(s, &why);
+        }
+    }
+
+    /// Stop writing until the host answers again; nothing is recorded.
+    fn suspend(&self, why: String, read_only: bool) {
+        {
+            let mut suspended = self.host.suspended.lock();
+            if suspended.is_some() {
+                return;
+            }
+            *suspended = Some(Suspension {
+                why: why.clone(),
+                read_only,
+                since: Instant::now(),
+            });
+        }
+        self.host.suspensions.fetch_add(1, Ordering::Relaxed);
+        log::error!(
+            "raidfs: the host failed every member at once ({why}); no member is marked failed, writes are {} until the host recovers",
+            match self.host.policy() {
+                OnHostError::Fail => "refused",
+                OnHostError::Wait => "held",
+            }
+        );
+        self.start_host_watcher();
+    }
+
+    /// While suspended, probe every member each second; resume when all answer.
+    fn start_host_watcher(&self) {
+        if self.host.watcher.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(array) = self.sync.this.lock().upgrade() else {
+            // Not running its background work (tools, tests): resume by hand.
+            self.host.watcher.store(false, Ordering::Release);
+            return;
+        };
+        let weak = Arc::downgrade(&array);
+        drop(array);
+        let spawned = std::thread::Builder::new()
+            .name("raidfs-host".into())
+            .spawn(move || loop {
+                std::thread::sleep(PROBE_EVERY);
+                let Some(array) = weak.upgrade() else { return };
+                if array.sync.stop.load(Ordering::Acquire) {
+                    array.host.watcher.store(false, Ordering::Release);
+                    return;
+                }
+                if array.try_resume() {
+                    array.host.watcher.store(false, Ordering::Release);
+                    return;
+                }
+            });
+        if let Err(e) = spawned {
+            self.host.watcher.store(false, Ordering::Release);
+            log::error!("cannot start the host watcher ({e}); resume with a remount");
+        }
+    }
+
+    /// Probe every member; if all take writes again, resume the array and
+    /// resync what was being written when it stopped. True when running.
+    pub fn try_resume(&self) -> bool {
+        if self.host.suspension().is_none() {
+            return true;
+        }
+        let members = self.present_members();
+        if let Some((slot, e)) = members
+            .iter()
+            .find_map(|(s, m)| probe(m.as_ref()).err().map(|e| (*s, e)))
+        {
+            log::debug!("host still failing ({}: {e})", self.slots[slot].name());
+            return false;
+        }
+        let was = self.host.suspended.lock().take();
+        self.host.resumed.notify_all();
+        if let Some(s) = was {
+            log::warn!(
+                "raidfs: every member answers again after {:.1} s; the array resumes",
+                s.since.elapsed().as_secs_f64()
+            );
+        }
+        // Writes in flight when the host failed may have left stripes half
+        // written: every region the bitmap marks is resynced.
+        self.bitmap.mark_all_dirty_suspect();
+        self.resync_suspect();
+        true
+    }
+
+    /// Start a resync of the suspect regions when nothing else runs.
+    pub(crate) fn resync_suspect(&self) {
+        if !self.bitmap.has_suspect() || self.is_degraded() || self.host.suspension().is_some() {
+            return;
+        }
+        if !self.bitmap.resync_due() {
+            return;
+        }
+        if self.sync_progress().is_some() {
+            return;
+        }
+        if let Err(e) = self.spawn_resync() {
+            log::debug!("resync of suspect regions not started: {e}");
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! Faults that are the host's, not a member's, at the array level with
+//! fault-injecting members: a full host filesystem (ENOSPC on one member and
+//! on every member mid-stripe, answered full-stripe writes included), EIO on
+//! every member at once, members that disagree about who failed (forced
+//! assembly), a member coming back after a degraded run, spares across
+//! reassembly. Every test checks the bytes afterwards.
+
+use raidfs::array::{
+    assemble, create, AddOutcome, Array, ArrayError, AssembleOptions, CreateSpec, GROUP_SHIFT,
+};
+use raidfs::geometry::{Layout, Level};
+use raidfs::member::faulty::{FaultyMember, Ops};
+use raidfs::member::Member;
+use raidfs::superblock::{GroupProfile, SlotState, Superblock};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::io::ErrorKind;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MEMBER_SIZE: u64 = 48 << 20;
+
+fn faulty(n: usize, prefix: &str) -> Vec<FaultyMember> {
+    (0..n)
+        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("{prefix}{i}")).expect("memory member"))
+        .collect()
+}
+
+fn handles(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
+    ms.iter()
+        .enumerate()
+        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("m{i}")))
+        .collect()
+}
+
+fn spec(level: Level) -> CreateSpec {
+    CreateSpec {
+        level,
+        layout: Layout::LeftSymmetric,
+        chunk: 16 << 10,
+        copies: 2,
+        name: "host".into(),
+        ppl: false,
+    }
+}
+
+fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {
+    let array = Arc::new(create(handles(ms), &spec(level)).expect("create"));
+    array.start_background();
+    array
+}
+
+fn reassemble(ms: &[FaultyMember], force: bool) -> Result<Arc<Array>, ArrayError> {
+    let opts = AssembleOptions {
+        force,
+        ..AssembleOptions::default()
+    };
+    let array = Arc::new(assemble(handles(ms), opts)?);
+    array.start_background();
+    Ok(array)
+}
+
+/// One data group with 3 MiB of seeded random bytes at its start.
+fn fill(array: &Array, seed: u64) -> (u64, Vec<u8>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let g = array.allocate_group(GroupProfile::Data).expect("group");
+    let addr = (g as u64) << GROUP_SHIFT;
+    let data: Vec<u8> = (0..(3 << 20)).map(|_| rng.gen()).collect();
+    array.write(addr, &data).expect("write");
+    array.flush().expect("flush");
+    (addr, data)
+}
+
+fn verify(array: &Array, (addr, data): &(u64, Vec<u8>)) {
+    let mut buf = vec![0u8; data.len()];
+    array.read(*addr, &mut buf).expect("read");
+    let first = buf.iter().zip(data).position(|(a, b)| a != b);
+    assert!(
+        first.is_none(),
+        "contents differ at byte {first:?} of {addr:#x}"
+    );
+}
+
+/// Every member's superblock records every slot active.
+fn all_recorded_active(ms: &[FaultyMember]) {
+    for m in ms {
+        let (sb, _) = Superblock::read_from(m).expect("superblock");
+        assert!(
+            sb.slots.iter().all(|s| *s == SlotState::Active),
+            "{} records {:?}",
+            m.name(),
+            sb.slots
+        );
+    }
+}
+
+/// Poll until the array runs no background work and `done` holds.
+fn settle(array: &Array, done: impl Fn(&Array) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        array.wait_background();
+        if array.sync_progress().is_none() && done(array) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "background work did not settle");
+        std::thread::yield_now();
+    }
+}
+
+/// A parity check over every allocated group finds nothing to repair.
+fn check_clean(array: &Array) {
+    settle(array, |_| true);
+    array.start_check(false).expect("check");
+    settle(array, |a| a.last_sync_result().is_some());
+    let result = array.last_sync_result().expect("check result");
+    assert!(result.completed, "{}", result.message);
+    assert_eq!(result.mismatches, 0, "{}", result.message);
+}
+
+fn full(m: &FaultyMember) {
+    m.set_fault_kind(ErrorKind::StorageFull);
+    m.fail_after(0, Ops::WRITES);
+}
+
+#[test]
+fn enospc_on_one_member_fails_the_write_with_enospc_and_no_member() {
+    let ms = faulty(3, "nospace1-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 1);
+    full(&ms[1]);
+    let mut rng = StdRng::seed_from_u64(2);
+    let new: Vec<u8> = (0..(1 << 20)).map(|_| rng.gen()).collect();
+    let err = array
+        .write(kept.0 + (4 << 20), &new)
+        .expect_err("the host is full");
+    assert!(matches!(err, ArrayError::HostNoSpace(_)), "{err}");
+    assert!(array.failed_slots().is_empty(), "no member is failed");
+    assert!(!array.is_degraded());
+    all_recorded_active(&ms);
+    verify(&array, &kept);
+    // Space again: the same write works without a remount, and the
+    // stripes the refused write touched are made consistent.
+    ms[1].heal();
+    array
+        .write(kept.0 + (4 << 20), &new)
+        .expect("write after space returns");
+    array.flush().expect("flush");
+    verify(&array, &kept);
+    verify(&array, &(kept.0 + (4 << 20), new));
+    check_clean(&array);
+}
+
+#[test]
+fn enospc_on_every_member_mid_stripe_leaves_the_array_whole() {
+    let ms = faulty(3, "nospace-all-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 3);
+    // Each member runs out after a different number of writes: the host
+    // fills while a large write is halfway through its stripes.
+    for (i, m) in ms.iter().enumerate() {
+        m.set_fault_kind(ErrorKind::StorageFull);
+        m.fail_after(3 + 2 * i as u64, Ops::WRITES);
+    }
+    let mut rng = StdRng::seed_from_u64(4);
+    let at = kept.0 + (3 << 20);
+    let new: Vec<u8> = (0..(4 << 20)).map(|_| rng.gen()).collect();
+    let mut refused = 0;
+    for piece in 0..16 {
+        let span = piece * (256 << 10)..(piece + 1) * (256 << 10);
+        match array.write(at + span.start as u64, &new[span]) {
+            Ok(()) => {}
+            Err(ArrayError::HostNoSpace(_)) => refused += 1,
+            Err(e) => panic!("expected ENOSPC, got {e}"),
+        }
+    }
+    assert!(refused > 0, "the host ran out of space mid-write");
+    assert!(array.failed_slots().is_empty());
+    all_recorded_active(&ms);
+    verify(&array, &kept);
+    ms.iter().for_each(FaultyMember::heal);
+    array.write(at, &new).expect("rewrite after space returns");
+    array.flush().expect("flush");
+    verify(&array, &(at, new.clone()));
+    check_clean(&array);
+    array.mark_clean().expect("clean");
+    drop(array);
+    let again = reassemble(&ms, false).expect("reassemble");
+    assert!(!again.is_degraded());
+    verify(&again, &kept);
+    verify(&again, &(at, new));
+}
+
+#[test]
+fn an_answered_full_stripe_write_the_host_refuses_lands_once_space_returns() {
+    let ms = faulty(3, "nospace-wb-");
+    // Cached member writes: full stripes are answered before they land.
+    ms.iter().for_each(|m| m.set_cached_writes(true));
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 5);
+    let at = kept.0 + (3 << 20);
+    let mut rng = StdRng::seed_from_u64(6);
+    let new: Vec<u8> = (0..(1 << 20)).map(|_| rng.gen()).collect();
+    full(&ms[2]);
+    // Either refused at once or answered and then refused by the host:
+    // then the flush must not report it durable.
+    match array.write(at, &new) {
+        Ok(()) => {
+            let err = array.flush().expect_err("the data is not on the members");
+            assert!(matches!(err, ArrayError::HostNoSpace(_)), "{err}");
+        }
+        Err(e) => assert!(matches!(e, ArrayError::HostNoSpace(_)), "{e}"),
+    }
+    assert!(array.failed_slots().is_empty());
+    ms[2].heal();
+    array.write(at, &new).expect("write");
+    array.flush().expect("flush once space returns");
+    verify(&array, &(at, new));
+    verify(&array, &kept);
+    check_clean(&array);
+}
+
+#[test]
+fn eio_on_every_member_at_once_suspends_and_records_nothing() {
+    let ms = faulty(3, "eio-all-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 7);
+    let events = array.superblock().events;
+    ms.iter().for_each(|m| m.fail_after(0, Ops::WRITES));
+    let err = array
+        .write(kept.0 + (3 << 20), &[7u8; 64 << 10])
+        .expect_err("the host fails everything");
+    assert!(matches!(err, ArrayError::HostFault { .. }), "{err}");
+    assert!(array.suspension().is_some(), "the array is suspended");
+    assert!(array.failed_slots().is_empty(), "no member is failed");
+    all_recorded_active(&ms);
+    for m in &ms {
+        let (sb, _) = Superblock::read_from(m).expect("superblock");
+        assert_eq!(sb.events, events, "{}: no superblock was written", m.name());
+    }
+    // Reads still work while writes are refused.
+    verify(&array, &kept);
+    assert!(!array.try_resume(), "still failing");
+    ms.iter().for_each(FaultyMember::heal);
+    assert!(array.try_resume(), "every member answers again");
+    let at = kept.0 + (3 << 20);
+    array
+        .write(at, &[9u8; 64 << 10])
+        .expect("write after resume");
+    array.flush().expect("flush");
+    verify(&array, &(at, vec![9u8; 64 << 10]));
+    check_clean(&array);
+    array.mark_clean().expect("clean");
+    drop(array);
+    let again = reassemble(&ms, false).expect("a remount assembles cleanly");
+    assert!(!again.is_degraded());
+    verify(&again, &kept);
+}
+
+#[test]
+fn eio_on_one_member_still_fails_that_member() {
+    let ms = faulty(3, "eio-one-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 8);
+    ms[1].fail_after(0, Ops::WRITES);
+    array
+        .write(kept.0 + (3 << 20), &[1u8; 64 << 10])
+        .expect("degraded write");
+    assert_eq!(array.failed_slots(), vec![1]);
+    assert!(array.suspension().is_none());
+    for m in [&ms[0], &ms[2]] {
+        let (sb, _) = Superblock::read_from(m).expect("superblock");
+        assert_eq!(sb.slots[1], SlotState::Faulty);
+    }
+    verify(&array, &kept);
+}
+
+#[test]
+fn forced_assembly_starts_members_that_disagree_about_who_failed() {
+    let ms = faulty(3, "forced-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 9);
+    // A cascade: slot 0 is recorded faulty by 1 and 2, then slot 1 by 2.
+    array.fail(0).expect("fail 0");
+    array.fail(1).expect("fail 1");
+    drop(array);
+    let events: Vec<u64> = ms
+        .iter()
+        .map(|m| Superblock::read_from(m).expect("sb").0.events)
+        .collect();
+    assert!(events[0] < events[1] && events[1] < events[2], "{events:?}");
+    let err = reassemble(&ms, false).err().expect("members disagree");
+    assert!(err.to_string().contains("-o force"), "{err}");
+    let forced = reassemble(&ms, true).expect("forced assembly");
+    assert!(!forced.is_degraded(), "every member is taken back");
+    let notes = forced.assembly_notes().join("\n");
+    assert!(notes.contains("forced: m1"), "{notes}");
+    assert!(notes.contains("forced: m0"), "{notes}");
+    verify(&forced, &kept);
+    check_clean(&forced);
+    // Their superblocks are brought up to date: a plain mount works now.
+    forced.mark_clean().expect("clean");
+    drop(forced);
+    let plain = reassemble(&ms, false).expect("plain assembly after force");
+    assert!(!plain.is_degraded());
+    verify(&plain, &kept);
+    drop(plain);
+    // No set of one member can serve a RAID5, even forced.
+    let err = reassemble(&ms[2..], true).err().expect("one member");
+    assert!(err.to_string().contains("even forced"), "{err}");
+}
+
+#[test]
+fn a_member_left_out_of_a_degraded_run_is_re_added_from_the_bitmap() {
+    let ms = faulty(3, "returning-");
+    let array = new_array(Level::Raid5, &ms);
+    let mut kept = fill(&array, 10);
+    // A second data group nobody writes while the member is away.
+    let quiet = fill(&array, 11);
+    array.mark_clean().expect("clean");
+    drop(array);
+    let degraded = reassemble(&ms[..2], false).expect("degraded start");
+    assert!(degraded.is_degraded());
+    let notes = degraded.assembly_notes().join("\n");
+    assert!(notes.contains("started degraded with 2 of 3"), "{notes}");
+    degraded.mark_dirty().expect("dirty");
+    let mut rng = StdRng::seed_from_u64(12);
+    let patch: Vec<u8> = (0..(256 << 10)).map(|_| rng.gen()).collect();
+    degraded
+        .write(kept.0 + (1 << 20), &patch)
+        .expect("degraded write");
+    kept.1[1 << 20..(1 << 20) + patch.len()].copy_from_slice(&patch);
+    let (_, dirty_bytes) = degraded.dirty_regions();
+    degraded.mark_clean().expect("clean");
+    drop(degraded);
+    let whole = reassemble(&ms, false).expect("all three again");
+    let notes = whole.assembly_notes().join("\n");
+    assert!(notes.contains("m2 (slot 2) is stale"), "{notes}");
+    assert!(notes.contains("re-added"), "{notes}");
+    settle(&whole, |a| !a.is_degraded());
+    let result = whole.last_sync_result().expect("recovery result");
+    assert!(result.completed, "{}", result.message);
+    assert_eq!(
+        result.total, dirty_bytes,
+        "the re-add covers exactly the bitmap"
+    );
+    verify(&whole, &kept);
+    verify(&whole, &quiet);
+    check_clean(&whole);
+    // The returned member alone with one other serves every byte.
+    whole.mark_clean().expect("clean");
+    drop(whole);
+    let two = reassemble(&[ms[0].clone(), ms[2].clone()], false).expect("without m1");
+    verify(&two, &kept);
+    verify(&two, &quiet);
+}
+
+#[test]
+fn spares_stay_spares_across_reassembly() {
+    let ms = faulty(3, "spare-");
+    let array = new_array(Level::Raid1, &ms[..2]);
+    let kept = fill(&array, 13);
+    let outcome = array
+        .add(Arc::new(ms[2].clone()), "m2".into())
+        .expect("add spare");
+    assert_eq!(outcome, AddOutcome::Spare);
+    array.mark_clean().expect("clean");
+    drop(array);
+    let again = reassemble(&ms, false).expect("reassemble with the spare");
+    assert_eq!(again.spares(), vec!["m2".to_string()]);
+    assert!(again
+        .assembly_notes()
+        .join("\n")
+        .contains("m2 is a hot spare"));
+    // The spare takes over when a member fails.
+    again.fail(0).expect("fail 0");
+    settle(&again, |a| !a.is_degraded());
+    assert!(again.spares().is_empty());
+    verify(&again, &kept);
+}

@@ -60,6 +60,13 @@ pub struct ArrayReport {
     /// The read balancer's policy (sticky, round-robin, first, legacy).
     #[serde(default)]
     pub read_policy: String,
+    /// Why the array is suspended (the host failed every member at once;
+    /// writes are refused or held), or null.
+    #[serde(default)]
+    pub suspended: Option<String>,
+    /// Member writes the host refused for lack of space since the mount.
+    #[serde(default)]
+    pub host_no_space_errors: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -216,6 +223,9 @@ impl ArrayReport {
         if status.degraded {
             state.push_str(", degraded");
         }
+        if array.suspension().is_some() {
+            state.push_str(", suspended");
+        }
         if let Some(s) = &sync {
             state.push_str(match s.action.as_str() {
                 "recovery" => ", recovering",
@@ -266,6 +276,8 @@ impl ArrayReport {
             }),
             speed_limit: SpeedLimitReport { min, max },
             read_policy: array.read_policy().to_string(),
+            suspended: array.suspension().map(|s| s.why),
+            host_no_space_errors: array.host_no_space_errors(),
         }
     }
 }

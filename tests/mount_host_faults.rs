@@ -88,7 +88,14 @@ fn a_full_host_filesystem_gives_enospc_and_costs_no_member() {
     fs::create_dir(dir.path().join("mnt")).expect("mkdir mnt");
     must(
         "mount",
-        &["-t", "tmpfs", "-o", "size=160m", "tmpfs", &host.display().to_string()],
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=160m",
+            "tmpfs",
+            &host.display().to_string(),
+        ],
     );
     let _host = HostMount { dir: host.clone() };
     // Room the test gives back to the host once it is full.
@@ -192,8 +199,11 @@ fn a_host_gone_read_only_fails_no_member_and_keeps_every_fsynced_file() {
     let writer = Writer::start(&mnt.join("w"));
     writer.wait_for_more(30);
     let device = ext4_device(&host).expect("the host's loop device");
-    fs::write(format!("/sys/fs/ext4/{device}/trigger_fs_error"), "raidfs test")
-        .expect("trigger an ext4 error");
+    fs::write(
+        format!("/sys/fs/ext4/{device}/trigger_fs_error"),
+        "raidfs test",
+    )
+    .expect("trigger an ext4 error");
     let synced = writer.finish_after_crash();
     // The writer stopped on the host's error; no member was failed for it.
     members_active(&mnt);

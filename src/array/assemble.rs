@@ -145,7 +145,7 @@ pub fn assemble(
         .partition(|f| reference.slots[f.sb.slot as usize] == SlotState::Faulty);
     current = kept;
     stale.extend(faulty);
-    stale.sort_by(|a, b| b.sb.events.cmp(&a.sb.events));
+    stale.sort_by_key(|f| std::cmp::Reverse(f.sb.events));
 
     let geometry = data_geometry(&reference)?;
     let meta = crate::geometry::Geometry::metadata(total, reference.chunk)?;

@@ -369,8 +369,8 @@ impl Bitmap {
     /// 10 s of one that failed, so a host still full is not hammered.
     pub fn resync_due(&self) -> bool {
         let st = self.state.lock();
-        !st.suspect_resync
-            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(10))
+        st.suspect_resync
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10))
     }
 
     /// A resync of the suspect regions failed (the host still refuses).

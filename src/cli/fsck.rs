@@ -15,7 +15,9 @@ pub struct FsckArgs {
     /// Repair what can be repaired (link counts, lost inodes, free space).
     #[arg(long)]
     pub repair: bool,
-    /// Assemble a dirty and degraded parity array anyway.
+    /// Forced assembly (as `mount -o force`): start members that disagree
+    /// about who failed from the freshest set that can serve, and a dirty
+    /// degraded parity array.
     #[arg(long)]
     pub force: bool,
     /// Member image files or block devices.

@@ -424,6 +424,7 @@ impl Member for FileMember {
         }
         // SAFETY: rc == 0, so the kernel initialised it.
         let st = unsafe { st.assume_init() };
+        #[allow(clippy::unnecessary_cast)] // the field types differ by architecture
         Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
     }
 

@@ -101,20 +101,42 @@ pub struct Suspension {
     pub since: Instant,
 }
 
-#[derive(Default)]
 pub(crate) struct HostState {
     policy: AtomicU8,
     /// ENOSPC answers from members so far.
     no_space_errors: AtomicU64,
-    last_no_space: Mutex<Option<Instant>>,
-    /// Free space of the members' hosts, as last looked up.
-    free: Mutex<Option<(Instant, u64)>>,
+    /// Times below are milliseconds since `epoch` (atomics: every write
+    /// asks [`Array::write_through`], so no lock on that path).
+    epoch: Instant,
+    /// When the last ENOSPC came back (0: never).
+    last_no_space: AtomicU64,
+    /// The least free space of the members' hosts, and when it was looked up.
+    free_bytes: AtomicU64,
+    free_checked: AtomicU64,
     suspended: Mutex<Option<Suspension>>,
     resumed: Condvar,
     suspensions: AtomicU64,
     /// Serialises failure decisions (probes, then records).
     deciding: parking_lot::ReentrantMutex<()>,
     watcher: AtomicBool,
+}
+
+impl Default for HostState {
+    fn default() -> HostState {
+        HostState {
+            policy: AtomicU8::new(0),
+            no_space_errors: AtomicU64::new(0),
+            epoch: Instant::now(),
+            last_no_space: AtomicU64::new(0),
+            free_bytes: AtomicU64::new(u64::MAX),
+            free_checked: AtomicU64::new(0),
+            suspended: Mutex::new(None),
+            resumed: Condvar::new(),
+            suspensions: AtomicU64::new(0),
+            deciding: parking_lot::ReentrantMutex::new(()),
+            watcher: AtomicBool::new(false),
+        }
+    }
 }
 
 impl HostState {
@@ -143,16 +165,20 @@ impl HostState {
         self.no_space_errors.load(Ordering::Relaxed)
     }
 
+    /// Milliseconds since `epoch`, at least 1 (0 means never).
+    fn now_ms(&self) -> u64 {
+        (self.epoch.elapsed().as_millis() as u64).max(1)
+    }
+
     /// Whether an ENOSPC came back recently.
     pub fn short_of_space(&self) -> bool {
-        self.last_no_space
-            .lock()
-            .is_some_and(|t| t.elapsed() < NO_SPACE_RECENT)
+        let last = self.last_no_space.load(Ordering::Relaxed);
+        last != 0 && self.now_ms().saturating_sub(last) < NO_SPACE_RECENT.as_millis() as u64
     }
 
     fn note_no_space(&self) {
         self.no_space_errors.fetch_add(1, Ordering::Relaxed);
-        *self.last_no_space.lock() = Some(Instant::now());
+        self.last_no_space.store(self.now_ms(), Ordering::Relaxed);
     }
 
     /// The error a request gets while the array is suspended.
@@ -205,21 +231,30 @@ impl Array {
     /// Whether writes should reach the members before they are answered:
     /// the host is short of space (an ENOSPC lately, or little free).
     pub(crate) fn write_through(&self) -> bool {
-        if self.host.short_of_space() {
+        let host = &self.host;
+        if host.short_of_space() {
             return true;
         }
-        let mut free = self.host.free.lock();
-        let stale = free.is_none_or(|(at, _)| at.elapsed() >= FREE_SPACE_EVERY);
-        if stale {
+        let now = host.now_ms();
+        let checked = host.free_checked.load(Ordering::Relaxed);
+        let due =
+            checked == 0 || now.saturating_sub(checked) >= FREE_SPACE_EVERY.as_millis() as u64;
+        // One writer looks the space up; the others use the last figure.
+        if due
+            && host
+                .free_checked
+                .compare_exchange(checked, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
             let least = self
                 .present_members()
                 .iter()
                 .filter_map(|(_, m)| m.host_free_bytes())
                 .min()
                 .unwrap_or(u64::MAX);
-            *free = Some((Instant::now(), least));
+            host.free_bytes.store(least, Ordering::Relaxed);
         }
-        free.is_some_and(|(_, bytes)| bytes < LOW_SPACE)
+        host.free_bytes.load(Ordering::Relaxed) < LOW_SPACE
     }
 
     /// A member I/O error: decide whose it is and act. Returns the error

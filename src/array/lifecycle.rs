@@ -465,7 +465,7 @@ impl Array {
     pub fn add(&self, member: Arc<dyn Member>, name: String) -> ArrayResult<AddOutcome> {
         self.check_new_member(member.as_ref())?;
         if let Some((slot, uuid)) = self.re_add_slot(member.as_ref()) {
-            if self.sync.running.lock().is_none() {
+            if !self.busy() {
                 log::info!("{name} was slot {slot}: re-added; only regions written since it left are rebuilt");
                 self.install(slot, member, name)?;
                 self.slots[slot].dev.write().uuid = uuid;
@@ -484,7 +484,7 @@ impl Array {
             .filter(|&s| s < self.slots.len() && self.is_failed(s));
         let slot = own.or_else(|| (0..self.slots.len()).find(|&i| self.is_failed(i)));
         match slot {
-            Some(slot) if self.sync.running.lock().is_none() => {
+            Some(slot) if !self.busy() => {
                 self.sync
                     .recovery_bitmap_only
                     .store(false, Ordering::Release);
@@ -559,7 +559,7 @@ impl Array {
             return;
         };
         let Some(member) = dev.member else { return };
-        if self.sync.running.lock().is_some() {
+        if self.busy() {
             self.sync.spares.lock().push(SlotDev {
                 member: Some(member),
                 name: dev.name,
@@ -620,7 +620,7 @@ impl Array {
                 "slot {slot} is not active; use add to rebuild it"
             )));
         }
-        if self.sync.running.lock().is_some() {
+        if self.busy() {
             return Err(ArrayError::Refused(
                 "other background work is running; wait for it or stop it".into(),
             ));
@@ -639,7 +639,7 @@ impl Array {
 
     /// Start a scrub: `repair` rewrites redundancy that disagrees.
     pub fn start_check(&self, repair: bool) -> ArrayResult<()> {
-        if self.sync.running.lock().is_some() {
+        if self.busy() {
             return Err(ArrayError::Refused(
                 "other background work is running".into(),
             ));
@@ -811,10 +811,24 @@ impl Array {
         if let Some(r) = self.sync.running.lock().as_mut() {
             r.handle.take();
         }
-        *self.sync.running.lock() = None;
+        // The next work starts before this entry goes, so nobody watching
+        // sees the array idle between a recovery and the resync after it.
         if completed && !self.sync.stop.load(Ordering::Acquire) {
             self.start_next_work();
         }
+        let mut running = self.sync.running.lock();
+        if running.as_ref().is_some_and(|r| r.handle.is_none()) {
+            *running = None;
+        }
+    }
+
+    /// Whether background work is running (its thread not yet finishing).
+    fn busy(&self) -> bool {
+        self.sync
+            .running
+            .lock()
+            .as_ref()
+            .is_some_and(|r| r.handle.is_some())
     }
 
     fn recovery_done(&self, slot: usize) {

@@ -64,8 +64,18 @@ pub fn assemble(
         return Err(ArrayError::Refused("no members given".into()));
     }
     let mut found = Vec::with_capacity(members.len());
+    // A member with a damaged, missing or stale superblock copy gets all of
+    // them written again below (when writable).
+    let mut heal = false;
     for (member, name) in members {
-        let (sb, _verdict) = Superblock::read_from(member.as_ref())?;
+        let (sb, verdict) = Superblock::read_from(member.as_ref())?;
+        if verdict.needs_rewrite() {
+            log::warn!(
+                "{name}: superblock copies not good: {}; rewritten unless read-only",
+                verdict.damaged()
+            );
+            heal = true;
+        }
         found.push((member, name, sb));
     }
 
@@ -163,7 +173,7 @@ pub fn assemble(
     }
 
     // A lagging member's superblock is brought up to date below.
-    let mut changed = lagged;
+    let mut changed = lagged || heal;
     let slots: Vec<Slot> = slots
         .into_iter()
         .enumerate()

@@ -49,6 +49,10 @@ struct State {
     /// Bits written since the last cleaning pass.
     recent: Vec<u64>,
     events_cleared: u64,
+    /// Some member had no valid header at load (its front was overwritten,
+    /// or it is new): the next bits write carries the header too, so that
+    /// member's bits count again after a crash.
+    header_missing: bool,
 }
 
 pub struct Bitmap {
@@ -99,6 +103,7 @@ impl Bitmap {
                 pending: vec![0; nbits],
                 recent: vec![0; words],
                 events_cleared: 0,
+                header_missing: false,
             }),
             writing: Mutex::new(()),
         }
@@ -143,6 +148,7 @@ impl Bitmap {
         for m in members {
             let mut area = vec![0u8; self.area_len()];
             if m.read_at(&mut area, BITMAP_OFFSET).is_err() {
+                st.header_missing = true;
                 continue;
             }
             let h = &area[..HEADER_SIZE];
@@ -153,12 +159,15 @@ impl Bitmap {
                 h[HEADER_SIZE - 1],
             ]);
             if &h[0..8] != MAGIC || crc32c::crc32c(&h[..HEADER_SIZE - 4]) != crc {
+                log::warn!("{}: no valid bitmap header; written again with the next bits", m.name());
+                st.header_missing = true;
                 continue;
             }
             let region = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
             let nbits = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default());
             if region != self.region || nbits != self.nbits as u64 {
                 log::warn!("{}: bitmap geometry differs; ignored", m.name());
+                st.header_missing = true;
                 continue;
             }
             let cleared = u64::from_le_bytes(h[24..32].try_into().unwrap_or_default());
@@ -177,7 +186,8 @@ impl Bitmap {
     pub fn write_all(&self, members: &[Arc<dyn Member>]) -> Vec<(usize, io::Error)> {
         let _w = self.writing.lock();
         let (header, snapshot) = {
-            let st = self.state.lock();
+            let mut st = self.state.lock();
+            st.header_missing = false;
             (self.encode_header(st.events_cleared), st.bits.clone())
         };
         let mut area = header;
@@ -256,13 +266,21 @@ impl Bitmap {
     /// The bits block to write now (member offset and contents) and the
     /// bits it holds, or `None` when the members hold every set bit already.
     /// Call under [`Bitmap::write_guard`], then [`Bitmap::written`].
+    ///
+    /// When some member had no valid header at load, the block is the
+    /// header followed by the bits, at [`BITMAP_OFFSET`].
     pub fn snapshot(&self) -> Option<(u64, Vec<u8>, Vec<u64>)> {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
         if st.bits == st.durable {
             return None;
         }
         let mut block = Self::bit_bytes(&st.bits, self.bytes_len());
         block.resize(BLOCK, 0);
+        if std::mem::take(&mut st.header_missing) {
+            let mut area = self.encode_header(st.events_cleared);
+            area.extend_from_slice(&block);
+            return Some((BITMAP_OFFSET, area, st.bits.clone()));
+        }
         Some((BITMAP_OFFSET + HEADER_SIZE as u64, block, st.bits.clone()))
     }
 

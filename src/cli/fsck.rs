@@ -41,11 +41,11 @@ fn superblock_problems(members: &[PathBuf]) -> Vec<String> {
         match FileMember::open(path, opts) {
             Ok(m) => match Superblock::read_from(&m) {
                 Ok((_, verdict)) => {
-                    for (i, v) in verdict.copies.iter().enumerate() {
-                        if *v != Some(true) {
-                            problems
-                                .push(format!("{name}: superblock copy {i} is damaged or absent"));
-                        }
+                    if verdict.needs_rewrite() {
+                        problems.push(format!(
+                            "{name}: superblock copies damaged, absent or stale: {}",
+                            verdict.damaged()
+                        ));
                     }
                 }
                 Err(e) => problems.push(e.to_string()),

@@ -425,7 +425,9 @@ fn a_read_only_assembly_leaves_a_damaged_copy_alone() {
     let ms = faulty_members(3);
     drop(make_array(&cfg, &ms));
     let end = ms[2].len() / 4096 * 4096;
-    ms[2].write_at(&[0xAA], end - 4096 + 100).expect("damage end copy 1");
+    ms[2]
+        .write_at(&[0xAA], end - 4096 + 100)
+        .expect("damage end copy 1");
     let read_only = AssembleOptions {
         read_only: true,
         ..Default::default()

@@ -500,7 +500,8 @@ fn zeroed_front_mib_is_recognised_from_the_end_copies() {
     let m = member();
     let sb = sample(5);
     sb.write_to(&m).unwrap();
-    m.write_at(&vec![0u8; DEFAULT_DATA_OFFSET as usize], 0).unwrap();
+    m.write_at(&vec![0u8; DEFAULT_DATA_OFFSET as usize], 0)
+        .unwrap();
     let (back, verdict) = Superblock::read_from(&m).unwrap();
     assert_eq!(back, sb);
     assert_eq!(verdict.copies, [Missing, Missing, Good, Good]);
@@ -740,4 +741,142 @@ fn serializes_to_json_for_examine() {
     assert_eq!(json["name"], "tank");
     assert_eq!(json["level"], "Raid5");
     assert_eq!(json["array_uuid"], Uuid::from_u128(0x1234).to_string());
+}
+
+/// The rows of the markdown table that follows `heading` in docs/format.md,
+/// split into trimmed cells.
+fn format_md_table(heading: &str) -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/format.md"))
+        .expect("docs/format.md");
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("{heading} missing"));
+    doc[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2) // header and separator
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// docs/format.md's superblock table, checked against the bytes `encode`
+/// writes: every row's offset and size, contiguous over the 4 KiB, named
+/// fields holding their value and reserved bytes zero.
+#[test]
+fn format_md_superblock_table_matches_the_encoded_bytes() {
+    let mut sb = sample(0x0102_0304_0506_0708);
+    sb.features = FEATURE_PPL;
+    sb.recovery_offset = 0x1111_2222_3333_4444;
+    sb.state = ArrayState::Dirty;
+    let block = sb.encode();
+    let le64 = |v: u64| v.to_le_bytes().to_vec();
+    let le32 = |v: u32| v.to_le_bytes().to_vec();
+    let mut name = b"tank".to_vec();
+    name.resize(32, 0);
+    let crc = crc32c::crc32c(&block[..4092]);
+    let expected = |field: &str| -> Option<Vec<u8>> {
+        Some(match field {
+            "`magic`" => MAGIC.to_vec(),
+            "`version`" => le32(FORMAT_VERSION),
+            "`array_uuid`" => sb.array_uuid.as_bytes().to_vec(),
+            "`member_uuid`" => sb.member_uuid.as_bytes().to_vec(),
+            "`name`" => name.clone(),
+            "`slot`" => le32(sb.slot),
+            "`level`" => vec![5],
+            "`layout`" => vec![2],
+            "`state`" => vec![1],
+            "`chunk`" => le64(sb.chunk),
+            "`members`" => le32(sb.members),
+            "`copies`" => le32(sb.copies),
+            "`data_offset`" => le64(sb.data_offset),
+            "`data_size`" => le64(sb.data_size),
+            "`group_size`" => le64(sb.group_size),
+            "`events`" => le64(sb.events),
+            "`recovery_offset`" => le64(sb.recovery_offset),
+            "`features`" => le64(FEATURE_PPL),
+            "`ctime`" => le64(sb.ctime),
+            "`utime`" => le64(sb.utime),
+            "`group_count`" => le32(sb.groups.len() as u32),
+            "`crc`" => le32(crc),
+            _ => return None,
+        })
+    };
+    let rows = format_md_table("## Superblock (4096 bytes per copy)");
+    let mut at = 0usize;
+    for row in &rows {
+        let offset: usize = row[0].parse().expect("offset");
+        let size: usize = row[1].parse().expect("size");
+        let field = row[2].as_str();
+        assert_eq!(offset, at, "{field} starts where the row before ended");
+        let bytes = &block[offset..offset + size];
+        match field {
+            "reserved" => assert!(bytes.iter().all(|&b| b == 0), "reserved at {offset}"),
+            "slot table" => assert_eq!(&bytes[..4], &[1, 1, 2, 0]),
+            "group table" => assert_eq!(&bytes[..5], &[1, 2, 0, 2, 0]),
+            _ => {
+                let want = expected(field).unwrap_or_else(|| panic!("unknown field {field}"));
+                assert_eq!(bytes, &want[..], "{field} at {offset}+{size}");
+            }
+        }
+        at = offset + size;
+    }
+    assert_eq!(at, SUPERBLOCK_SIZE, "the table covers the whole copy");
+    assert!(rows.len() > 20, "{} rows", rows.len());
+}
+
+/// docs/format.md's member layout table and feature table name the offsets
+/// and bits the code uses.
+#[test]
+fn format_md_member_layout_matches_the_code() {
+    let rows = format_md_table("## Member layout");
+    let offset_of = |region: &str| -> String {
+        rows.iter()
+            .find(|r| r[0] == region)
+            .unwrap_or_else(|| panic!("no row {region}"))[1]
+            .clone()
+    };
+    assert_eq!(
+        offset_of("Superblock front copy 0"),
+        SB_OFFSETS[0].to_string()
+    );
+    assert_eq!(
+        offset_of("Superblock front copy 1"),
+        SB_OFFSETS[1].to_string()
+    );
+    let m = member();
+    let [e0, e1] = end_offsets(m.len()).unwrap();
+    let end = member_end(m.len());
+    assert_eq!(offset_of("Superblock end copy 0"), "`end - 8192`");
+    assert_eq!(end - e0, 8192);
+    assert_eq!(offset_of("Superblock end copy 1"), "`end - 4096`");
+    assert_eq!(end - e1, 4096);
+    assert_eq!(END_COPIES_LEN, 8192);
+    assert_eq!(offset_of("Write-intent bitmap"), "65536 (`BITMAP_OFFSET`)");
+    assert_eq!(
+        offset_of("Partial parity log"),
+        format!("{} (`PPL_OFFSET`)", raidfs::array::ppl::PPL_OFFSET)
+    );
+    assert_eq!(offset_of("Data area"), "`data_offset` (1 MiB)");
+    assert_eq!(DEFAULT_DATA_OFFSET, 1 << 20);
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/format.md"))
+        .expect("docs/format.md");
+    assert_eq!(TAIL_RESERVE, 1 << 20);
+    assert!(doc.contains("tail reserve** of 1 MiB (`TAIL_RESERVE`"));
+    assert!(doc.contains(&format!(
+        "The superblock format version described here is **{FORMAT_VERSION}**"
+    )));
+    let features = format_md_table("### Feature bits");
+    let ppl = features
+        .iter()
+        .find(|r| r[2] == "`FEATURE_PPL`")
+        .expect("FEATURE_PPL row");
+    assert_eq!(ppl[0], FEATURE_PPL.trailing_zeros().to_string());
+    assert_eq!(ppl[1], format!("`{FEATURE_PPL:#x}`"));
+    assert!(doc.contains(&format!("`KNOWN_FEATURES = {KNOWN_FEATURES:#x}`")));
 }

@@ -159,7 +159,10 @@ impl Bitmap {
                 h[HEADER_SIZE - 1],
             ]);
             if &h[0..8] != MAGIC || crc32c::crc32c(&h[..HEADER_SIZE - 4]) != crc {
-                log::warn!("{}: no valid bitmap header; written again with the next bits", m.name());
+                log::warn!(
+                    "{}: no valid bitmap header; written again with the next bits",
+                    m.name()
+                );
                 st.header_missing = true;
                 continue;
             }

@@ -46,8 +46,9 @@ pub(crate) fn now_secs() -> u64 {
 }
 
 impl Array {
-    /// Write the current superblock to every working member (copy 0, sync,
-    /// copy 1, sync). A member that cannot take it is failed.
+    /// Write the current superblock to every working member (each copy the
+    /// format version keeps, one at a time with a sync after each; see
+    /// `Superblock::write_to`). A member that cannot take it is failed.
     pub(crate) fn write_superblocks(&self) -> ArrayResult<()> {
         let _serial = self.sb_write.lock();
         let template = {

@@ -385,7 +385,8 @@ impl Superblock {
     /// The superblock of a new array, as slot 0 will carry it: fresh array and
     /// member uuids, events 1, clean, every slot active, every group
     /// unallocated, data at [`DEFAULT_DATA_OFFSET`]. Use [`Superblock::for_slot`]
-    /// for the other members.
+    /// for the other members. `data_size` should leave [`TAIL_RESERVE`]
+    /// before the members' end, as `array::create` does.
     pub fn new_for_create(
         name: &str,
         geometry: &crate::geometry::Geometry,
@@ -869,14 +870,11 @@ impl Superblock {
             Vec::new()
         };
         let block = self.encode();
-        for (copy, &offset) in SB_OFFSETS.iter().chain(&ends).enumerate() {
+        for (&offset, copy) in SB_OFFSETS.iter().chain(&ends).zip(COPY_NAMES) {
             let context = |what: &str, e: std::io::Error| {
                 std::io::Error::new(
                     e.kind(),
-                    format!(
-                        "{name}: {what} superblock copy {} (offset {offset}): {e}",
-                        COPY_NAMES[copy]
-                    ),
+                    format!("{name}: {what} superblock copy {copy} (offset {offset}): {e}"),
                 )
             };
             member

@@ -880,3 +880,67 @@ fn format_md_member_layout_matches_the_code() {
     assert_eq!(ppl[1], format!("`{FEATURE_PPL:#x}`"));
     assert!(doc.contains(&format!("`KNOWN_FEATURES = {KNOWN_FEATURES:#x}`")));
 }
+
+/// docs/format.md's partial parity log tables, checked against the bytes
+/// `Ppl` writes for a ring header and an entry.
+#[test]
+fn format_md_ppl_tables_match_the_log_bytes() {
+    use raidfs::array::ppl::{Ppl, PPL_OFFSET};
+    let ppl = Ppl::new(3, DEFAULT_DATA_OFFSET);
+    let header = ppl.header();
+    let rows = format_md_table("Ring header (512 bytes at member offset 131072)");
+    assert_eq!(PPL_OFFSET, 131072);
+    let mut at = 0;
+    for row in &rows {
+        let (offset, size): (usize, usize) = (row[0].parse().unwrap(), row[1].parse().unwrap());
+        assert_eq!(offset, at, "{row:?}");
+        let bytes = &header[offset..offset + size];
+        match row[2].as_str() {
+            "`magic`" => assert_eq!(bytes, b"RAIDPPLR"),
+            "`epoch`" => assert_eq!(bytes, &1u64.to_le_bytes()),
+            "reserved" => assert!(bytes.iter().all(|&b| b == 0)),
+            "`crc`" => assert_eq!(bytes, &crc32c::crc32c(&header[..508]).to_le_bytes()),
+            other => panic!("unknown ring header field {other}"),
+        }
+        at = offset + size;
+    }
+    assert_eq!(at, header.len());
+
+    let pp = vec![0xABu8; 1000];
+    let (offset, entry) = ppl
+        .reserve(1, 7, 9, 512, &[0, 2], &pp)
+        .expect("room in the ring");
+    assert_eq!(offset, 131584, "the first entry follows the ring header");
+    assert_eq!(entry.len(), 512 + 1024, "payload padded to 512 bytes");
+    assert_eq!(&entry[512..1512], &pp[..]);
+    assert!(entry[1512..].iter().all(|&b| b == 0));
+    let mut covered = entry[..508].to_vec();
+    covered.extend_from_slice(&pp);
+    let rows = format_md_table("Entries follow from offset 131584");
+    let mut at = 0;
+    for row in &rows {
+        let (offset, size): (usize, usize) = (row[0].parse().unwrap(), row[1].parse().unwrap());
+        assert_eq!(offset, at, "{row:?}");
+        let bytes = &entry[offset..offset + size];
+        let want: Vec<u8> = match row[2].as_str() {
+            "`magic`" => b"RAIDPPLE".to_vec(),
+            "`epoch`" => 1u64.to_le_bytes().to_vec(),
+            "`seq`" => 1u64.to_le_bytes().to_vec(),
+            "`group`" => 7u32.to_le_bytes().to_vec(),
+            "`stripe`" => 9u64.to_le_bytes().to_vec(),
+            "`lo`" => 512u64.to_le_bytes().to_vec(),
+            "`len`" => 1000u64.to_le_bytes().to_vec(),
+            "`modified`" => {
+                let mut mask = vec![0u8; 32];
+                mask[0] = 0b101;
+                mask
+            }
+            "reserved" => vec![0; size],
+            "`crc`" => crc32c::crc32c(&covered).to_le_bytes().to_vec(),
+            other => panic!("unknown entry field {other}"),
+        };
+        assert_eq!(bytes, &want[..], "{row:?}");
+        at = offset + size;
+    }
+    assert_eq!(at, 512);
+}

@@ -7,7 +7,9 @@
 //!
 //! On-member layout (identical on every member), at [`BITMAP_OFFSET`]:
 //! a 4 KiB header (magic, region size, bit count, events of the last
-//! clearing, crc32c) followed by the bits, least significant bit first.
+//! clearing, crc32c) followed by the bits, least significant bit first. A
+//! member found without a valid header (its start was overwritten) gets the
+//! header again with the next bits write; `docs/format.md` has the bytes.
 
 use crate::member::Member;
 use parking_lot::Mutex;
@@ -452,5 +454,88 @@ mod tests {
         assert_eq!(b.clean(2), 1);
         assert!(!b.is_durable(s, e));
         assert_eq!(begin(&b, 9), Intent::MarkFirst);
+    }
+
+    /// docs/format.md's bitmap header table, checked against the header
+    /// bytes written here.
+    #[test]
+    fn format_md_bitmap_header_matches_the_bytes() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/format.md"))
+            .expect("docs/format.md");
+        let heading = "Header (4096 bytes at member offset 65536)";
+        let start = doc.find(heading).expect("bitmap header table");
+        assert_eq!(BITMAP_OFFSET, 65536);
+        let bits_at = format!(
+            "Bits block (4096 bytes at member offset {})",
+            BITMAP_OFFSET + HEADER_SIZE as u64
+        );
+        assert!(doc.contains(&bits_at), "{bits_at}");
+        let b = bitmap();
+        let h = b.encode_header(0x0a0b_0c0d);
+        let mut at = 0;
+        let rows = doc[start..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2);
+        for row in rows {
+            let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+            let offset: usize = cells[0].parse().expect("offset");
+            let size: usize = cells[1].parse().expect("size");
+            assert_eq!(offset, at, "{row}");
+            let want: Vec<u8> = match cells[2] {
+                "`magic`" => MAGIC.to_vec(),
+                "`region_size`" => REGION.to_le_bytes().to_vec(),
+                "`bits`" => 256u64.to_le_bytes().to_vec(),
+                "`events_cleared`" => 0x0a0b_0c0du64.to_le_bytes().to_vec(),
+                "reserved" => vec![0; size],
+                "`crc`" => crc32c::crc32c(&h[..HEADER_SIZE - 4]).to_le_bytes().to_vec(),
+                other => panic!("unknown bitmap header field {other}"),
+            };
+            assert_eq!(&h[offset..offset + size], &want[..], "{row}");
+            at = offset + size;
+        }
+        assert_eq!(at, HEADER_SIZE);
+        assert_eq!(region_size(1 << 30), 4 << 20);
+        assert_eq!(region_size(8 << 30), 8 << 20, "at most 1024 regions");
+    }
+
+    #[test]
+    fn a_member_without_a_header_gets_it_with_the_next_bits() {
+        let members: Vec<Arc<dyn Member>> = (0..2)
+            .map(|_| {
+                Arc::new(crate::member::memory::MemoryMember::new(DATA_OFFSET).expect("member"))
+                    as Arc<dyn Member>
+            })
+            .collect();
+        bitmap().write_all(&members[..1]);
+        let b = bitmap();
+        b.load(&members);
+        assert_eq!(begin(&b, 3), Intent::MarkFirst);
+        let (offset, block, snapshot) = b.snapshot().expect("bits to write");
+        assert_eq!(offset, BITMAP_OFFSET, "header and bits together");
+        assert_eq!(block.len(), HEADER_SIZE + BLOCK);
+        assert_eq!(&block[..8], MAGIC);
+        assert_eq!(block[HEADER_SIZE], 1 << 3);
+        b.written(snapshot);
+        assert_eq!(begin(&b, 7), Intent::MarkFirst);
+        let (offset, _, _) = b.snapshot().expect("bits to write");
+        assert_eq!(
+            offset,
+            BITMAP_OFFSET + HEADER_SIZE as u64,
+            "bits only again"
+        );
+
+        let whole = bitmap();
+        whole.write_all(&members);
+        let b = bitmap();
+        b.load(&members);
+        assert_eq!(begin(&b, 3), Intent::MarkFirst);
+        let (offset, _, _) = b.snapshot().expect("bits to write");
+        assert_eq!(
+            offset,
+            BITMAP_OFFSET + HEADER_SIZE as u64,
+            "every header valid"
+        );
     }
 }

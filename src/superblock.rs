@@ -182,6 +182,17 @@ impl ReadVerdict {
             .any(|c| !matches!(c, CopyState::Good | CopyState::NotPresent))
     }
 
+    /// Whether some copy is damaged or missing (not merely stale, which an
+    /// interrupted update leaves behind and the next update replaces).
+    pub fn has_damage(&self) -> bool {
+        self.copies.iter().any(|c| {
+            matches!(
+                c,
+                CopyState::BadChecksum | CopyState::Invalid | CopyState::Missing
+            )
+        })
+    }
+
     /// The copies that are not good, as `"front 0 missing, end 1 bad checksum"`.
     pub fn damaged(&self) -> String {
         self.copies

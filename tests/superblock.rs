@@ -433,6 +433,7 @@ fn write_to_syncs_after_every_copy() {
     assert_eq!(back.events, 4);
     assert_eq!(verdict.copies, [Good, Stale, Stale, Stale]);
     assert!(verdict.needs_rewrite(), "stale copies are healed");
+    assert!(!verdict.has_damage(), "an interrupted update is no damage");
 }
 
 #[test]
@@ -507,6 +508,7 @@ fn zeroed_front_mib_is_recognised_from_the_end_copies() {
     assert_eq!(verdict.copies, [Missing, Missing, Good, Good]);
     assert!(verdict.needs_rewrite());
     assert_eq!(verdict.damaged(), "front 0 missing, front 1 missing");
+    assert!(verdict.has_damage());
     // Writing it again heals the front.
     back.write_to(&m).unwrap();
     assert_eq!(Superblock::read_from(&m).unwrap().1.copies, [Good; 4]);

@@ -41,9 +41,11 @@ fn superblock_problems(members: &[PathBuf]) -> Vec<String> {
         match FileMember::open(path, opts) {
             Ok(m) => match Superblock::read_from(&m) {
                 Ok((_, verdict)) => {
-                    if verdict.needs_rewrite() {
+                    // Stale copies alone are what an interrupted update
+                    // leaves; the next assembly rewrites them.
+                    if verdict.has_damage() {
                         problems.push(format!(
-                            "{name}: superblock copies damaged, absent or stale: {}",
+                            "{name}: superblock copies not good: {}",
                             verdict.damaged()
                         ));
                     }

@@ -1,10 +1,16 @@
 //! The superblock: every member's record of which array it belongs to, where
 //! it sits in it, and the array's state as this member last knew it.
 //!
-//! Two copies live at the start of each member ([`SB_OFFSETS`]); they are
-//! written one after the other with a sync between, so a torn write destroys at
-//! most one. Each copy is 4 KiB of fixed-width little-endian fields ending in a
-//! crc32c; `docs/format.md` documents it byte by byte.
+//! Format version 2 keeps four copies on each member: two at the start
+//! ([`SB_OFFSETS`]) and two in the last 8 KiB ([`end_offsets`]), so a member
+//! whose start was overwritten (a stray `dd`, a partitioning tool, a zeroed
+//! first MiB) is still recognised, as md's 1.0 superblock and ZFS's four
+//! labels are. The copies are written one after the other with a sync
+//! between, so a torn write destroys at most one. Version 1 members (older
+//! releases) carry the front copies only and may use the member up to its
+//! end; they are read and kept as version 1 (see [`Superblock::write_to`]).
+//! Each copy is 4 KiB of fixed-width little-endian fields ending in a crc32c;
+//! `docs/format.md` documents it byte by byte.
 
 use crate::geometry::{Layout, Level};
 use crate::member::Member;
@@ -12,12 +18,28 @@ use serde::Serialize;
 use uuid::Uuid;
 
 pub const MAGIC: [u8; 8] = *b"RAIDFS\x00\x01";
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this raidfs writes for new arrays.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this raidfs reads (and keeps writing as it is).
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 pub const SUPERBLOCK_SIZE: usize = 4096;
-/// Byte offsets of the two superblock copies on every member.
+/// Byte offsets of the two front superblock copies on every member.
 pub const SB_OFFSETS: [u64; 2] = [0, 4096];
-/// Where member data starts by default (room for future bitmap/PPL areas).
+/// Bytes the two end copies take at the end of a version 2 member; the data
+/// area must end at or before `member_end(len) - END_COPIES_LEN`.
+pub const END_COPIES_LEN: u64 = 2 * SUPERBLOCK_SIZE as u64;
+/// Where member data starts by default (room for the bitmap and PPL areas).
 pub const DEFAULT_DATA_OFFSET: u64 = 1 << 20;
+/// What new arrays leave unused at the end of each member: the end copies
+/// plus room for later end-of-member structures, mirroring
+/// [`DEFAULT_DATA_OFFSET`] at the front.
+pub const TAIL_RESERVE: u64 = 1 << 20;
+/// Superblock feature bit: partial-parity log (closes the RAID5 write hole).
+pub const FEATURE_PPL: u64 = 1 << 1;
+/// Every feature bit this raidfs knows; a superblock with any other bit set
+/// is refused, since its array may depend on something this raidfs would
+/// ignore or break.
+pub const KNOWN_FEATURES: u64 = FEATURE_PPL;
 /// Most member slots an array can have.
 pub const MAX_MEMBERS: usize = 255;
 /// Most allocation groups an array can have (one byte each in the table).
@@ -98,20 +120,103 @@ pub enum SuperblockError {
     Io(String, std::io::Error),
     #[error("{0}: not a raidfs member (no superblock magic)")]
     NotMember(String),
-    #[error("{member}: both superblock copies fail their checksum")]
+    #[error("{member}: every superblock copy fails its checksum")]
     Corrupt { member: String },
-    #[error("{member}: unsupported format version {version}")]
+    #[error(
+        "{member}: superblock format version {version} is not supported (this raidfs reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}); a newer raidfs wrote it"
+    )]
     Version { member: String, version: u32 },
     #[error("{member}: invalid superblock field: {what}")]
     Invalid { member: String, what: String },
 }
 
-/// Result of reading both copies.
+/// What reading one superblock copy found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum CopyState {
+    /// Valid, and the superblock [`Superblock::read_from`] returned.
+    Good,
+    /// Valid, but not the returned superblock: fewer events (an interrupted
+    /// update) or another array's or member's identity.
+    Stale,
+    /// Has the magic but fails its checksum (a torn or damaged write).
+    BadChecksum,
+    /// Unreadable, an unsupported version, or a field out of range.
+    Invalid,
+    /// No magic where a copy should be.
+    Missing,
+    /// No copy belongs here: the end copies of a version 1 member (whose data
+    /// area may reach the member's end) or of a member too small for them.
+    NotPresent,
+}
+
+impl CopyState {
+    /// Short lower-case description for `examine`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CopyState::Good => "good",
+            CopyState::Stale => "stale",
+            CopyState::BadChecksum => "bad checksum",
+            CopyState::Invalid => "invalid",
+            CopyState::Missing => "missing",
+            CopyState::NotPresent => "not present",
+        }
+    }
+}
+
+/// Names of the four copies, in [`ReadVerdict::copies`] order.
+pub const COPY_NAMES: [&str; 4] = ["front 0", "front 1", "end 0", "end 1"];
+
+/// Result of reading every copy of one member.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReadVerdict {
-    /// Checksum verdict of copy 0 and copy 1: Some(true) good, Some(false) bad
-    /// checksum, None no magic at all.
-    pub copies: [Option<bool>; 2],
+    /// Front copy 0, front copy 1, end copy 0, end copy 1.
+    pub copies: [CopyState; 4],
+}
+
+impl ReadVerdict {
+    /// Whether some copy that should hold the returned superblock does not
+    /// (damaged, missing or stale): writing the superblock again heals it.
+    pub fn needs_rewrite(&self) -> bool {
+        self.copies
+            .iter()
+            .any(|c| !matches!(c, CopyState::Good | CopyState::NotPresent))
+    }
+
+    /// Whether some copy is damaged or missing (not merely stale, which an
+    /// interrupted update leaves behind and the next update replaces).
+    pub fn has_damage(&self) -> bool {
+        self.copies.iter().any(|c| {
+            matches!(
+                c,
+                CopyState::BadChecksum | CopyState::Invalid | CopyState::Missing
+            )
+        })
+    }
+
+    /// The copies that are not good, as `"front 0 missing, end 1 bad checksum"`.
+    pub fn damaged(&self) -> String {
+        self.copies
+            .iter()
+            .zip(COPY_NAMES)
+            .filter(|(c, _)| !matches!(c, CopyState::Good | CopyState::NotPresent))
+            .map(|(c, name)| format!("{name} {}", c.describe()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The end of a member as the end copies see it: its length rounded down to
+/// a whole 4 KiB block.
+pub fn member_end(len: u64) -> u64 {
+    len / SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SIZE as u64
+}
+
+/// Byte offsets of the two end copies on a member of `len` bytes, or `None`
+/// when the member is too small to hold them apart from the front copies.
+pub fn end_offsets(len: u64) -> Option<[u64; 2]> {
+    let end = member_end(len);
+    let front = SB_OFFSETS[1] + SUPERBLOCK_SIZE as u64;
+    (end >= front + END_COPIES_LEN).then(|| [end - END_COPIES_LEN, end - SUPERBLOCK_SIZE as u64])
 }
 
 /// Byte offsets of the fields inside one copy (see `docs/format.md`).
@@ -268,6 +373,17 @@ fn get_uuid(buf: &[u8], at: usize) -> Uuid {
     Uuid::from_bytes(bytes)
 }
 
+/// The superblock with the most events (the first of them on a tie).
+fn newest<'a>(copies: impl Iterator<Item = &'a Superblock>) -> Option<&'a Superblock> {
+    let mut best: Option<&Superblock> = None;
+    for sb in copies {
+        if best.is_none_or(|b| sb.events > b.events) {
+            best = Some(sb);
+        }
+    }
+    best
+}
+
 /// Seconds since the Unix epoch (0 if the clock is before it).
 pub fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -280,7 +396,8 @@ impl Superblock {
     /// The superblock of a new array, as slot 0 will carry it: fresh array and
     /// member uuids, events 1, clean, every slot active, every group
     /// unallocated, data at [`DEFAULT_DATA_OFFSET`]. Use [`Superblock::for_slot`]
-    /// for the other members.
+    /// for the other members. `data_size` should leave [`TAIL_RESERVE`]
+    /// before the members' end, as `array::create` does.
     pub fn new_for_create(
         name: &str,
         geometry: &crate::geometry::Geometry,
@@ -420,7 +537,7 @@ impl Superblock {
             });
         }
         let version = get_u32(buf, VERSION);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(SuperblockError::Version {
                 member: member.to_string(),
                 version,
@@ -509,8 +626,17 @@ impl Superblock {
 
     /// Check every field against the format's rules; the error says which failed.
     pub fn validate(&self) -> Result<(), String> {
-        if self.version != FORMAT_VERSION {
-            return Err(format!("version {} is not {FORMAT_VERSION}", self.version));
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&self.version) {
+            return Err(format!(
+                "version {} is not in {OLDEST_FORMAT_VERSION}..={FORMAT_VERSION}",
+                self.version
+            ));
+        }
+        let unknown = self.features & !KNOWN_FEATURES;
+        if unknown != 0 {
+            return Err(format!(
+                "unknown feature bits {unknown:#x}; this raidfs is too old for the array"
+            ));
         }
         if self.name.len() > offsets::NAME_LEN {
             return Err(format!(
@@ -564,7 +690,12 @@ impl Superblock {
                 self.data_offset
             ));
         }
-        if self.data_offset.checked_add(self.data_size).is_none() {
+        if self
+            .data_offset
+            .checked_add(self.data_size)
+            .and_then(|end| end.checked_add(END_COPIES_LEN + ALIGN))
+            .is_none()
+        {
             return Err(format!(
                 "data area {}+{} overflows",
                 self.data_offset, self.data_size
@@ -592,48 +723,120 @@ impl Superblock {
         Ok(())
     }
 
-    /// Read both copies and return the valid one with the higher event count
-    /// (copy 0 on a tie).
+    /// Whether this superblock's members carry the end copies (version 2 on).
+    pub fn has_end_copies(&self) -> bool {
+        self.version >= 2
+    }
+
+    /// Smallest member length that holds this superblock's data area (and,
+    /// from version 2, the end copies after it).
+    pub fn min_member_len(&self) -> u64 {
+        let data_end = self.data_offset.saturating_add(self.data_size);
+        if self.has_end_copies() {
+            data_end
+                .saturating_add(END_COPIES_LEN)
+                .div_ceil(ALIGN)
+                .saturating_mul(ALIGN)
+        } else {
+            data_end
+        }
+    }
+
+    /// Why this superblock does not fit a member of `len` bytes, if it does not.
+    fn misfit(&self, len: u64) -> Option<String> {
+        let data_end = self.data_offset.saturating_add(self.data_size);
+        if data_end > len {
+            return Some(format!(
+                "data area ends at {data_end} but the member has {len} bytes"
+            ));
+        }
+        if self.has_end_copies() && len < self.min_member_len() {
+            return Some(format!(
+                "data area ends at {data_end}, inside the end superblock copies at {}",
+                member_end(len).saturating_sub(END_COPIES_LEN)
+            ));
+        }
+        None
+    }
+
+    /// Read every copy and return the valid one with the highest event count
+    /// (the earliest copy on a tie), with a verdict per copy.
     ///
-    /// With no valid copy: `NotMember` if neither has the magic; otherwise the
+    /// The front copies are read first. When the best of them is version 1,
+    /// the end of the member is that array's data and is not looked at.
+    /// Otherwise the end copies (when the member has room for them) are
+    /// candidates too, but only those of the same array and member as a
+    /// valid front copy: an end copy left behind by an earlier use of the
+    /// device must not win over the front. With no valid front copy, the
+    /// end copies alone identify the member (a version 1 superblock there
+    /// is not one of ours and counts as invalid).
+    ///
+    /// With no valid copy: `NotMember` if none has the magic; otherwise the
     /// most telling failure: `Version`, then `Invalid`, then `Io`, then `Corrupt`.
     pub fn read_from(member: &dyn Member) -> Result<(Superblock, ReadVerdict), SuperblockError> {
         let name = member.name();
-        let decoded: Vec<Result<Superblock, SuperblockError>> = SB_OFFSETS
-            .iter()
-            .map(|&offset| {
-                let mut buf = vec![0u8; SUPERBLOCK_SIZE];
-                member
-                    .read_at(&mut buf, offset)
-                    .map_err(|e| SuperblockError::Io(name.clone(), e))?;
-                Superblock::decode(&buf, &name)
-            })
-            .collect();
-        let verdict = ReadVerdict {
-            copies: [0, 1].map(|i| match &decoded[i] {
-                Ok(_) => Some(true),
-                Err(SuperblockError::NotMember(_)) => None,
-                Err(_) => Some(false),
-            }),
+        let read_copy = |offset: u64| -> Result<Superblock, SuperblockError> {
+            let mut buf = vec![0u8; SUPERBLOCK_SIZE];
+            member
+                .read_at(&mut buf, offset)
+                .map_err(|e| SuperblockError::Io(name.clone(), e))?;
+            Superblock::decode(&buf, &name)
         };
-        let mut best: Option<&Superblock> = None;
-        for sb in decoded.iter().flatten() {
-            if best.is_none_or(|b| sb.events > b.events) {
-                best = Some(sb);
+        let mut decoded: Vec<Result<Superblock, SuperblockError>> =
+            SB_OFFSETS.iter().map(|&offset| read_copy(offset)).collect();
+        let front = newest(decoded.iter().flatten()).cloned();
+        let read_end = front.as_ref().is_none_or(Superblock::has_end_copies);
+        let ends = end_offsets(member.len()).filter(|_| read_end);
+        if let Some(offsets) = ends {
+            for offset in offsets {
+                let copy = read_copy(offset).and_then(|sb| {
+                    if sb.has_end_copies() {
+                        Ok(sb)
+                    } else {
+                        Err(SuperblockError::Invalid {
+                            member: name.clone(),
+                            what: format!(
+                                "version {} superblock at end offset {offset}, where that version keeps none",
+                                sb.version
+                            ),
+                        })
+                    }
+                });
+                decoded.push(copy);
             }
         }
-        if let Some(sb) = best {
-            let end = sb.data_offset + sb.data_size;
-            if end > member.len() {
-                return Err(SuperblockError::Invalid {
-                    member: name,
-                    what: format!(
-                        "data area ends at {end} but the member has {} bytes",
-                        member.len()
-                    ),
-                });
+        let same_identity = |a: &Superblock, b: &Superblock| {
+            a.array_uuid == b.array_uuid && a.member_uuid == b.member_uuid
+        };
+        // End copies that disagree with the front about whose member this is
+        // are left out before the newest is picked.
+        let best = newest(
+            decoded
+                .iter()
+                .flatten()
+                .filter(|sb| front.as_ref().is_none_or(|f| same_identity(sb, f))),
+        )
+        .cloned();
+        let state = |i: usize| -> CopyState {
+            match decoded.get(i) {
+                None => CopyState::NotPresent,
+                Some(Ok(sb)) => match &best {
+                    Some(b) if same_identity(sb, b) && sb.events == b.events => CopyState::Good,
+                    _ => CopyState::Stale,
+                },
+                Some(Err(SuperblockError::NotMember(_))) => CopyState::Missing,
+                Some(Err(SuperblockError::Corrupt { .. })) => CopyState::BadChecksum,
+                Some(Err(_)) => CopyState::Invalid,
             }
-            return Ok((sb.clone(), verdict));
+        };
+        let verdict = ReadVerdict {
+            copies: [0, 1, 2, 3].map(state),
+        };
+        if let Some(sb) = best {
+            if let Some(what) = sb.misfit(member.len()) {
+                return Err(SuperblockError::Invalid { member: name, what });
+            }
+            return Ok((sb, verdict));
         }
         let rank = |e: &SuperblockError| match e {
             SuperblockError::Version { .. } => 0,
@@ -649,21 +852,40 @@ impl Superblock {
         Err(worst.unwrap_or(SuperblockError::NotMember(name)))
     }
 
-    /// Write copy 0, sync, write copy 1, sync. Refuses an invalid superblock.
+    /// Write every copy this superblock's version keeps, each followed by a
+    /// sync, so at most one is ever in flight: front copy 0, front copy 1,
+    /// then (version 2 on) end copy 0 and end copy 1.
+    ///
+    /// A version 1 superblock is written as version 1, front copies only:
+    /// its array's data area may run to the end of the member, and raidfs
+    /// never moves an existing array to a new version behind its owner's
+    /// back. Refuses an invalid superblock, and one whose data area would
+    /// overlap the end copies on this member.
     pub fn write_to(&self, member: &dyn Member) -> std::io::Result<()> {
         let name = member.name();
-        self.validate().map_err(|what| {
+        let refuse = |what: String| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("{name}: refusing to write an invalid superblock: {what}"),
             )
-        })?;
+        };
+        self.validate().map_err(refuse)?;
+        if let Some(what) = self.misfit(member.len()) {
+            return Err(refuse(what));
+        }
+        let ends = if self.has_end_copies() {
+            end_offsets(member.len())
+                .ok_or_else(|| refuse("the member has no room for the end copies".into()))?
+                .to_vec()
+        } else {
+            Vec::new()
+        };
         let block = self.encode();
-        for (copy, &offset) in SB_OFFSETS.iter().enumerate() {
+        for (&offset, copy) in SB_OFFSETS.iter().chain(&ends).zip(COPY_NAMES) {
             let context = |what: &str, e: std::io::Error| {
                 std::io::Error::new(
                     e.kind(),
-                    format!("{name}: {what} superblock copy {copy}: {e}"),
+                    format!("{name}: {what} superblock copy {copy} (offset {offset}): {e}"),
                 )
             };
             member

@@ -6,7 +6,7 @@ use raidfs::array::{assemble, create, Array, AssembleOptions, CreateSpec, GROUP_
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
-use raidfs::superblock::{GroupProfile, Superblock};
+use raidfs::superblock::{CopyState, GroupProfile, Superblock, SB_OFFSETS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -362,6 +362,137 @@ fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
     set_events_behind(&ms[0], 2);
     let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
     assert_eq!(array.failed_slots(), vec![0], "two behind: stale");
+}
+
+/// What each of a member's four superblock copies holds.
+fn copy_states(m: &dyn Member) -> [CopyState; 4] {
+    Superblock::read_from(m).expect("superblock").1.copies
+}
+
+#[test]
+fn a_member_with_its_front_mib_zeroed_assembles_and_is_healed() {
+    let cfg = Config::new(Level::Raid5, 3, 16 << 10, 1);
+    let ms = faulty_members(3);
+    let array = make_array(&cfg, &ms);
+    let addr = new_data_group(&array);
+    array.write(addr, &[5u8; 65536]).expect("write");
+    array.mark_clean().expect("clean");
+    let data_offset = array.superblock().data_offset;
+    drop(array);
+    assert_eq!(copy_states(&ms[1]), [CopyState::Good; 4]);
+
+    // Superblock front copies, bitmap and PPL areas: all gone on member 1.
+    ms[1]
+        .write_at(&vec![0u8; data_offset as usize], 0)
+        .expect("zero the front");
+    assert_eq!(
+        copy_states(&ms[1]),
+        [
+            CopyState::Missing,
+            CopyState::Missing,
+            CopyState::Good,
+            CopyState::Good
+        ]
+    );
+    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
+    assert!(!array.is_degraded(), "{:?}", array.failed_slots());
+    let mut b = vec![0u8; 65536];
+    array.read(addr, &mut b).expect("read");
+    assert!(b.iter().all(|&x| x == 5));
+    assert_eq!(
+        copy_states(&ms[1]),
+        [CopyState::Good; 4],
+        "assembly rewrote every copy"
+    );
+    // The bitmap header comes back with the first bits written.
+    let mut magic = [0u8; 8];
+    ms[1].read_at(&mut magic, 64 << 10).expect("read bitmap");
+    assert_eq!(magic, [0; 8], "not yet");
+    let other = new_data_group(&array);
+    array.write(other, &[6u8; 4096]).expect("write");
+    for m in &ms {
+        m.read_at(&mut magic, 64 << 10).expect("read bitmap");
+        assert_eq!(&magic, b"RAIDBMP1", "{}", m.name());
+    }
+    array.mark_clean().expect("clean");
+    drop(array);
+    let events: Vec<u64> = ms
+        .iter()
+        .map(|m| Superblock::read_from(m).expect("superblock").0.events)
+        .collect();
+    assert!(events.iter().all(|&e| e == events[0]), "{events:?}");
+}
+
+#[test]
+fn a_read_only_assembly_leaves_a_damaged_copy_alone() {
+    let cfg = Config::new(Level::Raid5, 3, 16 << 10, 1);
+    let ms = faulty_members(3);
+    drop(make_array(&cfg, &ms));
+    let end = ms[2].len() / 4096 * 4096;
+    ms[2]
+        .write_at(&[0xAA], end - 4096 + 100)
+        .expect("damage end copy 1");
+    let read_only = AssembleOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let array = assemble(as_members(&ms), read_only).expect("assemble");
+    assert!(!array.is_degraded());
+    drop(array);
+    assert_eq!(copy_states(&ms[2])[3], CopyState::BadChecksum);
+    drop(assemble(as_members(&ms), AssembleOptions::default()).expect("assemble"));
+    assert_eq!(copy_states(&ms[2]), [CopyState::Good; 4]);
+}
+
+#[test]
+fn an_array_of_version_1_members_assembles_and_stays_version_1() {
+    let cfg = Config::new(Level::Raid5, 3, 16 << 10, 1);
+    let ms = faulty_members(3);
+    let array = make_array(&cfg, &ms);
+    let addr = new_data_group(&array);
+    array.write(addr, &[8u8; 65536]).expect("write");
+    array.mark_clean().expect("clean");
+    drop(array);
+    // Rewrite every member as an older release left it: version 1, front
+    // copies only, the data area running to the member's end (the part
+    // past the last whole group is unused), and array data at the end.
+    let tail = vec![0x5Au8; 8192];
+    for m in &ms {
+        let (mut sb, _) = Superblock::read_from(m).expect("superblock");
+        sb.version = 1;
+        sb.data_size = m.len() - sb.data_offset;
+        let groups = sb.groups.len() as u64;
+        assert_eq!(sb.data_size / sb.group_size, groups, "same groups");
+        m.write_at(&tail, m.len() - 8192).expect("tail");
+        for offset in SB_OFFSETS {
+            m.write_at(&sb.encode(), offset).expect("v1 copy");
+        }
+        assert_eq!(
+            copy_states(m),
+            [
+                CopyState::Good,
+                CopyState::Good,
+                CopyState::NotPresent,
+                CopyState::NotPresent
+            ]
+        );
+    }
+    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble v1");
+    assert!(!array.is_degraded());
+    let mut b = vec![0u8; 65536];
+    array.read(addr, &mut b).expect("read");
+    assert!(b.iter().all(|&x| x == 8));
+    array.mark_dirty().expect("dirty");
+    array.write(addr, &[9u8; 4096]).expect("write");
+    array.mark_clean().expect("clean");
+    drop(array);
+    for m in &ms {
+        let (sb, _) = Superblock::read_from(m).expect("superblock");
+        assert_eq!(sb.version, 1, "kept at version 1");
+        let mut back = vec![0u8; 8192];
+        m.read_at(&mut back, m.len() - 8192).expect("tail");
+        assert_eq!(back, tail, "nothing written over the v1 data area's end");
+    }
 }
 
 #[test]

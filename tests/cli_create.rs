@@ -58,7 +58,7 @@ fn create_then_examine_raid5() {
         "Raid Devices : 4",
         "Layout : left-symmetric",
         "Chunk Size : 64K",
-        "copy 0 good, copy 1 good",
+        "Superblock copies : front 0 good, front 1 good, end 0 good, end 1 good",
         "Device Role : Active device 0",
         "State : clean",
     ] {
@@ -73,6 +73,44 @@ fn create_then_examine_raid5() {
     assert_eq!(v[0]["level"], "raid5");
     assert_eq!(v[0]["role"], "Active device 2");
     assert_eq!(v[0]["checksum"][1], "good");
+    assert_eq!(v[0]["version"], 2);
+    for copy in ["front_0", "front_1", "end_0", "end_1"] {
+        assert_eq!(v[0]["superblock_copies"][copy], "good", "{copy}");
+    }
+    // The data area stops a whole tail reserve (1 MiB) before the end.
+    let data_end = v[0]["data_offset"].as_u64().expect("data_offset")
+        + v[0]["data_size"].as_u64().expect("data_size");
+    assert!(
+        data_end <= (256 << 20) - (1 << 20),
+        "data ends at {data_end}"
+    );
+}
+
+#[test]
+fn a_member_with_its_front_zeroed_is_still_recognised() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let o = raidfs(
+        &["create", "--level", "1", "--size", "64M", "a.img", "b.img"],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = d.join("a.img");
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[..1 << 20].fill(0);
+    std::fs::write(&path, &bytes).expect("write");
+    let o = raidfs(&["examine", "--json", "a.img"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v[0]["superblock_copies"]["front_0"], "missing");
+    assert_eq!(v[0]["superblock_copies"]["front_1"], "missing");
+    assert_eq!(v[0]["superblock_copies"]["end_0"], "good");
+    assert_eq!(v[0]["checksum"][0], "absent");
+    assert_refused(
+        d,
+        &["create", "--level", "1", "a.img", "n.img", "--size", "64M"],
+        "by its end superblock copies",
+    );
 }
 
 #[test]
@@ -94,8 +132,10 @@ fn examine_reports_a_damaged_copy() {
         stderr(&o)
     );
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("copy 0 BAD"), "{text}");
-    assert!(text.contains("copy 1 good"), "{text}");
+    assert!(
+        text.contains("front 0 bad checksum, front 1 good, end 0 good, end 1 good"),
+        "{text}"
+    );
 }
 
 fn assert_refused(dir: &Path, args: &[&str], want: &str) {

@@ -1,4 +1,5 @@
-//! Superblock format: round trips, checksum coverage, the two-copy rule and
+//! Superblock format: round trips, checksum coverage, the four-copy rule
+//! (two at the front, two at the end of each member), version 1 members and
 //! field validation.
 
 use proptest::prelude::*;
@@ -44,12 +45,20 @@ fn sample(events: u64) -> Superblock {
     }
 }
 
-/// A member just big enough for `sample`'s data area.
+/// A member just big enough for `sample`'s data area and the end copies.
 fn member() -> MemoryMember {
-    MemoryMember::new(DEFAULT_DATA_OFFSET + CHUNK * GROUPS as u64)
+    MemoryMember::new(DEFAULT_DATA_OFFSET + CHUNK * GROUPS as u64 + END_COPIES_LEN)
         .expect("small memory member")
         .with_name("m0")
 }
+
+/// Every copy's offset on `member()`, in verdict order.
+fn all_offsets(m: &dyn Member) -> [u64; 4] {
+    let [e0, e1] = end_offsets(m.len()).expect("room for the end copies");
+    [SB_OFFSETS[0], SB_OFFSETS[1], e0, e1]
+}
+
+use CopyState::{BadChecksum, Good, Invalid, Missing, NotPresent, Stale};
 
 fn arb_superblock() -> impl Strategy<Value = Superblock> {
     let level = prop_oneof![
@@ -90,7 +99,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
     let counters = (
         any::<u64>(),
         any::<u64>(),
-        any::<u64>(),
+        prop_oneof![Just(0), Just(FEATURE_PPL)],
         any::<u64>(),
         any::<u64>(),
         0u64..=(1 << 30),
@@ -98,6 +107,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
     );
     (head, counters).prop_flat_map(move |(head, counters)| {
         let (level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty) = head;
+        let version = prop_oneof![Just(OLDEST_FORMAT_VERSION), Just(FORMAT_VERSION)];
         let copies = match level {
             Level::Raid1 => Just(members).boxed(),
             Level::Raid10 => (1..=members).boxed(),
@@ -105,7 +115,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
         };
         let slot = prop_oneof![0..members, Just(SPARE_SLOT)];
         (
-            copies,
+            (copies, version),
             slot,
             proptest::collection::vec(slot_state.clone(), members as usize),
             proptest::collection::vec(group.clone(), 0..=MAX_GROUPS),
@@ -122,13 +132,13 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
             )),
             Just(counters),
         )
-            .prop_map(|(copies, slot, slots, groups, head, counters)| {
+            .prop_map(|((copies, version), slot, slots, groups, head, counters)| {
                 let (level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty) = head;
                 let (events, recovery, features, ctime, utime, offset_blocks, spare) = counters;
                 let chunk = 1u64 << chunk_shift;
                 let group_size = chunk * group_chunks;
                 Superblock {
-                    version: FORMAT_VERSION,
+                    version,
                     array_uuid: Uuid::from_u128(au),
                     member_uuid: Uuid::from_u128(mu),
                     name,
@@ -234,14 +244,52 @@ fn reseal(block: &mut [u8; SUPERBLOCK_SIZE]) {
 }
 
 #[test]
-fn unknown_version_is_reported() {
+fn unknown_version_is_refused_naming_it() {
     let mut block = sample(1).encode();
-    block[8..12].copy_from_slice(&2u32.to_le_bytes());
+    block[8..12].copy_from_slice(&3u32.to_le_bytes());
     reseal(&mut block);
-    match Superblock::decode(&block, "m") {
-        Err(SuperblockError::Version { version: 2, .. }) => {}
+    let result = Superblock::decode(&block, "m");
+    match &result {
+        Err(SuperblockError::Version { version: 3, .. }) => {}
         other => panic!("expected Version error, got {other:?}"),
     }
+    let message = result.unwrap_err().to_string();
+    assert!(message.contains("version 3"), "{message}");
+    // On a member, every copy with version 3: the error names it too.
+    let m = member();
+    for offset in all_offsets(&m) {
+        m.write_at(&block, offset).unwrap();
+    }
+    let err = Superblock::read_from(&m).unwrap_err();
+    assert!(
+        matches!(err, SuperblockError::Version { version: 3, .. }),
+        "{err:?}"
+    );
+    let mut sb = sample(1);
+    sb.version = 3;
+    assert!(sb.validate().unwrap_err().contains("version 3"));
+}
+
+#[test]
+fn unknown_feature_bits_are_refused() {
+    let mut sb = sample(1);
+    sb.features = FEATURE_PPL | 1 << 5;
+    let why = sb.validate().unwrap_err();
+    assert!(why.contains("unknown feature bits 0x20"), "{why}");
+    assert!(why.contains("too old"), "{why}");
+    match Superblock::decode(&sb.encode(), "m") {
+        Err(SuperblockError::Invalid { what, .. }) => {
+            assert!(what.contains("unknown feature bits 0x20"), "{what}")
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    let m = member();
+    assert!(sb.write_to(&m).is_err(), "write_to refuses it");
+    assert!(m.snapshot().iter().all(|&b| b == 0), "nothing written");
+    sb.features = FEATURE_PPL;
+    assert_eq!(sb.validate(), Ok(()));
+    assert_eq!(raidfs::array::FEATURE_PPL, FEATURE_PPL);
+    assert_eq!(KNOWN_FEATURES, FEATURE_PPL);
 }
 
 /// A change that breaks one rule of the format.
@@ -340,34 +388,52 @@ fn stray_table_entries_are_invalid() {
 }
 
 #[test]
-fn write_then_read_returns_it_with_both_copies_good() {
+fn write_then_read_returns_it_with_all_four_copies_good() {
     let m = member();
     let sb = sample(9);
     sb.write_to(&m).unwrap();
     let (back, verdict) = Superblock::read_from(&m).unwrap();
     assert_eq!(back, sb);
-    assert_eq!(verdict.copies, [Some(true), Some(true)]);
+    assert_eq!(verdict.copies, [Good; 4]);
+    assert!(!verdict.needs_rewrite());
     let bytes = m.snapshot();
-    assert_eq!(
-        bytes[..4096],
-        bytes[4096..8192],
-        "the two copies are identical"
-    );
+    let block = sb.encode();
+    for offset in all_offsets(&m) {
+        let at = offset as usize;
+        assert_eq!(bytes[at..at + SUPERBLOCK_SIZE], block, "copy at {offset}");
+    }
+    let end = m.len() as usize;
+    assert_eq!(all_offsets(&m)[2..], [end as u64 - 8192, end as u64 - 4096]);
 }
 
 #[test]
-fn write_to_syncs_between_the_copies() {
+fn end_copies_sit_in_the_last_whole_4k_blocks() {
+    assert_eq!(member_end(1 << 20), 1 << 20);
+    assert_eq!(member_end((1 << 20) + 4095), 1 << 20);
+    assert_eq!(
+        end_offsets((1 << 20) + 100),
+        Some([(1 << 20) - 8192, (1 << 20) - 4096])
+    );
+    // Too small to keep them apart from the front copies.
+    assert_eq!(end_offsets(16383), None);
+    assert_eq!(end_offsets(16384), Some([8192, 12288]));
+}
+
+#[test]
+fn write_to_syncs_after_every_copy() {
     let m = FaultyMember::new(member());
     sample(3).write_to(&m).unwrap();
     let counts = m.counts();
-    assert_eq!((counts.writes, counts.syncs), (2, 2));
+    assert_eq!((counts.writes, counts.syncs), (4, 4));
     // Interrupted after copy 0 and its sync: copy 0 is already durable.
     m.fail_writes_after(1);
     assert!(sample(4).write_to(&m).is_err());
     let image = m.crash_image().unwrap();
     let (back, verdict) = Superblock::read_from(&image).unwrap();
     assert_eq!(back.events, 4);
-    assert_eq!(verdict.copies, [Some(true), Some(true)]);
+    assert_eq!(verdict.copies, [Good, Stale, Stale, Stale]);
+    assert!(verdict.needs_rewrite(), "stale copies are healed");
+    assert!(!verdict.has_damage(), "an interrupted update is no damage");
 }
 
 #[test]
@@ -388,7 +454,9 @@ fn torn_copy_zero_falls_back_to_copy_one() {
     m.write_at(&newer[..2048], SB_OFFSETS[0]).unwrap();
     let (back, verdict) = Superblock::read_from(&m).unwrap();
     assert_eq!(back.events, 5);
-    assert_eq!(verdict.copies, [Some(false), Some(true)]);
+    assert_eq!(verdict.copies, [BadChecksum, Good, Good, Good]);
+    assert!(verdict.needs_rewrite());
+    assert_eq!(verdict.damaged(), "front 0 bad checksum");
 }
 
 #[test]
@@ -400,51 +468,102 @@ fn torn_copy_one_keeps_the_newer_copy_zero() {
     m.write_at(&newer[..512], SB_OFFSETS[1]).unwrap();
     let (back, verdict) = Superblock::read_from(&m).unwrap();
     assert_eq!(back.events, 6);
-    assert_eq!(verdict.copies, [Some(true), Some(false)]);
+    assert_eq!(verdict.copies, [Good, BadChecksum, Stale, Stale]);
 }
 
 #[test]
-fn higher_events_wins_between_two_valid_copies() {
+fn higher_events_wins_among_valid_copies() {
     let m = member();
     sample(5).write_to(&m).unwrap();
-    m.write_at(&sample(8).encode(), SB_OFFSETS[1]).unwrap();
+    let [_, f1, e0, e1] = all_offsets(&m);
+    m.write_at(&sample(8).encode(), f1).unwrap();
     assert_eq!(Superblock::read_from(&m).unwrap().0.events, 8);
-    m.write_at(&sample(9).encode(), SB_OFFSETS[0]).unwrap();
+    m.write_at(&sample(9).encode(), e0).unwrap();
     assert_eq!(Superblock::read_from(&m).unwrap().0.events, 9);
+    m.write_at(&sample(10).encode(), e1).unwrap();
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back.events, 10);
+    assert_eq!(verdict.copies, [Stale, Stale, Stale, Good]);
 }
 
 #[test]
-fn one_copy_without_magic_is_reported_as_none() {
+fn one_copy_without_magic_is_reported_missing() {
     let m = member();
     sample(5).write_to(&m).unwrap();
     m.write_at(&[0u8; SUPERBLOCK_SIZE], SB_OFFSETS[0]).unwrap();
     let (back, verdict) = Superblock::read_from(&m).unwrap();
     assert_eq!(back.events, 5);
-    assert_eq!(verdict.copies, [None, Some(true)]);
+    assert_eq!(verdict.copies, [Missing, Good, Good, Good]);
 }
 
 #[test]
-fn both_copies_bad_is_corrupt() {
+fn zeroed_front_mib_is_recognised_from_the_end_copies() {
+    let m = member();
+    let sb = sample(5);
+    sb.write_to(&m).unwrap();
+    m.write_at(&vec![0u8; DEFAULT_DATA_OFFSET as usize], 0)
+        .unwrap();
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back, sb);
+    assert_eq!(verdict.copies, [Missing, Missing, Good, Good]);
+    assert!(verdict.needs_rewrite());
+    assert_eq!(verdict.damaged(), "front 0 missing, front 1 missing");
+    assert!(verdict.has_damage());
+    // Writing it again heals the front.
+    back.write_to(&m).unwrap();
+    assert_eq!(Superblock::read_from(&m).unwrap().1.copies, [Good; 4]);
+}
+
+#[test]
+fn end_copies_of_another_array_never_win_over_the_front() {
+    let m = member();
+    let mut old = sample(50);
+    old.array_uuid = Uuid::from_u128(0x9999);
+    old.write_to(&m).unwrap();
+    // The device is reused for a new array; only its front is written
+    // (as by a raidfs that kept no end copies, or a torn create).
+    let new = sample(2);
+    for offset in SB_OFFSETS {
+        m.write_at(&new.encode(), offset).unwrap();
+    }
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back, new, "the front's identity wins despite fewer events");
+    assert_eq!(verdict.copies, [Good, Good, Stale, Stale]);
+    assert!(verdict.needs_rewrite());
+}
+
+#[test]
+fn every_copy_bad_is_corrupt() {
     let m = member();
     sample(5).write_to(&m).unwrap();
-    for offset in SB_OFFSETS {
+    let offsets = all_offsets(&m);
+    for (i, offset) in offsets.into_iter().enumerate() {
         m.write_at(&[0xAA], offset + 100).unwrap();
+        let result = Superblock::read_from(&m);
+        if i < 3 {
+            assert!(result.is_ok(), "{} copies left: {result:?}", 3 - i);
+        } else {
+            assert!(matches!(
+                result,
+                Err(SuperblockError::Corrupt { member }) if member == "m0"
+            ));
+        }
     }
-    assert!(matches!(
-        Superblock::read_from(&m),
-        Err(SuperblockError::Corrupt { member }) if member == "m0"
-    ));
 }
 
 #[test]
-fn unreadable_copy_falls_back_and_both_unreadable_is_io() {
+fn unreadable_copy_falls_back_and_all_unreadable_is_io() {
     let m = FaultyMember::new(member());
     sample(5).write_to(&m).unwrap();
     m.fail_range(0..4096, Ops::READS);
     let (back, verdict) = Superblock::read_from(&m).unwrap();
     assert_eq!(back.events, 5);
-    assert_eq!(verdict.copies, [Some(false), Some(true)]);
+    assert_eq!(verdict.copies, [Invalid, Good, Good, Good]);
     m.fail_range(4096..8192, Ops::READS);
+    let (_, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(verdict.copies, [Invalid, Invalid, Good, Good]);
+    let end = member_end(m.len());
+    m.fail_range(end - 8192..end, Ops::READS);
     assert!(matches!(
         Superblock::read_from(&m),
         Err(SuperblockError::Io(..))
@@ -454,7 +573,96 @@ fn unreadable_copy_falls_back_and_both_unreadable_is_io() {
 #[test]
 fn data_area_past_the_member_end_is_invalid() {
     let m = MemoryMember::new(DEFAULT_DATA_OFFSET).unwrap();
-    sample(1).write_to(&m).unwrap();
+    let err = sample(1).write_to(&m).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    for offset in SB_OFFSETS {
+        m.write_at(&sample(1).encode(), offset).unwrap();
+    }
+    assert!(matches!(
+        Superblock::read_from(&m),
+        Err(SuperblockError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn version_2_data_area_over_the_end_copies_is_invalid() {
+    // Room for the data area, but not for the end copies after it.
+    let len = DEFAULT_DATA_OFFSET + CHUNK * GROUPS as u64 + 4096;
+    let m = MemoryMember::new(len).unwrap();
+    let sb = sample(1);
+    let err = sb.write_to(&m).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("end superblock copies"), "{err}");
+    assert!(m.snapshot().iter().all(|&b| b == 0), "nothing written");
+    for offset in SB_OFFSETS {
+        m.write_at(&sb.encode(), offset).unwrap();
+    }
+    match Superblock::read_from(&m) {
+        Err(SuperblockError::Invalid { what, .. }) => {
+            assert!(what.contains("end superblock copies"), "{what}")
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    assert_eq!(sb.min_member_len(), len + 4096);
+}
+
+/// A version 1 superblock, as releases before the end copies wrote it.
+fn sample_v1(events: u64) -> Superblock {
+    Superblock {
+        version: 1,
+        features: FEATURE_PPL,
+        ..sample(events)
+    }
+}
+
+#[test]
+fn version_1_member_with_data_to_the_end_still_reads() {
+    // The data area runs to the member's very end, as version 1 allowed.
+    let sb = sample_v1(7);
+    let m = MemoryMember::new(sb.data_offset + sb.data_size)
+        .unwrap()
+        .with_name("old");
+    let block = sb.encode();
+    assert_eq!(u32::from_le_bytes(block[8..12].try_into().unwrap()), 1);
+    for offset in SB_OFFSETS {
+        m.write_at(&block, offset).unwrap();
+    }
+    // Its last 8 KiB is array data that happens to look like a superblock
+    // of another array: never taken for an end copy.
+    let mut foreign = sample(99);
+    foreign.array_uuid = Uuid::from_u128(0xdead);
+    let [e0, e1] = end_offsets(m.len()).unwrap();
+    m.write_at(&foreign.encode(), e0).unwrap();
+    m.write_at(&foreign.encode(), e1).unwrap();
+    let (back, verdict) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back, sb);
+    assert_eq!(verdict.copies, [Good, Good, NotPresent, NotPresent]);
+    assert!(!verdict.needs_rewrite());
+    assert_eq!(sb.min_member_len(), m.len());
+    // Writing it again keeps version 1 and writes the front only.
+    let newer = Superblock {
+        events: 8,
+        ..sb.clone()
+    };
+    let f = FaultyMember::new(m.duplicate());
+    newer.write_to(&f).unwrap();
+    assert_eq!((f.counts().writes, f.counts().syncs), (2, 2));
+    let (back, _) = Superblock::read_from(&f).unwrap();
+    assert_eq!((back.version, back.events), (1, 8));
+    let image = f.crash_image().unwrap().snapshot();
+    assert_eq!(
+        image[e0 as usize..e0 as usize + SUPERBLOCK_SIZE],
+        foreign.encode(),
+        "the v1 data area at the end is untouched"
+    );
+}
+
+#[test]
+fn a_version_1_superblock_at_the_end_is_not_an_end_copy() {
+    let m = member();
+    let [e0, e1] = end_offsets(m.len()).unwrap();
+    m.write_at(&sample_v1(3).encode(), e0).unwrap();
+    m.write_at(&sample_v1(3).encode(), e1).unwrap();
     assert!(matches!(
         Superblock::read_from(&m),
         Err(SuperblockError::Invalid { .. })
@@ -462,31 +670,48 @@ fn data_area_past_the_member_end_is_invalid() {
 }
 
 /// A crash during a superblock update, with the disk keeping any subset of
-/// the unsynced sectors, always leaves one readable copy: old or new.
+/// the unsynced sectors, always leaves a readable copy, old or new, whichever
+/// of the four writes was in flight; the copies not yet reached are intact.
 #[test]
 fn crash_during_update_always_leaves_a_valid_copy() {
-    let mut outcomes = [0usize; 3]; // old kept, new kept, copy 0 torn
-    for seed in 0..150 {
-        let m = FaultyMember::new(member());
-        sample(5).write_to(&m).unwrap();
-        m.fail_after(0, Ops::SYNCS);
-        assert!(
-            sample(6).write_to(&m).is_err(),
-            "sync fails, so write_to does"
-        );
-        let image = m.crash_image_random(seed).unwrap();
-        let (back, verdict) = Superblock::read_from(&image)
-            .unwrap_or_else(|e| panic!("seed {seed}: no readable copy: {e}"));
-        assert!(back.events == 5 || back.events == 6, "seed {seed}");
-        assert_eq!(verdict.copies[1], Some(true), "copy 1 was never touched");
-        match (back.events, verdict.copies[0]) {
-            (5, Some(true)) => outcomes[0] += 1,
-            (6, Some(true)) => outcomes[1] += 1,
-            (5, Some(false)) => outcomes[2] += 1,
-            other => panic!("seed {seed}: unexpected outcome {other:?}"),
+    for in_flight in 0..4usize {
+        // old kept, new kept, the copy in flight torn
+        let mut outcomes = [0usize; 3];
+        for seed in 0..150 {
+            let m = FaultyMember::new(member());
+            sample(5).write_to(&m).unwrap();
+            m.fail_after(in_flight as u64, Ops::SYNCS);
+            assert!(
+                sample(6).write_to(&m).is_err(),
+                "sync fails, so write_to does"
+            );
+            let image = m.crash_image_random(seed).unwrap();
+            let (back, verdict) = Superblock::read_from(&image).unwrap_or_else(|e| {
+                panic!("copy {in_flight} in flight, seed {seed}: no readable copy: {e}")
+            });
+            for copy in 0..4 {
+                let state = verdict.copies[copy];
+                if copy < in_flight {
+                    assert_eq!(back.events, 6, "copy {copy} was synced new");
+                    assert_eq!(state, Good, "synced copy {copy}");
+                } else if copy > in_flight {
+                    let want = if back.events == 5 { Good } else { Stale };
+                    assert_eq!(state, want, "copy {copy} was never touched");
+                }
+            }
+            match (back.events, verdict.copies[in_flight]) {
+                (5, Good) => outcomes[0] += 1,
+                (6, Good) => outcomes[1] += 1,
+                (_, BadChecksum) => outcomes[2] += 1,
+                (6, Stale) => outcomes[0] += 1,
+                other => panic!("copy {in_flight} in flight, seed {seed}: {other:?}"),
+            }
         }
+        assert!(
+            outcomes.iter().all(|&n| n > 0),
+            "copy {in_flight} in flight: outcomes {outcomes:?}"
+        );
     }
-    assert!(outcomes.iter().all(|&n| n > 0), "outcomes {outcomes:?}");
 }
 
 #[test]
@@ -518,4 +743,210 @@ fn serializes_to_json_for_examine() {
     assert_eq!(json["name"], "tank");
     assert_eq!(json["level"], "Raid5");
     assert_eq!(json["array_uuid"], Uuid::from_u128(0x1234).to_string());
+}
+
+/// The rows of the markdown table that follows `heading` in docs/format.md,
+/// split into trimmed cells.
+fn format_md_table(heading: &str) -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/format.md"))
+        .expect("docs/format.md");
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("{heading} missing"));
+    doc[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2) // header and separator
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// docs/format.md's superblock table, checked against the bytes `encode`
+/// writes: every row's offset and size, contiguous over the 4 KiB, named
+/// fields holding their value and reserved bytes zero.
+#[test]
+fn format_md_superblock_table_matches_the_encoded_bytes() {
+    let mut sb = sample(0x0102_0304_0506_0708);
+    sb.features = FEATURE_PPL;
+    sb.recovery_offset = 0x1111_2222_3333_4444;
+    sb.state = ArrayState::Dirty;
+    let block = sb.encode();
+    let le64 = |v: u64| v.to_le_bytes().to_vec();
+    let le32 = |v: u32| v.to_le_bytes().to_vec();
+    let mut name = b"tank".to_vec();
+    name.resize(32, 0);
+    let crc = crc32c::crc32c(&block[..4092]);
+    let expected = |field: &str| -> Option<Vec<u8>> {
+        Some(match field {
+            "`magic`" => MAGIC.to_vec(),
+            "`version`" => le32(FORMAT_VERSION),
+            "`array_uuid`" => sb.array_uuid.as_bytes().to_vec(),
+            "`member_uuid`" => sb.member_uuid.as_bytes().to_vec(),
+            "`name`" => name.clone(),
+            "`slot`" => le32(sb.slot),
+            "`level`" => vec![5],
+            "`layout`" => vec![2],
+            "`state`" => vec![1],
+            "`chunk`" => le64(sb.chunk),
+            "`members`" => le32(sb.members),
+            "`copies`" => le32(sb.copies),
+            "`data_offset`" => le64(sb.data_offset),
+            "`data_size`" => le64(sb.data_size),
+            "`group_size`" => le64(sb.group_size),
+            "`events`" => le64(sb.events),
+            "`recovery_offset`" => le64(sb.recovery_offset),
+            "`features`" => le64(FEATURE_PPL),
+            "`ctime`" => le64(sb.ctime),
+            "`utime`" => le64(sb.utime),
+            "`group_count`" => le32(sb.groups.len() as u32),
+            "`crc`" => le32(crc),
+            _ => return None,
+        })
+    };
+    let rows = format_md_table("## Superblock (4096 bytes per copy)");
+    let mut at = 0usize;
+    for row in &rows {
+        let offset: usize = row[0].parse().expect("offset");
+        let size: usize = row[1].parse().expect("size");
+        let field = row[2].as_str();
+        assert_eq!(offset, at, "{field} starts where the row before ended");
+        let bytes = &block[offset..offset + size];
+        match field {
+            "reserved" => assert!(bytes.iter().all(|&b| b == 0), "reserved at {offset}"),
+            "slot table" => assert_eq!(&bytes[..4], &[1, 1, 2, 0]),
+            "group table" => assert_eq!(&bytes[..5], &[1, 2, 0, 2, 0]),
+            _ => {
+                let want = expected(field).unwrap_or_else(|| panic!("unknown field {field}"));
+                assert_eq!(bytes, &want[..], "{field} at {offset}+{size}");
+            }
+        }
+        at = offset + size;
+    }
+    assert_eq!(at, SUPERBLOCK_SIZE, "the table covers the whole copy");
+    assert!(rows.len() > 20, "{} rows", rows.len());
+}
+
+/// docs/format.md's member layout table and feature table name the offsets
+/// and bits the code uses.
+#[test]
+fn format_md_member_layout_matches_the_code() {
+    let rows = format_md_table("## Member layout");
+    let offset_of = |region: &str| -> String {
+        rows.iter()
+            .find(|r| r[0] == region)
+            .unwrap_or_else(|| panic!("no row {region}"))[1]
+            .clone()
+    };
+    assert_eq!(
+        offset_of("Superblock front copy 0"),
+        SB_OFFSETS[0].to_string()
+    );
+    assert_eq!(
+        offset_of("Superblock front copy 1"),
+        SB_OFFSETS[1].to_string()
+    );
+    let m = member();
+    let [e0, e1] = end_offsets(m.len()).unwrap();
+    let end = member_end(m.len());
+    assert_eq!(offset_of("Superblock end copy 0"), "`end - 8192`");
+    assert_eq!(end - e0, 8192);
+    assert_eq!(offset_of("Superblock end copy 1"), "`end - 4096`");
+    assert_eq!(end - e1, 4096);
+    assert_eq!(END_COPIES_LEN, 8192);
+    assert_eq!(offset_of("Write-intent bitmap"), "65536 (`BITMAP_OFFSET`)");
+    assert_eq!(
+        offset_of("Probe block"),
+        format!("{} (`PROBE_OFFSET`)", raidfs::array::host::PROBE_OFFSET)
+    );
+    assert_eq!(
+        offset_of("Partial parity log"),
+        format!("{} (`PPL_OFFSET`)", raidfs::array::ppl::PPL_OFFSET)
+    );
+    assert_eq!(offset_of("Data area"), "`data_offset` (1 MiB)");
+    assert_eq!(DEFAULT_DATA_OFFSET, 1 << 20);
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/format.md"))
+        .expect("docs/format.md");
+    assert_eq!(TAIL_RESERVE, 1 << 20);
+    assert!(doc.contains("tail reserve** of 1 MiB (`TAIL_RESERVE`"));
+    assert!(doc.contains(&format!(
+        "The superblock format version described here is **{FORMAT_VERSION}**"
+    )));
+    let features = format_md_table("### Feature bits");
+    let ppl = features
+        .iter()
+        .find(|r| r[2] == "`FEATURE_PPL`")
+        .expect("FEATURE_PPL row");
+    assert_eq!(ppl[0], FEATURE_PPL.trailing_zeros().to_string());
+    assert_eq!(ppl[1], format!("`{FEATURE_PPL:#x}`"));
+    assert!(doc.contains(&format!("`KNOWN_FEATURES = {KNOWN_FEATURES:#x}`")));
+}
+
+/// docs/format.md's partial parity log tables, checked against the bytes
+/// `Ppl` writes for a ring header and an entry.
+#[test]
+fn format_md_ppl_tables_match_the_log_bytes() {
+    use raidfs::array::ppl::{Ppl, PPL_OFFSET};
+    let ppl = Ppl::new(3, DEFAULT_DATA_OFFSET);
+    let header = ppl.header();
+    let rows = format_md_table("Ring header (512 bytes at member offset 131072)");
+    assert_eq!(PPL_OFFSET, 131072);
+    let mut at = 0;
+    for row in &rows {
+        let (offset, size): (usize, usize) = (row[0].parse().unwrap(), row[1].parse().unwrap());
+        assert_eq!(offset, at, "{row:?}");
+        let bytes = &header[offset..offset + size];
+        match row[2].as_str() {
+            "`magic`" => assert_eq!(bytes, b"RAIDPPLR"),
+            "`epoch`" => assert_eq!(bytes, &1u64.to_le_bytes()),
+            "reserved" => assert!(bytes.iter().all(|&b| b == 0)),
+            "`crc`" => assert_eq!(bytes, &crc32c::crc32c(&header[..508]).to_le_bytes()),
+            other => panic!("unknown ring header field {other}"),
+        }
+        at = offset + size;
+    }
+    assert_eq!(at, header.len());
+
+    let pp = vec![0xABu8; 1000];
+    let (offset, entry) = ppl
+        .reserve(1, 7, 9, 512, &[0, 2], &pp)
+        .expect("room in the ring");
+    assert_eq!(offset, 131584, "the first entry follows the ring header");
+    assert_eq!(entry.len(), 512 + 1024, "payload padded to 512 bytes");
+    assert_eq!(&entry[512..1512], &pp[..]);
+    assert!(entry[1512..].iter().all(|&b| b == 0));
+    let mut covered = entry[..508].to_vec();
+    covered.extend_from_slice(&pp);
+    let rows = format_md_table("Entries follow from offset 131584");
+    let mut at = 0;
+    for row in &rows {
+        let (offset, size): (usize, usize) = (row[0].parse().unwrap(), row[1].parse().unwrap());
+        assert_eq!(offset, at, "{row:?}");
+        let bytes = &entry[offset..offset + size];
+        let want: Vec<u8> = match row[2].as_str() {
+            "`magic`" => b"RAIDPPLE".to_vec(),
+            "`epoch`" => 1u64.to_le_bytes().to_vec(),
+            "`seq`" => 1u64.to_le_bytes().to_vec(),
+            "`group`" => 7u32.to_le_bytes().to_vec(),
+            "`stripe`" => 9u64.to_le_bytes().to_vec(),
+            "`lo`" => 512u64.to_le_bytes().to_vec(),
+            "`len`" => 1000u64.to_le_bytes().to_vec(),
+            "`modified`" => {
+                let mut mask = vec![0u8; 32];
+                mask[0] = 0b101;
+                mask
+            }
+            "reserved" => vec![0; size],
+            "`crc`" => crc32c::crc32c(&covered).to_le_bytes().to_vec(),
+            other => panic!("unknown entry field {other}"),
+        };
+        assert_eq!(bytes, &want[..], "{row:?}");
+        at = offset + size;
+    }
+    assert_eq!(at, 512);
 }

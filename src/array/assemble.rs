@@ -84,8 +84,18 @@ pub fn assemble(
         return Err(ArrayError::Refused("no members given".into()));
     }
     let mut found = Vec::with_capacity(members.len());
+    // A member with a damaged, missing or stale superblock copy gets all of
+    // them written again below (when writable).
+    let mut heal = false;
     for (member, name) in members {
-        let (sb, _verdict) = Superblock::read_from(member.as_ref())?;
+        let (sb, verdict) = Superblock::read_from(member.as_ref())?;
+        if verdict.needs_rewrite() {
+            log::warn!(
+                "{name}: superblock copies not good: {}; rewritten unless read-only",
+                verdict.damaged()
+            );
+            heal = true;
+        }
         found.push(Found { member, name, sb });
     }
 
@@ -131,7 +141,7 @@ pub fn assemble(
     let (mut current, mut stale): (Vec<Found>, Vec<Found>) = found
         .into_iter()
         .partition(|f| f.sb.events == newest || one_behind(&f.sb));
-    let mut changed = false;
+    let mut changed = heal;
     for f in current.iter().filter(|f| f.sb.events != newest) {
         log::warn!(
             "{} one event behind (an interrupted superblock update); taken in",

@@ -7,7 +7,9 @@
 //!
 //! On-member layout (identical on every member), at [`BITMAP_OFFSET`]:
 //! a 4 KiB header (magic, region size, bit count, events of the last
-//! clearing, crc32c) followed by the bits, least significant bit first.
+//! clearing, crc32c) followed by the bits, least significant bit first. A
+//! member found without a valid header (its start was overwritten) gets the
+//! header again with the next bits write; `docs/format.md` has the bytes.
 
 use crate::member::Member;
 use parking_lot::Mutex;
@@ -58,6 +60,10 @@ struct State {
     suspect_gen: u64,
     /// When a resync of suspect regions last failed.
     suspect_resync: Option<std::time::Instant>,
+    /// Some member had no valid header at load (its front was overwritten,
+    /// or it is new): the next bits write carries the header too, so that
+    /// member's bits count again after a crash.
+    header_missing: bool,
 }
 
 pub struct Bitmap {
@@ -111,6 +117,7 @@ impl Bitmap {
                 suspect: vec![0; words],
                 suspect_gen: 0,
                 suspect_resync: None,
+                header_missing: false,
             }),
             writing: Mutex::new(()),
         }
@@ -155,6 +162,7 @@ impl Bitmap {
         for m in members {
             let mut area = vec![0u8; self.area_len()];
             if m.read_at(&mut area, BITMAP_OFFSET).is_err() {
+                st.header_missing = true;
                 continue;
             }
             let h = &area[..HEADER_SIZE];
@@ -165,12 +173,18 @@ impl Bitmap {
                 h[HEADER_SIZE - 1],
             ]);
             if &h[0..8] != MAGIC || crc32c::crc32c(&h[..HEADER_SIZE - 4]) != crc {
+                log::warn!(
+                    "{}: no valid bitmap header; written again with the next bits",
+                    m.name()
+                );
+                st.header_missing = true;
                 continue;
             }
             let region = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
             let nbits = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default());
             if region != self.region || nbits != self.nbits as u64 {
                 log::warn!("{}: bitmap geometry differs; ignored", m.name());
+                st.header_missing = true;
                 continue;
             }
             let cleared = u64::from_le_bytes(h[24..32].try_into().unwrap_or_default());
@@ -189,7 +203,8 @@ impl Bitmap {
     pub fn write_all(&self, members: &[Arc<dyn Member>]) -> Vec<(usize, io::Error)> {
         let _w = self.writing.lock();
         let (header, snapshot) = {
-            let st = self.state.lock();
+            let mut st = self.state.lock();
+            st.header_missing = false;
             (self.encode_header(st.events_cleared), st.bits.clone())
         };
         let mut area = header;
@@ -268,13 +283,21 @@ impl Bitmap {
     /// The bits block to write now (member offset and contents) and the
     /// bits it holds, or `None` when the members hold every set bit already.
     /// Call under [`Bitmap::write_guard`], then [`Bitmap::written`].
+    ///
+    /// When some member had no valid header at load, the block is the
+    /// header followed by the bits, at [`BITMAP_OFFSET`].
     pub fn snapshot(&self) -> Option<(u64, Vec<u8>, Vec<u64>)> {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
         if st.bits == st.durable {
             return None;
         }
         let mut block = Self::bit_bytes(&st.bits, self.bytes_len());
         block.resize(BLOCK, 0);
+        if std::mem::take(&mut st.header_missing) {
+            let mut area = self.encode_header(st.events_cleared);
+            area.extend_from_slice(&block);
+            return Some((BITMAP_OFFSET, area, st.bits.clone()));
+        }
         Some((BITMAP_OFFSET + HEADER_SIZE as u64, block, st.bits.clone()))
     }
 
@@ -511,5 +534,88 @@ mod tests {
         assert_eq!(b.clean(2), 1);
         assert!(!b.is_durable(s, e));
         assert_eq!(begin(&b, 9), Intent::MarkFirst);
+    }
+
+    /// docs/format.md's bitmap header table, checked against the header
+    /// bytes written here.
+    #[test]
+    fn format_md_bitmap_header_matches_the_bytes() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/format.md"))
+            .expect("docs/format.md");
+        let heading = "Header (4096 bytes at member offset 65536)";
+        let start = doc.find(heading).expect("bitmap header table");
+        assert_eq!(BITMAP_OFFSET, 65536);
+        let bits_at = format!(
+            "Bits block (4096 bytes at member offset {})",
+            BITMAP_OFFSET + HEADER_SIZE as u64
+        );
+        assert!(doc.contains(&bits_at), "{bits_at}");
+        let b = bitmap();
+        let h = b.encode_header(0x0a0b_0c0d);
+        let mut at = 0;
+        let rows = doc[start..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2);
+        for row in rows {
+            let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+            let offset: usize = cells[0].parse().expect("offset");
+            let size: usize = cells[1].parse().expect("size");
+            assert_eq!(offset, at, "{row}");
+            let want: Vec<u8> = match cells[2] {
+                "`magic`" => MAGIC.to_vec(),
+                "`region_size`" => REGION.to_le_bytes().to_vec(),
+                "`bits`" => 256u64.to_le_bytes().to_vec(),
+                "`events_cleared`" => 0x0a0b_0c0du64.to_le_bytes().to_vec(),
+                "reserved" => vec![0; size],
+                "`crc`" => crc32c::crc32c(&h[..HEADER_SIZE - 4]).to_le_bytes().to_vec(),
+                other => panic!("unknown bitmap header field {other}"),
+            };
+            assert_eq!(&h[offset..offset + size], &want[..], "{row}");
+            at = offset + size;
+        }
+        assert_eq!(at, HEADER_SIZE);
+        assert_eq!(region_size(1 << 30), 4 << 20);
+        assert_eq!(region_size(8 << 30), 8 << 20, "at most 1024 regions");
+    }
+
+    #[test]
+    fn a_member_without_a_header_gets_it_with_the_next_bits() {
+        let members: Vec<Arc<dyn Member>> = (0..2)
+            .map(|_| {
+                Arc::new(crate::member::memory::MemoryMember::new(DATA_OFFSET).expect("member"))
+                    as Arc<dyn Member>
+            })
+            .collect();
+        bitmap().write_all(&members[..1]);
+        let b = bitmap();
+        b.load(&members);
+        assert_eq!(begin(&b, 3), Intent::MarkFirst);
+        let (offset, block, snapshot) = b.snapshot().expect("bits to write");
+        assert_eq!(offset, BITMAP_OFFSET, "header and bits together");
+        assert_eq!(block.len(), HEADER_SIZE + BLOCK);
+        assert_eq!(&block[..8], MAGIC);
+        assert_eq!(block[HEADER_SIZE], 1 << 3);
+        b.written(snapshot);
+        assert_eq!(begin(&b, 7), Intent::MarkFirst);
+        let (offset, _, _) = b.snapshot().expect("bits to write");
+        assert_eq!(
+            offset,
+            BITMAP_OFFSET + HEADER_SIZE as u64,
+            "bits only again"
+        );
+
+        let whole = bitmap();
+        whole.write_all(&members);
+        let b = bitmap();
+        b.load(&members);
+        assert_eq!(begin(&b, 3), Intent::MarkFirst);
+        let (offset, _, _) = b.snapshot().expect("bits to write");
+        assert_eq!(
+            offset,
+            BITMAP_OFFSET + HEADER_SIZE as u64,
+            "every header valid"
+        );
     }
 }

@@ -8,10 +8,10 @@ use crate::geometry::{Geometry, Layout, Level};
 use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{
-    ArrayState, GroupProfile, SlotState, Superblock, SuperblockError, DEFAULT_DATA_OFFSET,
-    FORMAT_VERSION, MAX_GROUPS, MAX_MEMBERS,
+    end_offsets, member_end, ArrayState, GroupProfile, SlotState, Superblock, SuperblockError,
+    DEFAULT_DATA_OFFSET, FORMAT_VERSION, MAX_GROUPS, MAX_MEMBERS, SUPERBLOCK_SIZE, TAIL_RESERVE,
 };
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uuid::Uuid;
@@ -106,13 +106,15 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
     }
     let geometry = spec.geometry(members.len())?;
     let smallest = members.iter().map(|(m, _)| m.len()).min().unwrap_or(0);
-    let data_area = smallest.saturating_sub(DEFAULT_DATA_OFFSET);
+    // The data area stops TAIL_RESERVE before the end, which holds the end
+    // superblock copies.
+    let data_area = member_end(smallest).saturating_sub(DEFAULT_DATA_OFFSET + TAIL_RESERVE);
     let group_size = choose_group_size(data_area, geometry.chunk);
     let groups = (data_area / group_size) as usize;
     if groups < 2 {
         return Err(ArrayError::Refused(format!(
             "members are too small: each needs at least {} MiB (the smallest has {} MiB)",
-            (DEFAULT_DATA_OFFSET + 2 * group_size) / MIB,
+            (DEFAULT_DATA_OFFSET + 2 * group_size + TAIL_RESERVE).div_ceil(MIB),
             smallest / MIB
         )));
     }
@@ -206,6 +208,27 @@ fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
         }
         Err(SuperblockError::NotMember(_)) => {}
         Err(_) => return Ok(Some(format!("{name} holds a damaged raidfs superblock"))),
+    }
+    // A member whose start was overwritten is still one by its end copies.
+    let len = file.seek(SeekFrom::End(0)).map_err(io_err)?;
+    for offset in end_offsets(len).into_iter().flatten() {
+        let mut block = vec![0u8; SUPERBLOCK_SIZE];
+        file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
+        file.read_exact(&mut block).map_err(io_err)?;
+        match Superblock::decode(&block, &name) {
+            Ok(sb) if sb.has_end_copies() => {
+                return Ok(Some(format!(
+                    "{name} is a member of array {} (slot {}) by its end superblock copies",
+                    sb.array_uuid, sb.slot
+                )))
+            }
+            Ok(_) | Err(SuperblockError::NotMember(_)) => {}
+            Err(_) => {
+                return Ok(Some(format!(
+                    "{name} holds a damaged raidfs superblock at its end"
+                )))
+            }
+        }
     }
     if head.iter().any(|&b| b != 0) {
         return Ok(Some(format!(

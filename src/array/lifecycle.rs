@@ -449,7 +449,8 @@ impl Array {
 
     fn check_new_member(&self, member: &dyn Member) -> ArrayResult<()> {
         let sb = self.sb.lock();
-        let need = sb.data_offset + sb.data_size;
+        // From version 2 the end superblock copies must fit after the data.
+        let need = sb.min_member_len();
         if member.len() < need {
             return Err(ArrayError::Refused(format!(
                 "{} is too small: {} bytes, the array needs {need} per member",

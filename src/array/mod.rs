@@ -44,8 +44,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use uuid::Uuid;
 
-/// Superblock feature bit: partial-parity log (closes the RAID5 write hole).
-pub const FEATURE_PPL: u64 = 1 << 1;
+/// The partial-parity log's feature bit; the superblock owns the feature
+/// bits and the mask of known ones.
+pub use crate::superblock::FEATURE_PPL;
 
 /// Stripe-lock table size. A rebuild holds a few steps' worth of stripes
 /// (hundreds of slots) while foreground writes hash into the same table, so

@@ -1,9 +1,11 @@
 //! `raidfs examine`: print a member's superblock the way `mdadm --examine`
-//! does, with the checksum verdict of both copies.
+//! does, with what was found at each of the four superblock copies.
 
 use crate::array::data_geometry;
 use crate::member::file::{FileMember, OpenOptions};
-use crate::superblock::{ArrayState, GroupProfile, SlotState, Superblock, SPARE_SLOT};
+use crate::superblock::{
+    ArrayState, CopyState, GroupProfile, SlotState, Superblock, COPY_NAMES, SPARE_SLOT,
+};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -46,6 +48,16 @@ struct Examined {
     ctime: u64,
     utime: u64,
     checksum: [String; 2],
+    superblock_copies: SuperblockCopies,
+}
+
+/// What each of the four superblock copies held (`CopyState::describe`).
+#[derive(Serialize)]
+struct SuperblockCopies {
+    front_0: &'static str,
+    front_1: &'static str,
+    end_0: &'static str,
+    end_1: &'static str,
 }
 
 fn slot_char(s: SlotState) -> char {
@@ -57,15 +69,17 @@ fn slot_char(s: SlotState) -> char {
     }
 }
 
-fn verdict(v: Option<bool>) -> String {
+/// The front copies in the words of the `checksum` field, kept as releases
+/// before the end copies printed it.
+fn verdict(v: CopyState) -> String {
     match v {
-        Some(true) => "good".into(),
-        Some(false) => "BAD (checksum mismatch)".into(),
-        None => "absent".into(),
+        CopyState::Good | CopyState::Stale => "good".into(),
+        CopyState::Missing | CopyState::NotPresent => "absent".into(),
+        CopyState::BadChecksum | CopyState::Invalid => "BAD (checksum mismatch)".into(),
     }
 }
 
-fn describe(path: &str, sb: &Superblock, copies: [Option<bool>; 2]) -> Examined {
+fn describe(path: &str, sb: &Superblock, copies: [CopyState; 4]) -> Examined {
     let array_size = data_geometry(sb)
         .map(|g| g.capacity(sb.group_size) * sb.groups.len() as u64)
         .unwrap_or(0);
@@ -116,10 +130,16 @@ fn describe(path: &str, sb: &Superblock, copies: [Option<bool>; 2]) -> Examined 
         ctime: sb.ctime,
         utime: sb.utime,
         checksum: [verdict(copies[0]), verdict(copies[1])],
+        superblock_copies: SuperblockCopies {
+            front_0: copies[0].describe(),
+            front_1: copies[1].describe(),
+            end_0: copies[2].describe(),
+            end_1: copies[3].describe(),
+        },
     }
 }
 
-fn print_text(e: &Examined, sb: &Superblock) {
+fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
     let states: String = sb.slots.iter().map(|s| slot_char(*s)).collect();
     println!("{}:", e.member);
     println!("          Magic : RAIDFS");
@@ -152,10 +172,12 @@ fn print_text(e: &Examined, sb: &Superblock) {
     );
     println!("    Device UUID : {}", e.member_uuid);
     println!("    Update Time : {}", utc(e.utime));
-    println!(
-        "       Checksum : copy 0 {}, copy 1 {}",
-        e.checksum[0], e.checksum[1]
-    );
+    let found: Vec<String> = COPY_NAMES
+        .iter()
+        .zip(copies)
+        .map(|(name, c)| format!("{name} {}", c.describe()))
+        .collect();
+    println!("Superblock copies : {}", found.join(", "));
     println!("         Events : {}", e.events);
     println!("         Layout : {}", e.layout);
     println!("     Chunk Size : {}K", e.chunk_bytes / 1024);
@@ -211,7 +233,7 @@ pub fn run(args: ExamineArgs) -> i32 {
                 if args.json {
                     all.push(e);
                 } else {
-                    print_text(&e, &sb);
+                    print_text(&e, &sb, verdict.copies);
                 }
             }
             Err(e) => code = super::fail(e),

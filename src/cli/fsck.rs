@@ -43,11 +43,13 @@ fn superblock_problems(members: &[PathBuf]) -> Vec<String> {
         match FileMember::open(path, opts) {
             Ok(m) => match Superblock::read_from(&m) {
                 Ok((_, verdict)) => {
-                    for (i, v) in verdict.copies.iter().enumerate() {
-                        if *v != Some(true) {
-                            problems
-                                .push(format!("{name}: superblock copy {i} is damaged or absent"));
-                        }
+                    // Stale copies alone are what an interrupted update
+                    // leaves; the next assembly rewrites them.
+                    if verdict.has_damage() {
+                        problems.push(format!(
+                            "{name}: superblock copies not good: {}",
+                            verdict.damaged()
+                        ));
                     }
                 }
                 Err(e) => problems.push(e.to_string()),

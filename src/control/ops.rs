@@ -165,7 +165,7 @@ fn open_new_member(
         }
     }
     let sb = array.superblock();
-    let need = sb.data_offset + sb.data_size;
+    let need = sb.min_member_len();
     let member = if p.exists() {
         Arc::new(FileMember::open(p, OpenOptions::default()).map_err(|e| e.to_string())?)
     } else {

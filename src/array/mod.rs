@@ -25,7 +25,9 @@ mod verify;
 mod worker;
 mod write_back;
 
-pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
+pub use assemble::{
+    assemble, assemble_paths, open_member, open_members, AssembleOptions, LeftOut, OpenPolicy,
+};
 pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec};
 pub use judge::ContentJudge;

@@ -17,6 +17,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Alignment of buffers, offsets and lengths for `O_DIRECT` transfers. 4096 is
 /// a multiple of every logical block size in common use.
@@ -37,6 +38,10 @@ pub struct OpenOptions {
     /// Take the exclusive lock. Only inspection tools that must work on an
     /// assembled member (examine) turn this off.
     pub lock: bool,
+    /// How long to wait for another process to release the lock. A daemon
+    /// that was just unmounted still holds it while it closes the array, so
+    /// a mount right after an unmount waits; zero fails at once.
+    pub lock_wait: Duration,
 }
 
 impl Default for OpenOptions {
@@ -46,6 +51,7 @@ impl Default for OpenOptions {
             create_size: None,
             read_only: false,
             lock: true,
+            lock_wait: Duration::ZERO,
         }
     }
 }
@@ -111,7 +117,7 @@ impl FileMember {
 
     fn from_open_file(path: &Path, file: File, options: &OpenOptions) -> io::Result<FileMember> {
         if options.lock {
-            lock_exclusive(path, &file)?;
+            lock_exclusive(path, &file, options.lock_wait)?;
         }
         let metadata = file.metadata().map_err(|e| with_path(path, "stat", e))?;
         let file_type = metadata.file_type();
@@ -564,7 +570,17 @@ fn open_error(path: &Path, options: &OpenOptions, e: io::Error) -> io::Error {
     }
 }
 
-fn lock_exclusive(path: &Path, file: &File) -> io::Result<()> {
+/// A wait longer than this is announced on the terminal, once.
+const LOCK_WAIT_NOTICE: Duration = Duration::from_secs(1);
+/// How often a waiting open retries the lock.
+const LOCK_RETRY: Duration = Duration::from_millis(20);
+
+/// Take the exclusive `flock`, retrying until `wait` has passed. Polling
+/// `LOCK_NB` rather than a blocking `flock` keeps the wait bounded without
+/// a signal to interrupt it.
+fn lock_exclusive(path: &Path, file: &File, wait: Duration) -> io::Result<()> {
+    let start = Instant::now();
+    let mut told = false;
     loop {
         // SAFETY: flock on a descriptor we own; no memory is involved.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -575,13 +591,29 @@ fn lock_exclusive(path: &Path, file: &File) -> io::Result<()> {
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EWOULDBLOCK) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!(
-                        "member {} is in use by another raidfs process",
+                let waited = start.elapsed();
+                if waited >= wait {
+                    let after = if wait.is_zero() {
+                        String::new()
+                    } else {
+                        format!(" (waited {} s for it to be released)", wait.as_secs())
+                    };
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        format!(
+                            "member {} is in use by another raidfs process{after}",
+                            path.display()
+                        ),
+                    ));
+                }
+                if !told && waited >= LOCK_WAIT_NOTICE {
+                    told = true;
+                    crate::notice::tell(&format!(
+                        "waiting for the previous raidfs process to release {}...",
                         path.display()
-                    ),
-                ))
+                    ));
+                }
+                std::thread::sleep(LOCK_RETRY.min(wait - waited));
             }
             _ => return Err(with_path(path, "lock", e)),
         }

@@ -88,14 +88,14 @@ pub fn open_members(
 /// Whether an open failed only because the member may not be written.
 fn cannot_write(e: &std::io::Error) -> bool {
     matches!(
-        e.raw_os_error(),
+        crate::member::file::os_error_code(e),
         Some(libc::EACCES | libc::EPERM | libc::EROFS)
     )
 }
 
 /// The system's words for an error ("Operation not permitted").
 fn os_reason(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
+    match crate::member::file::os_error_code(e) {
         Some(code) => {
             let text = std::io::Error::from_raw_os_error(code).to_string();
             match text.rfind(" (os error") {

@@ -552,7 +552,36 @@ fn aligned_span(offset: u64, len: usize) -> (u64, u64) {
 }
 
 fn with_path(path: &Path, what: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{}: {what}: {e}", path.display()))
+    let message = format!("{}: {what}: {e}", path.display());
+    io::Error::new(e.kind(), WithPath { message, source: e })
+}
+
+/// An error with the path and operation in its message that keeps the OS
+/// error underneath, so callers can still tell EPERM from EACCES.
+#[derive(Debug)]
+struct WithPath {
+    message: String,
+    source: io::Error,
+}
+
+impl std::fmt::Display for WithPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for WithPath {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The OS error number behind `e`, also when a message was wrapped around it.
+pub fn os_error_code(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| {
+        let inner = e.get_ref()?.downcast_ref::<WithPath>()?;
+        os_error_code(&inner.source)
+    })
 }
 
 fn open_error(path: &Path, options: &OpenOptions, e: io::Error) -> io::Error {

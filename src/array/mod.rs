@@ -12,6 +12,7 @@ pub mod balance;
 mod bitmap;
 mod create;
 mod full_stripe;
+mod host_space;
 mod io;
 pub mod judge;
 mod lifecycle;
@@ -29,7 +30,7 @@ pub use assemble::{
     assemble, assemble_paths, open_member, open_members, AssembleOptions, LeftOut, OpenPolicy,
 };
 pub use balance::{MemberStats, ReadPolicy};
-pub use create::{create, create_paths, CreateSpec};
+pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use judge::ContentJudge;
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use state::{ArrayStatus, MemberStatus};

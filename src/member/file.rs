@@ -16,6 +16,7 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,12 @@ pub struct FileMember {
     write_behind: WriteBehind,
     len: u64,
     direct: bool,
+    /// A regular file (an image), not a block device.
+    is_file: bool,
+    /// An image whose every block is allocated (preallocated, or written
+    /// in full): zeroing a range gives the blocks back to it afterwards,
+    /// so it keeps its reservation on the host.
+    keep_allocated: AtomicBool,
     rmw_locks: Vec<Mutex<()>>,
 }
 
@@ -115,6 +122,41 @@ impl FileMember {
         self.direct
     }
 
+    /// Reserve host blocks for the whole of an image file (`fallocate`
+    /// mode 0: holes become allocated, unwritten space; data is unchanged),
+    /// so the array can never meet ENOSPC from the host later. Block
+    /// devices have their space already; nothing is done for them.
+    pub fn preallocate(&self) -> io::Result<()> {
+        if !self.is_file {
+            return Ok(());
+        }
+        let len = libc::off_t::try_from(self.len)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        loop {
+            // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
+            let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len) };
+            if rc == 0 {
+                self.keep_allocated.store(true, Ordering::Release);
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EOPNOTSUPP) => {
+                    return Err(with_path(
+                        &self.path,
+                        "reserve space (the host filesystem cannot preallocate)",
+                        e,
+                    ))
+                }
+                _ => {
+                    let what = format!("reserve {} MiB", self.len >> 20);
+                    return Err(with_path(&self.path, &what, e));
+                }
+            }
+        }
+    }
+
     fn from_open_file(path: &Path, file: File, options: &OpenOptions) -> io::Result<FileMember> {
         if options.lock {
             lock_exclusive(path, &file, options.lock_wait)?;
@@ -156,6 +198,10 @@ impl FileMember {
             file,
             len,
             direct: options.direct,
+            is_file: file_type.is_file(),
+            keep_allocated: AtomicBool::new(
+                file_type.is_file() && metadata.blocks().saturating_mul(512) >= len,
+            ),
             rmw_locks: (0..RMW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
@@ -483,6 +529,9 @@ impl Member for FileMember {
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check_bounds(len as usize, offset, "zero")?;
+        // A preallocated image (`create --preallocate`) must keep its
+        // reservation, so the punched range gets its blocks back (as zeros).
+        let reserved = self.keep_allocated.load(Ordering::Acquire);
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
         let rc = unsafe {
@@ -494,6 +543,24 @@ impl Member for FileMember {
             )
         };
         if rc == 0 {
+            if reserved {
+                // SAFETY: as above.
+                let rc = unsafe {
+                    libc::fallocate(
+                        self.file.as_raw_fd(),
+                        libc::FALLOC_FL_KEEP_SIZE,
+                        offset as libc::off_t,
+                        len as libc::off_t,
+                    )
+                };
+                if rc != 0 {
+                    log::warn!(
+                        "{}: could not reserve {len} bytes at {offset} again after zeroing them: {}",
+                        self.path.display(),
+                        io::Error::last_os_error()
+                    );
+                }
+            }
             return Ok(());
         }
         // Block devices and filesystems without hole punching: write zeros.

@@ -58,13 +58,16 @@ pub struct OpenPolicy {
 /// Members left out because they cannot be opened read-write: name and why.
 pub type LeftOut = Vec<(String, String)>;
 
+/// Opened members and their names, as [`assemble`] takes them.
+pub type Opened = Vec<(Arc<dyn Member>, String)>;
+
 /// Open every path; a path that cannot be opened is an error naming it,
 /// unless `policy` leaves out unwritable members (returned in [`LeftOut`]).
 pub fn open_members(
     paths: &[PathBuf],
     read_only: bool,
     policy: OpenPolicy,
-) -> ArrayResult<(Vec<(Arc<dyn Member>, String)>, LeftOut)> {
+) -> ArrayResult<(Opened, LeftOut)> {
     let options = OpenOptions {
         read_only,
         lock_wait: policy.lock_wait,

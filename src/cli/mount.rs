@@ -79,8 +79,8 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
                 .map_err(|e| format!("member {}: {e}", m.display()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    check_members_free(&members)?;
     let mount_point = check_mount_point(mount_point)?;
+    check_members_free(&members)?;
     check_fuse_device()?;
     let log = match &options.log {
         Some(path) => {

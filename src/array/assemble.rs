@@ -133,7 +133,6 @@ pub fn assemble_paths(
     match assemble(members, opts) {
         Ok(array) => {
             for (name, why) in &left_out {
-                log::warn!("{name} cannot be opened read-write ({why}); left out");
                 crate::notice::tell(&format!(
                     "{name} cannot be opened read-write ({why}); left out, the array starts degraded"
                 ));

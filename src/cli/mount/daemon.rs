@@ -1,7 +1,8 @@
 //! The mount daemon: assembles the array, opens the filesystem, mounts it and
 //! serves until unmounted, then closes everything so the array is clean.
 //! By default it forks into the background and reports "mounted" (or why
-//! not) to the waiting parent through a pipe.
+//! not) to the waiting parent through a pipe, which until then also
+//! carries the daemon's notices for the terminal (see [`crate::notice`]).
 
 use std::ffi::CString;
 use std::io::{BufRead, Read, Write};

@@ -475,3 +475,42 @@ fn a_create_that_meets_a_full_host_takes_back_what_it_wrote() {
         &["create", "-l", "1", "-s", "64M", "blank.img", "new.img"],
     );
 }
+
+/// Images spread over two small host filesystems: one warning for each,
+/// naming it; none for a member on a host with room.
+#[test]
+fn create_warns_once_per_host_filesystem() {
+    let (Some(one), Some(two), Some(roomy)) = (
+        Tmpfs::mount("32m"),
+        Tmpfs::mount("32m"),
+        Tmpfs::mount("256m"),
+    ) else {
+        return;
+    };
+    let members = [
+        one.path().join("a.img"),
+        one.path().join("b.img"),
+        two.path().join("c.img"),
+        roomy.path().join("d.img"),
+    ];
+    let mut args = vec!["create", "-l", "5", "-s", "64M"];
+    let shown: Vec<String> = members.iter().map(|m| m.display().to_string()).collect();
+    args.extend(shown.iter().map(String::as_str));
+    let err = assert_ok(roomy.path(), &args);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 2, "{err}");
+    for (fs, images) in [
+        (&one, "2 sparse images can grow to 128 MiB"),
+        (&two, "but the sparse image can grow to 64 MiB"),
+    ] {
+        let prefix = format!("raidfs: warning: {} has ", fs.path().display());
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with(&prefix) && w.contains(images)),
+            "no warning for {}: {err}",
+            fs.path().display()
+        );
+    }
+    assert!(!err.contains(&roomy.path().display().to_string()), "{err}");
+}

@@ -38,21 +38,29 @@ impl Shortfall {
             String::new()
         };
         format!(
-            "{} has {} free but the {} sparse images can grow to {}{already}; when it fills, writes fail with ENOSPC (use --preallocate to reserve the space now)",
+            "{} has {} free but {} can grow to {}{already}; when it fills, writes fail with ENOSPC (use --preallocate to reserve the space now)",
             self.mount_point.display(),
             size(self.free),
-            self.images,
+            self.what("sparse "),
             size(self.full),
         )
+    }
+
+    /// "the sparse image" or "the 3 sparse images".
+    fn what(&self, kind: &str) -> String {
+        match self.images {
+            1 => format!("the {kind}image"),
+            n => format!("the {n} {kind}images"),
+        }
     }
 
     /// The refusal of `--preallocate`.
     pub fn refusal(&self) -> String {
         format!(
-            "--preallocate needs {} on {} for the {} images but it has {} free",
+            "--preallocate needs {} on {} for {} but it has {} free",
             size(self.need),
             self.mount_point.display(),
-            self.images,
+            self.what(""),
             size(self.free)
         )
     }

@@ -2,6 +2,7 @@
 //!
 //! The modules are layers; each depends only on those listed above it:
 //!
+//! 0. [`notice`]: messages for the person at the terminal (relayed by a mount daemon).
 //! 1. [`member`]: member devices (image files, block devices, memory, fault injection).
 //! 2. [`parity`]: XOR and RAID6 P+Q kernels, benchmarked and chosen at start.
 //! 3. [`geometry`]: where a logical byte lives on which member, for every RAID level.
@@ -19,5 +20,6 @@ pub mod fs;
 pub mod fuse;
 pub mod geometry;
 pub mod member;
+pub mod notice;
 pub mod parity;
 pub mod superblock;

@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 
 use common::{fuse_available, DaemonGuard};
-use raidfs::array::{assemble_paths, AssembleOptions};
+use raidfs::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use raidfs::fs::{ArrayStore, FileSystem, FsOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -191,7 +191,10 @@ fn run_level(level: &str, members: usize, seed: u64) {
     );
 
     // Offline: scrub with repair finds what reads did not meet, then nothing.
-    let array = Arc::new(assemble_paths(&paths, AssembleOptions::default()).expect("assemble"));
+    let array = Arc::new(
+        assemble_paths(&paths, AssembleOptions::default(), OpenPolicy::default())
+            .expect("assemble"),
+    );
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
     let fs = FileSystem::open(store, FsOptions::default()).expect("open offline");
     let first = fs.scrub(true).expect("scrub");

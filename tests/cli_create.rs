@@ -242,3 +242,315 @@ fn examine_of_a_non_member_fails_clearly() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("not a raidfs member"), "{}", stderr(&o));
 }
+
+/// Files in `dir` (names), to show what a failed create left behind.
+fn names(dir: &Path) -> Vec<String> {
+    let mut all: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    all.sort();
+    all
+}
+
+fn assert_ok(dir: &Path, args: &[&str]) -> String {
+    let o = raidfs(args, dir);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    stderr(&o)
+}
+
+/// Each way a create can fail leaves the directory as it was, and the
+/// corrected command then succeeds without --force.
+#[test]
+fn a_failed_create_leaves_nothing_the_corrected_rerun_trips_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+
+    // A member in a directory that does not exist: the first image, which
+    // could be made, is not.
+    assert_refused(
+        d,
+        &["create", "-l", "1", "-s", "64M", "a.img", "missing/b.img"],
+        "cannot create missing/b.img: directory missing",
+    );
+    assert!(names(d).is_empty(), "{:?}", names(d));
+    assert_ok(d, &["create", "-l", "1", "-s", "64M", "a.img", "b.img"]);
+
+    // Members too small for an array: nothing made, and the rerun with a
+    // proper size is not handed the small files.
+    let small = d.join("small");
+    std::fs::create_dir(&small).expect("mkdir");
+    assert_refused(
+        &small,
+        &["create", "-l", "5", "-s", "4M", "a.img", "b.img", "c.img"],
+        "members are too small",
+    );
+    assert!(names(&small).is_empty(), "{:?}", names(&small));
+    assert_ok(
+        &small,
+        &["create", "-l", "5", "-s", "64M", "a.img", "b.img", "c.img"],
+    );
+
+    // An existing empty image that is too small, with new ones: it stays
+    // exactly as it was and the new ones are not made.
+    let mixed = d.join("mixed");
+    std::fs::create_dir(&mixed).expect("mkdir");
+    std::fs::File::create(mixed.join("old.img"))
+        .and_then(|f| f.set_len(2 << 20))
+        .expect("small image");
+    assert_refused(
+        &mixed,
+        &["create", "-l", "1", "-s", "64M", "old.img", "new.img"],
+        "members are too small",
+    );
+    assert_eq!(names(&mixed), ["old.img"]);
+    std::fs::File::options()
+        .write(true)
+        .open(mixed.join("old.img"))
+        .and_then(|f| f.set_len(64 << 20))
+        .expect("grow the image");
+    assert_ok(
+        &mixed,
+        &["create", "-l", "1", "-s", "64M", "old.img", "new.img"],
+    );
+
+    // A member of another array, without --force: the new image beside it
+    // is not made, and the other array is untouched.
+    let other = d.join("other");
+    std::fs::create_dir(&other).expect("mkdir");
+    assert_ok(
+        &other,
+        &["create", "-l", "1", "-s", "64M", "x1.img", "x2.img"],
+    );
+    assert_refused(
+        &other,
+        &["create", "-l", "1", "-s", "64M", "n1.img", "x1.img"],
+        "is a member of array",
+    );
+    assert_eq!(names(&other), ["x1.img", "x2.img"]);
+    assert_ok(
+        &other,
+        &["create", "-l", "1", "-s", "64M", "n1.img", "n2.img"],
+    );
+    let o = raidfs(&["examine", "x1.img", "x2.img"], &other);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // Bad level, bad size, bad layout: refused before anything is made.
+    let bad = d.join("bad");
+    std::fs::create_dir(&bad).expect("mkdir");
+    for (args, want) in [
+        (vec!["-l", "7", "-s", "64M"], "unknown RAID level"),
+        (vec!["-l", "1", "-s", "64Q"], "unknown unit"),
+        (
+            vec!["-l", "5", "-s", "64M", "--layout", "sideways"],
+            "sideways",
+        ),
+        (
+            vec!["-l", "1", "-s", "64M", "--consistency-policy", "ppl"],
+            "RAID5 only",
+        ),
+    ] {
+        let mut all = vec!["create"];
+        all.extend(args);
+        all.extend(["a.img", "b.img", "c.img"]);
+        assert_refused(&bad, &all, want);
+        assert!(names(&bad).is_empty(), "{all:?} left {:?}", names(&bad));
+    }
+    assert_ok(
+        &bad,
+        &["create", "-l", "5", "-s", "64M", "a.img", "b.img", "c.img"],
+    );
+}
+
+/// A tmpfs of `size` mounted on a new directory, unmounted (lazily, so a
+/// failing test cannot leave it busy) when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// None, with the reason printed, where tmpfs cannot be mounted (not root).
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        if !o.status.success() {
+            eprintln!("skipping: cannot mount a tmpfs: {}", stderr(&o));
+            return None;
+        }
+        Some(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn resize(&self, size: &str) {
+        let o = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.path())
+            .output()
+            .expect("run mount");
+        assert!(o.status.success(), "remount: {}", stderr(&o));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.path()).output();
+    }
+}
+
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("stat").blocks() * 512
+}
+
+/// Sparse images bigger than their host filesystem: create warns, once for
+/// that filesystem; `--preallocate` refuses and makes nothing; where they
+/// fit, `--preallocate` gives fully allocated images that stay so.
+#[test]
+fn create_warns_of_a_small_host_and_preallocate_reserves_the_space() {
+    let Some(fs) = Tmpfs::mount("64m") else {
+        return;
+    };
+    let d = fs.path();
+    let err = assert_ok(d, &["create", "-l", "1", "-s", "128M", "a.img", "b.img"]);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    let prefix = format!("raidfs: warning: {} has ", d.display());
+    assert!(
+        warnings[0].starts_with(&prefix)
+            && warnings[0].ends_with(" MiB free but the 2 sparse images can grow to 256 MiB; when it fills, writes fail with ENOSPC (use --preallocate to reserve the space now)"),
+        "{}",
+        warnings[0]
+    );
+
+    let before = names(d);
+    let o = raidfs(
+        &[
+            "create",
+            "--preallocate",
+            "-l",
+            "1",
+            "-s",
+            "48M",
+            "c.img",
+            "d.img",
+        ],
+        d,
+    );
+    assert!(!o.status.success(), "preallocated more than the host has");
+    assert!(
+        stderr(&o).contains("--preallocate needs 96 MiB on"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(names(d), before, "a refused --preallocate left files");
+
+    // Where they fit: every byte reserved, also after the array zeroed its groups.
+    let Some(roomy) = Tmpfs::mount("160m") else {
+        return;
+    };
+    let r = roomy.path();
+    let err = assert_ok(
+        r,
+        &[
+            "create",
+            "--preallocate",
+            "-l",
+            "1",
+            "-s",
+            "64M",
+            "c.img",
+            "d.img",
+        ],
+    );
+    assert!(!err.contains("warning"), "{err}");
+    for m in ["c.img", "d.img"] {
+        assert_eq!(
+            allocated(&r.join(m)),
+            64 << 20,
+            "{m} is not fully allocated"
+        );
+    }
+    let _ = fs;
+}
+
+/// The host fills up while create writes: it fails, the images it made
+/// are gone, the empty image given to it is empty again, and the rerun on a
+/// larger host succeeds without --force.
+#[test]
+fn a_create_that_meets_a_full_host_takes_back_what_it_wrote() {
+    let Some(fs) = Tmpfs::mount("16k") else {
+        return;
+    };
+    let d = fs.path();
+    std::fs::File::create(d.join("blank.img"))
+        .and_then(|f| f.set_len(64 << 20))
+        .expect("blank image");
+    let o = raidfs(
+        &["create", "-l", "1", "-s", "64M", "blank.img", "new.img"],
+        d,
+    );
+    assert!(!o.status.success(), "create succeeded on a full host");
+    assert!(
+        stderr(&o).contains("No space left on device"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(names(d), ["blank.img"]);
+    assert_eq!(
+        allocated(&d.join("blank.img")),
+        0,
+        "blank.img was not blanked again"
+    );
+
+    fs.resize("64m");
+    assert_ok(
+        d,
+        &["create", "-l", "1", "-s", "64M", "blank.img", "new.img"],
+    );
+}
+
+/// Images spread over two small host filesystems: one warning for each,
+/// naming it; none for a member on a host with room.
+#[test]
+fn create_warns_once_per_host_filesystem() {
+    let (Some(one), Some(two), Some(roomy)) = (
+        Tmpfs::mount("32m"),
+        Tmpfs::mount("32m"),
+        Tmpfs::mount("256m"),
+    ) else {
+        return;
+    };
+    let members = [
+        one.path().join("a.img"),
+        one.path().join("b.img"),
+        two.path().join("c.img"),
+        roomy.path().join("d.img"),
+    ];
+    let mut args = vec!["create", "-l", "5", "-s", "64M"];
+    let shown: Vec<String> = members.iter().map(|m| m.display().to_string()).collect();
+    args.extend(shown.iter().map(String::as_str));
+    let err = assert_ok(roomy.path(), &args);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 2, "{err}");
+    for (fs, images) in [
+        (&one, "2 sparse images can grow to 128 MiB"),
+        (&two, "but the sparse image can grow to 64 MiB"),
+    ] {
+        let prefix = format!("raidfs: warning: {} has ", fs.path().display());
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with(&prefix) && w.contains(images)),
+            "no warning for {}: {err}",
+            fs.path().display()
+        );
+    }
+    assert!(!err.contains(&roomy.path().display().to_string()), "{err}");
+}

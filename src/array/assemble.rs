@@ -11,6 +11,7 @@ use crate::superblock::{ArrayState, SlotState, Superblock, SPARE_SLOT};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use uuid::Uuid;
 
 #[derive(Clone, Copy, Default)]
@@ -46,17 +47,108 @@ pub fn open_member(path: &Path, create_size: Option<u64>) -> ArrayResult<Arc<dyn
     Ok(Arc::new(member))
 }
 
-/// Open every path; a path that cannot be opened is an error naming it.
-pub fn open_members(paths: &[PathBuf]) -> ArrayResult<Vec<(Arc<dyn Member>, String)>> {
-    paths
-        .iter()
-        .map(|p| Ok((open_member(p, None)?, p.display().to_string())))
-        .collect()
+/// How [`assemble_paths`] opens its members (read-only when the assembly is).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenPolicy {
+    /// Wait this long for another process (a daemon still closing the array
+    /// after an unmount) to release a member's lock.
+    pub lock_wait: Duration,
+    /// In a read-write assembly, leave out a member that cannot be opened
+    /// read-write (EACCES, EPERM, EROFS), telling the user why, instead of
+    /// failing: the array then starts degraded without it.
+    pub leave_out_unwritable: bool,
 }
 
-/// Assemble from paths.
-pub fn assemble_paths(paths: &[PathBuf], opts: AssembleOptions) -> ArrayResult<Array> {
-    assemble(open_members(paths)?, opts)
+/// Members left out because they cannot be opened read-write: name and why.
+pub type LeftOut = Vec<(String, String)>;
+
+/// Opened members and their names, as [`assemble`] takes them.
+pub type Opened = Vec<(Arc<dyn Member>, String)>;
+
+/// Open every path; a path that cannot be opened is an error naming it,
+/// unless `policy` leaves out unwritable members (returned in [`LeftOut`]).
+pub fn open_members(
+    paths: &[PathBuf],
+    read_only: bool,
+    policy: OpenPolicy,
+) -> ArrayResult<(Opened, LeftOut)> {
+    let options = OpenOptions {
+        read_only,
+        lock_wait: policy.lock_wait,
+        ..OpenOptions::default()
+    };
+    let mut members = Vec::with_capacity(paths.len());
+    let mut left_out = Vec::new();
+    for path in paths {
+        let name = path.display().to_string();
+        match FileMember::open(path, options.clone()) {
+            Ok(member) => members.push((Arc::new(member) as Arc<dyn Member>, name)),
+            Err(e) if policy.leave_out_unwritable && !read_only && cannot_write(&e) => {
+                left_out.push((name, os_reason(&e)));
+            }
+            Err(source) => return Err(ArrayError::MemberIo { path: name, source }),
+        }
+    }
+    Ok((members, left_out))
+}
+
+/// Whether an open failed only because the member may not be written.
+fn cannot_write(e: &std::io::Error) -> bool {
+    matches!(
+        crate::member::file::os_error_code(e),
+        Some(libc::EACCES | libc::EPERM | libc::EROFS)
+    )
+}
+
+/// The system's words for an error ("Operation not permitted").
+fn os_reason(e: &std::io::Error) -> String {
+    match crate::member::file::os_error_code(e) {
+        Some(code) => {
+            let text = std::io::Error::from_raw_os_error(code).to_string();
+            match text.rfind(" (os error") {
+                Some(cut) => text[..cut].to_string(),
+                None => text,
+            }
+        }
+        None => e.to_string(),
+    }
+}
+
+/// Assemble from paths, opening them as `policy` says.
+pub fn assemble_paths(
+    paths: &[PathBuf],
+    opts: AssembleOptions,
+    policy: OpenPolicy,
+) -> ArrayResult<Array> {
+    let (members, left_out) = open_members(paths, opts.read_only, policy)?;
+    let named = || {
+        left_out
+            .iter()
+            .map(|(name, why)| format!("{name} ({why})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if members.is_empty() && !left_out.is_empty() {
+        return Err(ArrayError::Refused(format!(
+            "no member can be opened read-write: {}; mount read-only (-o ro) to read the array",
+            named()
+        )));
+    }
+    match assemble(members, opts) {
+        Ok(array) => {
+            for (name, why) in &left_out {
+                crate::notice::tell(&format!(
+                    "{name} cannot be opened read-write ({why}); left out, the array starts degraded"
+                ));
+            }
+            Ok(array)
+        }
+        Err(e) if !left_out.is_empty() => Err(ArrayError::Refused(format!(
+            "{e}; left out because they cannot be opened read-write: {}",
+            named()
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// A member found at assembly, with the superblock it carries.

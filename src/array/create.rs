@@ -1,10 +1,12 @@
 //! Creating an array: validate every member first (so bad input modifies
-//! nothing), then write fresh superblocks.
+//! nothing), then write fresh superblocks; a failure after writing began
+//! takes back what it did (image files it made, blank members it wrote).
 
-use super::assemble::open_member;
+use super::host_space::{shortfalls, Image};
 use super::state::now_secs;
 use super::{Array, ArrayError, ArrayResult, Slot};
 use crate::geometry::{Geometry, Layout, Level};
+use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{
@@ -12,6 +14,7 @@ use crate::superblock::{
     DEFAULT_DATA_OFFSET, FORMAT_VERSION, MAX_GROUPS, MAX_MEMBERS, SUPERBLOCK_SIZE, TAIL_RESERVE,
 };
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uuid::Uuid;
@@ -95,6 +98,24 @@ fn choose_group_size(data_area: u64, chunk: u64) -> u64 {
     round_up(target.max(at_least_for_table))
 }
 
+/// Group size and count for members the smallest of which has `smallest`
+/// bytes; too small for two groups is refused.
+fn data_groups(smallest: u64, chunk: u64) -> ArrayResult<(u64, usize)> {
+    // The data area stops TAIL_RESERVE before the end, which holds the end
+    // superblock copies.
+    let data_area = member_end(smallest).saturating_sub(DEFAULT_DATA_OFFSET + TAIL_RESERVE);
+    let group_size = choose_group_size(data_area, chunk);
+    let groups = (data_area / group_size) as usize;
+    if groups < 2 {
+        return Err(ArrayError::Refused(format!(
+            "members are too small: each needs at least {} MiB (the smallest has {} MiB)",
+            (DEFAULT_DATA_OFFSET + 2 * group_size + TAIL_RESERVE).div_ceil(MIB),
+            smallest / MIB
+        )));
+    }
+    Ok((group_size, groups))
+}
+
 /// Write a new array onto `members` (slot order). Nothing is validated here
 /// beyond the geometry: callers check ownership first (see [`create_paths`]).
 pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> ArrayResult<Array> {
@@ -106,18 +127,7 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
     }
     let geometry = spec.geometry(members.len())?;
     let smallest = members.iter().map(|(m, _)| m.len()).min().unwrap_or(0);
-    // The data area stops TAIL_RESERVE before the end, which holds the end
-    // superblock copies.
-    let data_area = member_end(smallest).saturating_sub(DEFAULT_DATA_OFFSET + TAIL_RESERVE);
-    let group_size = choose_group_size(data_area, geometry.chunk);
-    let groups = (data_area / group_size) as usize;
-    if groups < 2 {
-        return Err(ArrayError::Refused(format!(
-            "members are too small: each needs at least {} MiB (the smallest has {} MiB)",
-            (DEFAULT_DATA_OFFSET + 2 * group_size + TAIL_RESERVE).div_ceil(MIB),
-            smallest / MIB
-        )));
-    }
+    let (group_size, groups) = data_groups(smallest, geometry.chunk)?;
     let now = now_secs();
     let mut name = spec.name.clone();
     while name.len() > 32 {
@@ -238,17 +248,181 @@ fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
     Ok(None)
 }
 
-/// `raidfs create`: check every path, create missing image files of `size`,
-/// then create the array. Bad input is reported before anything is written.
+/// How `raidfs create` treats its member paths.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PathOptions {
+    /// Size of the image files that do not exist yet (made sparse).
+    pub size: Option<u64>,
+    /// Overwrite members of other arrays and non-empty files.
+    pub force: bool,
+    /// Reserve the image files' host space now (`fallocate`).
+    pub preallocate: bool,
+}
+
+/// An array just created on paths. Until [`Created::keep`], a failure in
+/// what follows (writing the filesystem) is undone with [`Created::abandon`].
+pub struct Created {
+    pub array: Arc<Array>,
+    /// One line per host filesystem that cannot hold its sparse images at
+    /// full size.
+    pub warnings: Vec<String>,
+    undo: Undo,
+}
+
+impl Created {
+    /// The array is complete: keep everything.
+    pub fn keep(mut self) -> Arc<Array> {
+        self.undo.made.clear();
+        self.undo.blank.clear();
+        self.array
+    }
+
+    /// Take back what create did: remove the image files it made, and blank
+    /// again the members that were empty before it.
+    pub fn abandon(self) {
+        // `undo` runs when `self` drops.
+    }
+}
+
+/// What a failed create takes back when dropped.
+#[derive(Default)]
+struct Undo {
+    /// Image files create made; removed (they are ours: made with O_EXCL).
+    made: Vec<PathBuf>,
+    /// Members that existed and were empty: their head, where create writes
+    /// the superblocks, is zeroed again so that a rerun finds them empty.
+    blank: Vec<Arc<dyn Member>>,
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        for member in &self.blank {
+            let len = DEFAULT_DATA_OFFSET.min(member.len());
+            if let Err(e) = member.zero_range(0, len).and_then(|()| member.sync()) {
+                log::warn!("{}: could not blank it again: {e}", member.name());
+                eprintln!("raidfs: {}: could not blank it again: {e}", member.name());
+            }
+        }
+        for path in &self.made {
+            if let Err(e) = std::fs::remove_file(path) {
+                eprintln!("raidfs: {}: could not remove it: {e}", path.display());
+            }
+        }
+    }
+}
+
+/// What validation learnt about one path.
+struct Checked {
+    /// Size of the member (the new image's, for one to be made).
+    size: u64,
+    /// Missing now: to be made as a sparse image.
+    make: bool,
+    /// A regular file (or one to be made), whose host space matters.
+    image: bool,
+    /// Existing and empty (nothing but zeros where superblocks go).
+    blank: bool,
+}
+
+/// Check one path, writing nothing.
+fn check_path(path: &Path, options: &PathOptions) -> ArrayResult<Checked> {
+    if std::fs::symlink_metadata(path).is_err() {
+        let Some(size) = options.size else {
+            return Err(ArrayError::Refused(format!(
+                "{} does not exist; give --size to create it as a sparse image",
+                path.display()
+            )));
+        };
+        check_new_image_dir(path)?;
+        return Ok(Checked {
+            size,
+            make: true,
+            image: true,
+            blank: false,
+        });
+    }
+    let problem = ownership_problem(path)?;
+    if let Some(problem) = &problem {
+        if !options.force {
+            return Err(ArrayError::Refused(format!(
+                "{problem}; use --force to overwrite it"
+            )));
+        }
+        log::warn!("{problem}; overwriting (--force)");
+    }
+    let peek = OpenOptions {
+        read_only: true,
+        lock: false,
+        ..OpenOptions::default()
+    };
+    let member = FileMember::open(path, peek).map_err(|source| ArrayError::MemberIo {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let image = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    Ok(Checked {
+        size: member.len(),
+        make: false,
+        image,
+        blank: problem.is_none(),
+    })
+}
+
+/// The directory a new image goes in must exist and take new files.
+fn check_new_image_dir(path: &Path) -> ArrayResult<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(ArrayError::Refused(format!(
+                "cannot create {}: {} is not a directory",
+                path.display(),
+                dir.display()
+            )))
+        }
+        Err(e) => {
+            return Err(ArrayError::Refused(format!(
+                "cannot create {}: directory {}: {e}",
+                path.display(),
+                dir.display()
+            )))
+        }
+    }
+    let c_dir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| ArrayError::Refused(format!("{}: NUL in path", dir.display())))?;
+    // SAFETY: c_dir is NUL-terminated; access only reads it.
+    if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK) } != 0 {
+        return Err(ArrayError::Refused(format!(
+            "cannot create {}: directory {}: {}",
+            path.display(),
+            dir.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// `raidfs create`: check every path (ownership, sizes, the directories of
+/// new images, host space for `--preallocate`) before writing anything;
+/// then make the missing image files and create the array. A failure after
+/// that removes the files it made and blanks again the members that were
+/// empty, so a corrected rerun starts from where the user was.
 pub fn create_paths(
     paths: &[PathBuf],
     spec: &CreateSpec,
-    size: Option<u64>,
-    force: bool,
-) -> ArrayResult<Array> {
-    spec.geometry(paths.len())?;
+    options: &PathOptions,
+) -> ArrayResult<Created> {
+    let geometry = spec.geometry(paths.len())?;
+    if paths.len() > MAX_MEMBERS {
+        return Err(ArrayError::Refused(format!(
+            "too many members: {} (at most {MAX_MEMBERS})",
+            paths.len()
+        )));
+    }
     let mut seen = std::collections::HashSet::new();
-    let mut to_create = Vec::new();
+    let mut checked = Vec::with_capacity(paths.len());
     for path in paths {
         let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
         if !seen.insert(key) {
@@ -257,29 +431,61 @@ pub fn create_paths(
                 path.display()
             )));
         }
-        if std::fs::symlink_metadata(path).is_err() {
-            if size.is_none() {
-                return Err(ArrayError::Refused(format!(
-                    "{} does not exist; give --size to create it as a sparse image",
-                    path.display()
-                )));
-            }
-            to_create.push(path.clone());
-            continue;
-        }
-        if let Some(problem) = ownership_problem(path)? {
-            if !force {
-                return Err(ArrayError::Refused(format!(
-                    "{problem}; use --force to overwrite it"
-                )));
-            }
-            log::warn!("{problem}; overwriting (--force)");
-        }
+        checked.push(check_path(path, options)?);
     }
+    let smallest = checked.iter().map(|c| c.size).min().unwrap_or(0);
+    data_groups(smallest, geometry.chunk)?;
+
+    let images: Vec<Image> = paths
+        .iter()
+        .zip(&checked)
+        .filter(|(_, c)| c.image)
+        .map(|(path, c)| Image {
+            path: path.clone(),
+            size: c.size,
+        })
+        .collect();
+    let short = shortfalls(&images).map_err(|source| ArrayError::MemberIo {
+        path: "host space".into(),
+        source,
+    })?;
+    if options.preallocate && !short.is_empty() {
+        let refusals: Vec<String> = short.iter().map(|s| s.refusal()).collect();
+        return Err(ArrayError::Refused(refusals.join("; ")));
+    }
+    let warnings = if options.preallocate {
+        Vec::new()
+    } else {
+        short.iter().map(|s| s.warning()).collect()
+    };
+
+    let mut undo = Undo::default();
     let mut members = Vec::with_capacity(paths.len());
-    for path in paths {
-        let create_size = if to_create.contains(path) { size } else { None };
-        members.push((open_member(path, create_size)?, path.display().to_string()));
+    for (path, check) in paths.iter().zip(&checked) {
+        let io_err = |source| ArrayError::MemberIo {
+            path: path.display().to_string(),
+            source,
+        };
+        let member = if check.make {
+            let member = FileMember::create(path, check.size).map_err(io_err)?;
+            undo.made.push(path.clone());
+            member
+        } else {
+            FileMember::open(path, OpenOptions::default()).map_err(io_err)?
+        };
+        if options.preallocate {
+            member.preallocate().map_err(io_err)?;
+        }
+        let member: Arc<dyn Member> = Arc::new(member);
+        if check.blank {
+            undo.blank.push(Arc::clone(&member));
+        }
+        members.push((member, path.display().to_string()));
     }
-    create(members, spec)
+    let array = create(members, spec)?;
+    Ok(Created {
+        array: Arc::new(array),
+        warnings,
+        undo,
+    })
 }

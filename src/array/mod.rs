@@ -13,6 +13,7 @@ mod bitmap;
 mod create;
 mod full_stripe;
 pub mod host;
+mod host_space;
 mod io;
 pub mod judge;
 mod lifecycle;
@@ -26,9 +27,11 @@ mod verify;
 mod worker;
 mod write_back;
 
-pub use assemble::{assemble, assemble_paths, open_member, open_members, AssembleOptions};
+pub use assemble::{
+    assemble, assemble_paths, open_member, open_members, AssembleOptions, LeftOut, OpenPolicy,
+};
 pub use balance::{MemberStats, ReadPolicy};
-pub use create::{create, create_paths, CreateSpec};
+pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
 pub use judge::ContentJudge;
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};

@@ -1,6 +1,6 @@
 //! `raidfs create`: write a new array (and an empty filesystem) onto members.
 
-use crate::array::{create_paths, CreateSpec};
+use crate::array::{create_paths, CreateSpec, PathOptions};
 use crate::geometry::{Layout, Level};
 use std::path::PathBuf;
 
@@ -37,6 +37,10 @@ pub struct CreateArgs {
     /// Overwrite members of other arrays and non-empty files.
     #[arg(short, long)]
     pub force: bool,
+    /// Reserve the image files' full size on the host now (fallocate), so
+    /// the array never meets a full host filesystem later.
+    #[arg(long)]
+    pub preallocate: bool,
     /// Member image files or block devices, in slot order.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
@@ -84,6 +88,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: CreateArgs) -> i32 {
+    // A member failing while the array is written (a full host filesystem)
+    // is reported through the log; show those errors as they happen.
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("error"))
+        .format(|buf, record| {
+            use std::io::Write;
+            writeln!(buf, "{}", record.args())
+        })
+        .try_init();
     let spec = CreateSpec {
         level: args.level,
         layout: args.layout,
@@ -92,20 +104,31 @@ pub fn run(args: CreateArgs) -> i32 {
         name: args.name.clone(),
         ppl: args.consistency_policy == "ppl",
     };
-    let array = match create_paths(&args.members, &spec, args.size, args.force) {
-        Ok(a) => a,
+    let options = PathOptions {
+        size: args.size,
+        force: args.force,
+        preallocate: args.preallocate,
+    };
+    let created = match create_paths(&args.members, &spec, &options) {
+        Ok(c) => c,
         Err(e) => return super::fail(e),
     };
-    let array = std::sync::Arc::new(array);
+    for warning in &created.warnings {
+        eprintln!("raidfs: warning: {warning}");
+    }
     let format = crate::fs::FormatOptions {
         version: args.fs_format,
         ..Default::default()
     };
-    if let Err(e) = crate::fs::format_array(std::sync::Arc::clone(&array), &format) {
-        return super::fail(format!(
-            "array created but the filesystem could not be written: {e}"
-        ));
-    }
+    let array = match crate::fs::format_array(std::sync::Arc::clone(&created.array), &format) {
+        Ok(()) => created.keep(),
+        Err(e) => {
+            created.abandon();
+            return super::fail(format!(
+                "the filesystem could not be written: {e}; the images made for it were removed"
+            ));
+        }
+    };
     let status = array.status();
     println!(
         "raidfs: created {} array {} on {} members, {} usable",

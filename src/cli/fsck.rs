@@ -3,7 +3,7 @@
 //! space, link counts). Exit codes follow e2fsck: 0 clean, 1 problems were
 //! repaired, 4 problems remain, 8 the check could not run.
 
-use crate::array::{assemble_paths, AssembleOptions};
+use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use crate::fs::{fsck, ArrayStore};
 use crate::member::file::{FileMember, OpenOptions};
 use crate::superblock::Superblock;
@@ -67,7 +67,15 @@ pub fn run(args: FsckArgs) -> i32 {
         read_only: !args.repair,
         ..Default::default()
     };
-    let array = match assemble_paths(&args.members, opts) {
+    if let Err(msg) = super::mount::check_members_free(&args.members) {
+        super::fail(msg);
+        return OPERATIONAL;
+    }
+    let policy = OpenPolicy {
+        lock_wait: super::mount::OFFLINE_LOCK_WAIT,
+        leave_out_unwritable: false,
+    };
+    let array = match assemble_paths(&args.members, opts, policy) {
         Ok(a) => Arc::new(a),
         Err(e) => {
             super::fail(format!("cannot assemble: {e}"));

@@ -18,6 +18,14 @@ use daemon::MountPlan;
 /// How long a new mount waits for a dead daemon's last threads to exit.
 const STALE_DAEMON_EXIT: Duration = Duration::from_secs(30);
 
+/// How long a mount waits for the daemon of a just-unmounted mount to close
+/// the array and release the members (its final commit and clean mark).
+pub(crate) const MEMBER_LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The same wait for the offline commands run right after an unmount
+/// (`fsck`, `upgrade`); shorter, as nobody is waiting on a mount.
+pub(crate) const OFFLINE_LOCK_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(clap::Args)]
 pub struct MountArgs {
     /// Stay in the foreground and log to stderr.
@@ -72,6 +80,7 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mount_point = check_mount_point(mount_point)?;
+    check_members_free(&members)?;
     check_fuse_device()?;
     let log = match &options.log {
         Some(path) => {
@@ -85,6 +94,26 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         options,
         log,
     })
+}
+
+/// A member that a live mount still serves will not be released by
+/// waiting for it, so that is refused at once. Paths that do not resolve
+/// are left for the open to report.
+pub(crate) fn check_members_free(members: &[PathBuf]) -> Result<(), String> {
+    for member in members {
+        let Ok(absolute) = member.canonicalize() else {
+            continue;
+        };
+        if let Some(daemon) = registry::serving(&absolute) {
+            return Err(format!(
+                "member {} is in use by another raidfs process: the daemon (pid {}) serving {}",
+                member.display(),
+                daemon.pid,
+                daemon.mount_point.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The mount point must be an existing directory with nothing mounted on

@@ -3,7 +3,7 @@
 //! what upgrading would bring. A filesystem never changes format on its own,
 //! because older raidfs releases refuse a newer format.
 
-use crate::array::{assemble_paths, AssembleOptions};
+use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use crate::fs::upgrade::{plan, upgrade};
 use crate::fs::ArrayStore;
 use std::path::PathBuf;
@@ -24,7 +24,14 @@ pub fn run(args: UpgradeArgs) -> i32 {
         read_only: args.check,
         ..Default::default()
     };
-    let array = match assemble_paths(&args.members, opts) {
+    if let Err(msg) = super::mount::check_members_free(&args.members) {
+        return super::fail(msg);
+    }
+    let policy = OpenPolicy {
+        lock_wait: super::mount::OFFLINE_LOCK_WAIT,
+        leave_out_unwritable: false,
+    };
+    let array = match assemble_paths(&args.members, opts, policy) {
         Ok(a) => Arc::new(a),
         Err(e) => return super::fail(format!("cannot assemble: {e}")),
     };

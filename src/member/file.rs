@@ -16,7 +16,9 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Alignment of buffers, offsets and lengths for `O_DIRECT` transfers. 4096 is
 /// a multiple of every logical block size in common use.
@@ -37,6 +39,10 @@ pub struct OpenOptions {
     /// Take the exclusive lock. Only inspection tools that must work on an
     /// assembled member (examine) turn this off.
     pub lock: bool,
+    /// How long to wait for another process to release the lock. A daemon
+    /// that was just unmounted still holds it while it closes the array, so
+    /// a mount right after an unmount waits; zero fails at once.
+    pub lock_wait: Duration,
 }
 
 impl Default for OpenOptions {
@@ -46,6 +52,7 @@ impl Default for OpenOptions {
             create_size: None,
             read_only: false,
             lock: true,
+            lock_wait: Duration::ZERO,
         }
     }
 }
@@ -58,8 +65,12 @@ pub struct FileMember {
     write_behind: WriteBehind,
     len: u64,
     direct: bool,
-    /// An image file (not a block device): it can run out of host space.
-    regular: bool,
+    /// A regular file (an image), not a block device.
+    is_file: bool,
+    /// An image whose every block is allocated (preallocated, or written
+    /// in full): zeroing a range gives the blocks back to it afterwards,
+    /// so it keeps its reservation on the host.
+    keep_allocated: AtomicBool,
     rmw_locks: Vec<Mutex<()>>,
 }
 
@@ -111,9 +122,44 @@ impl FileMember {
         self.direct
     }
 
+    /// Reserve host blocks for the whole of an image file (`fallocate`
+    /// mode 0: holes become allocated, unwritten space; data is unchanged),
+    /// so the array can never meet ENOSPC from the host later. Block
+    /// devices have their space already; nothing is done for them.
+    pub fn preallocate(&self) -> io::Result<()> {
+        if !self.is_file {
+            return Ok(());
+        }
+        let len = libc::off_t::try_from(self.len)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        loop {
+            // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
+            let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len) };
+            if rc == 0 {
+                self.keep_allocated.store(true, Ordering::Release);
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EOPNOTSUPP) => {
+                    return Err(with_path(
+                        &self.path,
+                        "reserve space (the host filesystem cannot preallocate)",
+                        e,
+                    ))
+                }
+                _ => {
+                    let what = format!("reserve {} MiB", self.len >> 20);
+                    return Err(with_path(&self.path, &what, e));
+                }
+            }
+        }
+    }
+
     fn from_open_file(path: &Path, file: File, options: &OpenOptions) -> io::Result<FileMember> {
         if options.lock {
-            lock_exclusive(path, &file)?;
+            lock_exclusive(path, &file, options.lock_wait)?;
         }
         let metadata = file.metadata().map_err(|e| with_path(path, "stat", e))?;
         let file_type = metadata.file_type();
@@ -152,7 +198,10 @@ impl FileMember {
             file,
             len,
             direct: options.direct,
-            regular: file_type.is_file(),
+            is_file: file_type.is_file(),
+            keep_allocated: AtomicBool::new(
+                file_type.is_file() && metadata.blocks().saturating_mul(512) >= len,
+            ),
             rmw_locks: (0..RMW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
@@ -413,7 +462,7 @@ impl Member for FileMember {
     }
 
     fn host_free_bytes(&self) -> Option<u64> {
-        if !self.regular {
+        if !self.is_file {
             return None;
         }
         let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
@@ -496,6 +545,9 @@ impl Member for FileMember {
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check_bounds(len as usize, offset, "zero")?;
+        // A preallocated image (`create --preallocate`) must keep its
+        // reservation, so the punched range gets its blocks back (as zeros).
+        let reserved = self.keep_allocated.load(Ordering::Acquire);
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
         let rc = unsafe {
@@ -507,6 +559,24 @@ impl Member for FileMember {
             )
         };
         if rc == 0 {
+            if reserved {
+                // SAFETY: as above.
+                let rc = unsafe {
+                    libc::fallocate(
+                        self.file.as_raw_fd(),
+                        libc::FALLOC_FL_KEEP_SIZE,
+                        offset as libc::off_t,
+                        len as libc::off_t,
+                    )
+                };
+                if rc != 0 {
+                    log::warn!(
+                        "{}: could not reserve {len} bytes at {offset} again after zeroing them: {}",
+                        self.path.display(),
+                        io::Error::last_os_error()
+                    );
+                }
+            }
             return Ok(());
         }
         // Block devices and filesystems without hole punching: write zeros.
@@ -565,7 +635,36 @@ fn aligned_span(offset: u64, len: usize) -> (u64, u64) {
 }
 
 fn with_path(path: &Path, what: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{}: {what}: {e}", path.display()))
+    let message = format!("{}: {what}: {e}", path.display());
+    io::Error::new(e.kind(), WithPath { message, source: e })
+}
+
+/// An error with the path and operation in its message that keeps the OS
+/// error underneath, so callers can still tell EPERM from EACCES.
+#[derive(Debug)]
+struct WithPath {
+    message: String,
+    source: io::Error,
+}
+
+impl std::fmt::Display for WithPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for WithPath {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The OS error number behind `e`, also when a message was wrapped around it.
+pub fn os_error_code(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| {
+        let inner = e.get_ref()?.downcast_ref::<WithPath>()?;
+        os_error_code(&inner.source)
+    })
 }
 
 fn open_error(path: &Path, options: &OpenOptions, e: io::Error) -> io::Error {
@@ -583,7 +682,17 @@ fn open_error(path: &Path, options: &OpenOptions, e: io::Error) -> io::Error {
     }
 }
 
-fn lock_exclusive(path: &Path, file: &File) -> io::Result<()> {
+/// A wait longer than this is announced on the terminal, once.
+const LOCK_WAIT_NOTICE: Duration = Duration::from_secs(1);
+/// How often a waiting open retries the lock.
+const LOCK_RETRY: Duration = Duration::from_millis(20);
+
+/// Take the exclusive `flock`, retrying until `wait` has passed. Polling
+/// `LOCK_NB` rather than a blocking `flock` keeps the wait bounded without
+/// a signal to interrupt it.
+fn lock_exclusive(path: &Path, file: &File, wait: Duration) -> io::Result<()> {
+    let start = Instant::now();
+    let mut told = false;
     loop {
         // SAFETY: flock on a descriptor we own; no memory is involved.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -594,13 +703,29 @@ fn lock_exclusive(path: &Path, file: &File) -> io::Result<()> {
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EWOULDBLOCK) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!(
-                        "member {} is in use by another raidfs process",
+                let waited = start.elapsed();
+                if waited >= wait {
+                    let after = if wait.is_zero() {
+                        String::new()
+                    } else {
+                        format!(" (waited {} s for it to be released)", wait.as_secs())
+                    };
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        format!(
+                            "member {} is in use by another raidfs process{after}",
+                            path.display()
+                        ),
+                    ));
+                }
+                if !told && waited >= LOCK_WAIT_NOTICE {
+                    told = true;
+                    crate::notice::tell(&format!(
+                        "waiting for the previous raidfs process to release {}...",
                         path.display()
-                    ),
-                ))
+                    ));
+                }
+                std::thread::sleep(LOCK_RETRY.min(wait - waited));
             }
             _ => return Err(with_path(path, "lock", e)),
         }

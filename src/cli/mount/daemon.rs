@@ -1,21 +1,22 @@
 //! The mount daemon: assembles the array, opens the filesystem, mounts it and
 //! serves until unmounted, then closes everything so the array is clean.
 //! By default it forks into the background and reports "mounted" (or why
-//! not) to the waiting parent through a pipe.
+//! not) to the waiting parent through a pipe, which until then also
+//! carries the daemon's notices for the terminal (see [`crate::notice`]).
 
 use std::ffi::CString;
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use log::{error, info, warn};
 
 use super::options::MountOptions;
 use super::registry::{self, DaemonRecord};
-use crate::array::{assemble_paths, AssembleOptions};
+use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use crate::fs::{ArrayStore, FileSystem, FsOptions};
 use crate::fuse::{self, Unmounter};
 use crate::parity::Parity;
@@ -70,38 +71,51 @@ pub fn run_background(plan: &MountPlan) -> i32 {
     }
 }
 
+/// Relay the daemon's notices (`NOTE ...`) to the terminal until it reports
+/// `OK` or `ERR ...`.
 fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
-    let mut message = String::new();
-    let mut pipe = std::fs::File::from(read_end);
-    if let Err(e) = pipe.read_to_string(&mut message) {
-        return crate::cli::fail(format!("reading from the mount daemon: {e}"));
-    }
-    let mut lines = message.lines().peekable();
-    while let Some(note) = lines.peek().and_then(|l| l.strip_prefix("NOTE ")) {
-        eprintln!("raidfs: {note}");
-        lines.next();
-    }
-    match lines.next() {
-        Some("OK") => {
+    let pipe = std::io::BufReader::new(std::fs::File::from(read_end));
+    for line in pipe.lines() {
+        let line = match line {
+            Ok(line) => line,
+            Err(e) => return crate::cli::fail(format!("reading from the mount daemon: {e}")),
+        };
+        if let Some(note) = line.strip_prefix("NOTE ") {
+            eprintln!("raidfs: {note}");
+            continue;
+        }
+        if line == "OK" {
             println!(
                 "raidfs: mounted on {} (log: {})",
                 plan.mount_point.display(),
                 plan.log.display()
             );
-            0
+            return 0;
         }
-        Some(line) => crate::cli::fail(line.strip_prefix("ERR ").unwrap_or(line)),
-        None => crate::cli::fail(format!(
-            "the mount daemon exited before mounting; see {}",
-            plan.log.display()
-        )),
+        return crate::cli::fail(line.strip_prefix("ERR ").unwrap_or(&line));
     }
+    crate::cli::fail(format!(
+        "the mount daemon exited before mounting; see {}",
+        plan.log.display()
+    ))
 }
 
 fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
-    let mut pipe = Some(std::fs::File::from(write_end));
+    // Shared by the report and the notice sink: notices reach the waiting
+    // `raidfs mount` until the report closes the pipe, then only the log.
+    let pipe = Arc::new(Mutex::new(Some(std::fs::File::from(write_end))));
+    let notes = Arc::clone(&pipe);
+    crate::notice::set_sink(Some(Box::new(move |msg: &str| {
+        warn!("{msg}");
+        let mut pipe = notes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pipe.as_mut() {
+            // The parent may be gone (killed); the daemon carries on regardless.
+            let _ = p.write_all(format!("NOTE {}\n", msg.replace('\n', " ")).as_bytes());
+        }
+    })));
     let mut report = |outcome: Result<Vec<String>, String>| {
-        if let Some(mut p) = pipe.take() {
+        let taken = pipe.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut p) = taken {
             let line = match outcome {
                 Ok(notes) => notes
                     .iter()
@@ -110,7 +124,6 @@ fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
                     .collect(),
                 Err(msg) => format!("ERR {}\n", msg.replace('\n', " ")),
             };
-            // The parent may be gone (killed); the daemon carries on regardless.
             let _ = p.write_all(line.as_bytes());
         }
     };
@@ -169,7 +182,11 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         rotational: plan.options.rotational,
         on_host_error: plan.options.on_host_error,
     };
-    let array = match assemble_paths(&plan.members, assemble_opts) {
+    let policy = OpenPolicy {
+        lock_wait: super::MEMBER_LOCK_WAIT,
+        leave_out_unwritable: !read_only,
+    };
+    let array = match assemble_paths(&plan.members, assemble_opts, policy) {
         Ok(array) => Arc::new(array),
         Err(e) => {
             report(Err(format!("cannot assemble the array: {e}")));
@@ -258,6 +275,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     }
     let record = DaemonRecord {
         watcher,
+        members: plan.members.clone(),
         ..DaemonRecord::for_self(&plan.mount_point, Some(plan.log.clone()))
     };
     if let Err(e) = registry::write(&record) {

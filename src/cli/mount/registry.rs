@@ -20,6 +20,8 @@ pub struct DaemonRecord {
     pub watcher: Option<u32>,
     /// Set by a daemon that failed to close the filesystem cleanly.
     pub error: Option<String>,
+    /// The members it assembled (absolute paths).
+    pub members: Vec<PathBuf>,
 }
 
 fn run_dir() -> PathBuf {
@@ -83,6 +85,9 @@ pub fn write(record: &DaemonRecord) -> io::Result<()> {
     if let Some(error) = &record.error {
         text.push_str(&format!("error={}\n", error.replace('\n', " ")));
     }
+    for member in &record.members {
+        text.push_str(&format!("member={}\n", member.display()));
+    }
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tmp.display())))?;
@@ -108,6 +113,7 @@ fn parse(text: &str, mount_point: &Path) -> Option<DaemonRecord> {
         log: None,
         watcher: None,
         error: None,
+        members: Vec::new(),
     };
     for line in text.lines() {
         match line.split_once('=') {
@@ -116,10 +122,38 @@ fn parse(text: &str, mount_point: &Path) -> Option<DaemonRecord> {
             Some(("log", v)) => record.log = Some(PathBuf::from(v)),
             Some(("error", v)) => record.error = Some(v.to_string()),
             Some(("watcher", v)) => record.watcher = v.parse().ok(),
+            Some(("member", v)) => record.members.push(PathBuf::from(v)),
             _ => {}
         }
     }
     (record.pid != 0).then_some(record)
+}
+
+/// The live daemon that has `member` (absolute) assembled and whose mount
+/// is still up, if any: such a member will not be released by waiting.
+pub fn serving(member: &Path) -> Option<DaemonRecord> {
+    let entries = std::fs::read_dir(run_dir()).ok()?;
+    entries
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            if path.extension()? != "state" {
+                return None;
+            }
+            let text = std::fs::read_to_string(&path).ok()?;
+            let mount_point = text
+                .lines()
+                .find_map(|l| l.strip_prefix("mount_point="))
+                .map(PathBuf::from)?;
+            parse(&text, &mount_point)
+        })
+        .find(|record| {
+            record.members.iter().any(|m| m == member)
+                && record.is_alive()
+                && matches!(
+                    crate::fuse::mounts::mount_at(&record.mount_point),
+                    Ok(Some(entry)) if crate::fuse::is_raidfs_mount(&entry)
+                )
+        })
 }
 
 pub fn remove(mount_point: &Path) {
@@ -165,6 +199,7 @@ impl DaemonRecord {
             log,
             watcher: None,
             error: None,
+            members: Vec::new(),
         }
     }
 
@@ -246,8 +281,9 @@ mod tests {
             log: Some(PathBuf::from("/var/log/raidfs/x.log")),
             watcher: Some(43),
             error: Some("boom".into()),
+            members: vec![PathBuf::from("/m/a.img"), PathBuf::from("/m/b.img")],
         };
-        let text = "pid=42\nstart_time=777\nmount_point=/mnt/x\nlog=/var/log/raidfs/x.log\nwatcher=43\nerror=boom\n";
+        let text = "pid=42\nstart_time=777\nmount_point=/mnt/x\nlog=/var/log/raidfs/x.log\nwatcher=43\nerror=boom\nmember=/m/a.img\nmember=/m/b.img\n";
         assert_eq!(parse(text, Path::new("/mnt/x")), Some(rec));
         assert_eq!(parse("garbage\n", Path::new("/mnt/x")), None);
     }

@@ -5,6 +5,9 @@
 //! assembly), a member coming back after a degraded run, spares across
 //! reassembly. Every test checks the bytes afterwards.
 
+mod common;
+
+use common::members::handles;
 use raidfs::array::{
     assemble, create, AddOutcome, Array, ArrayError, AssembleOptions, CreateSpec, GROUP_SHIFT,
 };
@@ -21,16 +24,7 @@ use std::time::{Duration, Instant};
 const MEMBER_SIZE: u64 = 48 << 20;
 
 fn faulty(n: usize, prefix: &str) -> Vec<FaultyMember> {
-    (0..n)
-        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("{prefix}{i}")).expect("memory member"))
-        .collect()
-}
-
-fn handles(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
-    ms.iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("m{i}")))
-        .collect()
+    common::members::faulty(n, MEMBER_SIZE, prefix)
 }
 
 fn spec(level: Level) -> CreateSpec {

@@ -1,6 +1,9 @@
 //! Member lifecycle on a running array: fail, add (rebuild), hot spares,
 //! replace, rebuild resume from a checkpoint, and scrub.
 
+mod common;
+
+use common::members::handles;
 use raidfs::array::{
     assemble, create, AddOutcome, Array, AssembleOptions, CreateSpec, GROUP_SHIFT,
 };
@@ -15,16 +18,7 @@ use std::sync::Arc;
 const MEMBER_SIZE: u64 = 48 << 20;
 
 fn faulty(n: usize, prefix: &str) -> Vec<FaultyMember> {
-    (0..n)
-        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("{prefix}{i}")).expect("memory member"))
-        .collect()
-}
-
-fn handles(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
-    ms.iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("m{i}")))
-        .collect()
+    common::members::faulty(n, MEMBER_SIZE, prefix)
 }
 
 fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {

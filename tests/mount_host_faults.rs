@@ -68,6 +68,13 @@ fn images(host: &Path) -> Vec<String> {
         .collect()
 }
 
+fn fsck_clean(dir: &Path, members: &[String]) {
+    let mut fsck = vec!["fsck"];
+    fsck.extend(members.iter().map(String::as_str));
+    let out = raidfs(&fsck, dir);
+    assert!(out.status.success(), "fsck: {}", stderr(&out));
+}
+
 fn mount(dir: &Path, members: &[String]) -> DaemonGuard {
     let log = format!("log={}", dir.join("daemon.log").display());
     let mut args = vec!["mount".to_string(), "-o".into(), log];
@@ -137,10 +144,7 @@ fn a_full_host_filesystem_gives_enospc_and_costs_no_member() {
     raidfs_ok(&["umount", &mnt.display().to_string()], dir.path());
     drop(guard);
 
-    let mut fsck = vec!["fsck"];
-    fsck.extend(members.iter().map(String::as_str));
-    let out = raidfs(&fsck, dir.path());
-    assert!(out.status.success(), "fsck: {}", stderr(&out));
+    fsck_clean(dir.path(), &members);
     let guard = mount(dir.path(), &members);
     assert_eq!(fs::read(mnt.join("keep")).expect("keep"), keep);
     assert_eq!(fs::read(mnt.join("after")).expect("after"), after);
@@ -223,8 +227,5 @@ fn a_host_gone_read_only_fails_no_member_and_keeps_every_fsynced_file() {
     verify_files(&mnt.join("w"), synced);
     raidfs_ok(&["umount", &mnt.display().to_string()], dir.path());
     drop(guard);
-    let mut fsck = vec!["fsck"];
-    fsck.extend(members.iter().map(String::as_str));
-    let out = raidfs(&fsck, dir.path());
-    assert!(out.status.success(), "fsck: {}", stderr(&out));
+    fsck_clean(dir.path(), &members);
 }

@@ -281,7 +281,14 @@ fn degraded(level: &str, n: usize, lose: &[usize]) {
         .filter(|(i, _)| !lose.contains(i))
         .map(|(_, m)| m.clone())
         .collect();
-    check(array.mount_with(&left), "degraded mount");
+    let out = check(array.mount_with(&left), "degraded mount");
+    // The terminal says so, md's way ("started with 3 drives (out of 4)").
+    let said = String::from_utf8_lossy(&out.stderr);
+    let started = format!("started degraded with {} of {n} members", n - lose.len());
+    assert!(said.contains(&started), "{said}");
+    for &i in lose {
+        assert!(said.contains(&format!("slot {i}")), "{said}");
+    }
     verify_tree(&array.mnt(), 40 << 20);
     // Writes go on while degraded.
     fs::write(array.mnt().join("written-degraded"), pattern(99, 300_000)).expect("degraded write");

@@ -289,8 +289,9 @@ impl Created {
 struct Undo {
     /// Image files create made; removed (they are ours: made with O_EXCL).
     made: Vec<PathBuf>,
-    /// Members that existed and were empty: their head, where create writes
-    /// the superblocks, is zeroed again so that a rerun finds them empty.
+    /// Members that existed and were empty: their head and their end copies,
+    /// where create writes the superblocks, are zeroed again so that a rerun
+    /// finds them empty.
     blank: Vec<Arc<dyn Member>>,
 }
 
@@ -298,7 +299,13 @@ impl Drop for Undo {
     fn drop(&mut self) {
         for member in &self.blank {
             let len = DEFAULT_DATA_OFFSET.min(member.len());
-            if let Err(e) = member.zero_range(0, len).and_then(|()| member.sync()) {
+            let tail = end_offsets(member.len())
+                .map(|[first, _]| (first, member_end(member.len()) - first));
+            let zeroed = member.zero_range(0, len).and_then(|()| match tail {
+                Some((at, n)) => member.zero_range(at, n),
+                None => Ok(()),
+            });
+            if let Err(e) = zeroed.and_then(|()| member.sync()) {
                 log::warn!("{}: could not blank it again: {e}", member.name());
                 eprintln!("raidfs: {}: could not blank it again: {e}", member.name());
             }

@@ -231,12 +231,14 @@ impl Array {
             "raidfs: {} member writes of an answered full-stripe write wait for the host",
             refused.len()
         );
-        self.write_back.set_parked(id, true);
+        // In the list before the entry stops counting as in flight: a flush
+        // that stops waiting for it must find it there to redo it.
         self.write_back.parked.lock().push(Parked {
             id,
             jobs: refused,
             held,
         });
+        self.write_back.set_parked(id, true);
     }
 
     /// Do the parked writes again (a flush, and the bitmap thread's pass):

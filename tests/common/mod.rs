@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod members;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

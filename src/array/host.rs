@@ -114,6 +114,8 @@ pub(crate) struct HostState {
     free_bytes: AtomicU64,
     free_checked: AtomicU64,
     suspended: Mutex<Option<Suspension>>,
+    /// Whether `suspended` is set: every write asks, without the lock.
+    is_suspended: AtomicBool,
     resumed: Condvar,
     suspensions: AtomicU64,
     /// Serialises failure decisions (probes, then records).
@@ -131,6 +133,7 @@ impl Default for HostState {
             free_bytes: AtomicU64::new(u64::MAX),
             free_checked: AtomicU64::new(0),
             suspended: Mutex::new(None),
+            is_suspended: AtomicBool::new(false),
             resumed: Condvar::new(),
             suspensions: AtomicU64::new(0),
             deciding: parking_lot::ReentrantMutex::new(()),
@@ -158,6 +161,9 @@ impl HostState {
     }
 
     pub fn suspension(&self) -> Option<Suspension> {
+        if !self.is_suspended.load(Ordering::Acquire) {
+            return None;
+        }
         self.suspended.lock().clone()
     }
 
@@ -183,6 +189,9 @@ impl HostState {
 
     /// The error a request gets while the array is suspended.
     pub fn suspended_error(&self) -> Option<ArrayError> {
+        if !self.is_suspended.load(Ordering::Acquire) {
+            return None;
+        }
         self.suspended
             .lock()
             .as_ref()
@@ -214,6 +223,9 @@ impl Array {
     /// about to start: an error while suspended (or a wait, under
     /// `on_host_error=wait`).
     pub(crate) fn host_gate(&self) -> ArrayResult<()> {
+        if !self.host.is_suspended.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut suspended = self.host.suspended.lock();
         while suspended.is_some() {
             if self.host.policy() == OnHostError::Fail || self.sync.stop.load(Ordering::Acquire) {
@@ -368,6 +380,7 @@ impl Array {
                 read_only,
                 since: Instant::now(),
             });
+            self.host.is_suspended.store(true, Ordering::Release);
         }
         self.host.suspensions.fetch_add(1, Ordering::Relaxed);
         log::error!(
@@ -426,7 +439,11 @@ impl Array {
             log::debug!("host still failing ({}: {e})", self.slots[slot].name());
             return false;
         }
-        let was = self.host.suspended.lock().take();
+        let was = {
+            let mut suspended = self.host.suspended.lock();
+            self.host.is_suspended.store(false, Ordering::Release);
+            suspended.take()
+        };
         self.host.resumed.notify_all();
         if let Some(s) = was {
             log::warn!(

@@ -635,8 +635,35 @@ fn xattrs() {
     fs.setxattr(&c, f, n("trusted.t"), b"t", 0).unwrap();
     fs.setxattr(&c, f, n("security.selinux"), b"ctx", 0)
         .unwrap();
-    fs.setxattr(&c, f, n("system.posix_acl_access"), &[2, 0, 0, 0], 0)
+    // An ACL with a named user (stored; one the mode says as much as is not).
+    let acl: Vec<u8> = [2u32.to_le_bytes().to_vec()]
+        .into_iter()
+        .chain(
+            [
+                (1u16, 6u16, u32::MAX),
+                (2, 4, 7),
+                (4, 4, u32::MAX),
+                (0x10, 4, u32::MAX),
+                (0x20, 0, u32::MAX),
+            ]
+            .iter()
+            .map(|(t, p, id)| {
+                [
+                    t.to_le_bytes().to_vec(),
+                    p.to_le_bytes().to_vec(),
+                    id.to_le_bytes().to_vec(),
+                ]
+                .concat()
+            }),
+        )
+        .flatten()
+        .collect();
+    fs.setxattr(&c, f, n("system.posix_acl_access"), &acl, 0)
         .unwrap();
+    assert!(matches!(
+        fs.setxattr(&c, f, n("system.posix_acl_access"), &[2, 0, 0, 0], 0),
+        Err(FsError::Invalid(_))
+    ));
     assert!(matches!(
         fs.setxattr(&c, f, n("os2.x"), b"", 0),
         Err(FsError::Unsupported(_))

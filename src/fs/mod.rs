@@ -5,6 +5,7 @@
 //! Storage is reached only through [`BlockStore`], implemented by the array
 //! engine and by [`store::MemStore`] for tests.
 
+pub mod acl;
 mod alloc;
 pub mod array_store;
 mod core;
@@ -405,7 +406,8 @@ impl FileSystem {
     }
 
     /// Create a regular file, device node, FIFO or socket (`mode` carries the
-    /// type bits); `umask` is applied here.
+    /// type bits); `umask` is applied here, unless the parent's default ACL
+    /// decides instead (`namespace::create`).
     pub fn mknod(
         &self,
         caller: &Caller,
@@ -416,7 +418,7 @@ impl FileSystem {
         rdev: u32,
     ) -> FsResult<Attr> {
         let kind = kind_from_mode(mode)?;
-        let perm = (mode & !umask & 0o7777) as u16;
+        let (perm, umask) = ((mode & 0o7777) as u16, (umask & 0o777) as u16);
         self.inner.mutate(|st| {
             namespace::create(
                 st,
@@ -426,6 +428,7 @@ impl FileSystem {
                 NewNode {
                     kind,
                     perm,
+                    umask,
                     rdev,
                     target: &[],
                 },
@@ -441,7 +444,7 @@ impl FileSystem {
         mode: u32,
         umask: u32,
     ) -> FsResult<Attr> {
-        let perm = (mode & !umask & 0o7777) as u16;
+        let (perm, umask) = ((mode & 0o7777) as u16, (umask & 0o777) as u16);
         self.inner.mutate(|st| {
             namespace::create(
                 st,
@@ -451,6 +454,7 @@ impl FileSystem {
                 NewNode {
                     kind: FileKind::Dir,
                     perm,
+                    umask,
                     rdev: 0,
                     target: &[],
                 },
@@ -477,6 +481,7 @@ impl FileSystem {
                 NewNode {
                     kind: FileKind::Symlink,
                     perm: 0o777,
+                    umask: 0,
                     rdev: 0,
                     target,
                 },
@@ -589,7 +594,7 @@ impl FileSystem {
         flags: i32,
     ) -> FsResult<Attr> {
         let _ = flags;
-        let perm = (mode & !umask & 0o7777) as u16;
+        let (perm, umask) = ((mode & 0o7777) as u16, (umask & 0o777) as u16);
         self.inner.mutate(|st| {
             let attr = namespace::create(
                 st,
@@ -599,6 +604,7 @@ impl FileSystem {
                 NewNode {
                     kind: FileKind::File,
                     perm,
+                    umask,
                     rdev: 0,
                     target: &[],
                 },

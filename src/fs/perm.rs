@@ -1,6 +1,6 @@
 //! POSIX permission rules: owner/group/other classes with supplementary
-//! groups, root's bypass (except that exec needs some x bit), sticky
-//! directories.
+//! groups, or the access ACL when the file has one (`acl`), root's bypass
+//! (except that exec needs some x bit), sticky directories.
 
 use super::inode::Inode;
 use super::{Caller, FileKind, FsError, FsResult};
@@ -40,6 +40,9 @@ pub fn in_group(caller: &Caller, gid: u32) -> bool {
 pub fn may(caller: &Caller, inode: &Inode, mask: u32) -> bool {
     if caller.uid == 0 {
         return mask & X_OK == 0 || inode.kind == FileKind::Dir || inode.perm & 0o111 != 0;
+    }
+    if let Some(acl) = super::acl::access_acl(inode) {
+        return acl.allows(caller, inode, mask);
     }
     let bits = if caller.uid == inode.uid {
         inode.perm >> 6

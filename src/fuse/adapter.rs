@@ -186,7 +186,15 @@ impl Filesystem for RaidFuse {
             // The filesystem clears set-ID bits and capabilities on write,
             // truncate and chown itself, so the kernel need not ask for
             // `security.capability` (one more round trip) before every write.
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // The mode of a new entry arrives without the umask applied:
+            // the filesystem applies it, or the parent's default ACL in
+            // its place (POSIX.1e), which a pre-masked mode would defeat.
+            | InitFlags::FUSE_DONT_MASK;
+        if self.settings.default_permissions {
+            // The kernel checks permissions itself then: with the ACLs too.
+            wanted |= InitFlags::FUSE_POSIX_ACL;
+        }
         if self.settings.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }

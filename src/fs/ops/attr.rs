@@ -71,6 +71,7 @@ pub fn apply(st: &mut State, caller: &Caller, ino: u64, set: &SetAttr) -> FsResu
             perm &= !S_ISGID;
         }
         inode.perm = perm;
+        crate::fs::acl::after_chmod(inode);
     }
     let pick = |t: TimeSet| match t {
         TimeSet::Now => now,

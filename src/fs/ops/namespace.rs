@@ -9,7 +9,10 @@ use super::super::{Attr, Caller, FileKind, FsError, FsResult};
 /// What a new inode is.
 pub struct NewNode<'a> {
     pub kind: FileKind,
+    /// The mode's permission bits as asked for, before the umask.
     pub perm: u16,
+    /// Applied unless the parent has a default ACL, which then decides.
+    pub umask: u16,
     pub rdev: u32,
     pub target: &'a [u8],
 }
@@ -62,7 +65,19 @@ pub fn create(
     if node.kind == FileKind::Dir && dir.nlink >= MAX_LINKS {
         return Err(FsError::TooManyLinks);
     }
-    let mut perm = node.perm & 0o7777;
+    // A default ACL on the parent takes the umask's place
+    // (posix_acl_create); symlinks get neither.
+    let inherited = crate::fs::acl::default_acl(dir).filter(|_| node.kind != FileKind::Symlink);
+    let (mut perm, access_acl) = match &inherited {
+        Some(default) => {
+            let (acl, bits) = default.for_new_entry(node.perm);
+            (
+                (node.perm & !0o777) | bits,
+                (!acl.is_equivalent_to_mode()).then(|| acl.encode()),
+            )
+        }
+        None => (node.perm & !node.umask & 0o7777, None),
+    };
     let gid = if dir.perm & S_ISGID != 0 {
         if node.kind == FileKind::Dir {
             perm |= S_ISGID;
@@ -81,6 +96,14 @@ pub fn create(
     let ino = st.new_inode(node.kind, perm, caller.uid, gid);
     let inode = st.inode_mut(ino)?;
     inode.rdev = node.rdev;
+    if let Some(acl) = access_acl {
+        inode.xattrs.insert(crate::fs::acl::ACCESS.to_vec(), acl);
+    }
+    if let (Some(default), FileKind::Dir) = (&inherited, node.kind) {
+        inode
+            .xattrs
+            .insert(crate::fs::acl::DEFAULT.to_vec(), default.encode());
+    }
     if node.kind == FileKind::Symlink {
         inode.target = node.target.to_vec();
         inode.size = node.target.len() as u64;

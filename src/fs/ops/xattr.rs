@@ -1,6 +1,8 @@
-//! Extended attributes: `user.`, `trusted.`, `security.` and the POSIX ACL
-//! names, stored as given, with XATTR_CREATE / XATTR_REPLACE.
+//! Extended attributes: `user.`, `trusted.` and `security.` stored as
+//! given, the POSIX ACL names parsed and kept in step with the mode
+//! (`fs::acl`), with XATTR_CREATE / XATTR_REPLACE.
 
+use super::super::acl::{self, Acl};
 use super::super::inode::Time;
 use super::super::perm::{self, R_OK, W_OK};
 use super::super::state::State;
@@ -82,8 +84,40 @@ pub fn set(
     if flags & XATTR_REPLACE != 0 && !exists {
         return Err(FsError::NoAttr);
     }
+    if ns == Namespace::Acl {
+        return set_acl(st, caller, ino, name, value);
+    }
     let inode = st.inode_mut(ino)?;
     inode.xattrs.insert(name.to_vec(), value.to_vec());
+    inode.ctime = Time::now();
+    Ok(())
+}
+
+/// An ACL is parsed and kept in step with the mode, as ext4 does: the
+/// access ACL sets the mode's rwx bits and is not stored when the mode
+/// says as much; a default ACL belongs to directories only.
+fn set_acl(st: &mut State, caller: &Caller, ino: u64, name: &[u8], value: &[u8]) -> FsResult<()> {
+    let parsed = Acl::parse(value)?;
+    let inode = st.inode_mut(ino)?;
+    if name == acl::DEFAULT {
+        if inode.kind != FileKind::Dir {
+            return Err(FsError::Access);
+        }
+        inode.xattrs.insert(name.to_vec(), parsed.encode());
+    } else {
+        let mut perm = (inode.perm & !0o777) | parsed.mode_bits();
+        // posix_acl_update_mode: setting an ACL takes set-group-ID from
+        // whoever is not in the file's group.
+        if caller.uid != 0 && !perm::in_group(caller, inode.gid) {
+            perm &= !perm::S_ISGID;
+        }
+        inode.perm = perm;
+        if parsed.is_equivalent_to_mode() {
+            inode.xattrs.remove(name);
+        } else {
+            inode.xattrs.insert(name.to_vec(), parsed.encode());
+        }
+    }
     inode.ctime = Time::now();
     Ok(())
 }

@@ -1,0 +1,236 @@
+//! POSIX ACLs through a real FUSE mount: `cp -a` keeps modes (the minimal
+//! ACL it sets is a mode, not stored data) and ACLs; an access ACL entry
+//! grants and denies another user; chmod moves the mask; a directory's
+//! default ACL is inherited, in place of the umask.
+
+mod common;
+
+use common::{fuse_available, mount_mem};
+use raidfs::fuse::MountConfig;
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+const NOBODY: u32 = 65534;
+const USER_OBJ: u16 = 0x01;
+const USER: u16 = 0x02;
+const GROUP_OBJ: u16 = 0x04;
+const MASK: u16 = 0x10;
+const OTHER: u16 = 0x20;
+
+/// The xattr encoding of an ACL (version 2, then tag, perm, id entries).
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        let id = if tag == USER { id } else { u32::MAX };
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("path")
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let (p, n) = (cstr(path), CString::new(name).expect("name"));
+    // SAFETY: valid NUL-terminated strings and a buffer of the length given.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let (p, n) = (cstr(path), CString::new(name).expect("name"));
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the buffer is valid for its length.
+    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (rc >= 0).then(|| {
+        buf.truncate(rc as usize);
+        buf
+    })
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::symlink_metadata(path).expect("stat").mode() & 0o7777
+}
+
+/// Whether user nobody can read `path`.
+fn nobody_reads(path: &Path) -> bool {
+    Command::new("cat")
+        .arg(path)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .expect("run cat as nobody")
+        .status
+        .success()
+}
+
+fn mount() -> common::MountGuard {
+    let mnt = mount_mem(&MountConfig {
+        allow_other: true,
+        ..MountConfig::default()
+    });
+    let parent = mnt.path().parent().expect("mount point has a parent");
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).expect("chmod parent");
+    fs::set_permissions(mnt.path(), fs::Permissions::from_mode(0o755)).expect("chmod root");
+    mnt
+}
+
+#[test]
+fn cp_a_keeps_modes_and_acls() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount();
+    let src = mnt.join("src");
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(src.join("dir")).unwrap();
+    fs::set_permissions(src.join("dir"), fs::Permissions::from_mode(0o750)).unwrap();
+    for (name, m) in [("a", 0o640), ("dir/b", 0o600), ("c", 0o755)] {
+        fs::write(src.join(name), name.as_bytes()).unwrap();
+        fs::set_permissions(src.join(name), fs::Permissions::from_mode(m)).unwrap();
+    }
+    let with_acl = acl(&[
+        (USER_OBJ, 6, 0),
+        (USER, 4, NOBODY),
+        (GROUP_OBJ, 4, 0),
+        (MASK, 4, 0),
+        (OTHER, 0, 0),
+    ]);
+    set_xattr(&src.join("a"), "system.posix_acl_access", &with_acl).expect("set ACL");
+    let out = Command::new("cp")
+        .args(["-a"])
+        .arg(&src)
+        .arg(mnt.join("dst"))
+        .output()
+        .expect("cp -a");
+    assert!(
+        out.status.success(),
+        "cp -a: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["", "dir", "a", "dir/b", "c"] {
+        let (s, d) = (src.join(name), mnt.join("dst").join(name));
+        assert_eq!(mode(&d), mode(&s), "mode of {name:?}");
+        assert_eq!(
+            get_xattr(&d, "system.posix_acl_access"),
+            get_xattr(&s, "system.posix_acl_access"),
+            "ACL of {name:?}"
+        );
+        if s.is_file() {
+            assert_eq!(fs::read(&d).unwrap(), fs::read(&s).unwrap());
+        }
+    }
+    assert_eq!(mode(&mnt.join("dst/dir")), 0o750);
+    assert_eq!(mode(&mnt.join("dst/a")), 0o640);
+    assert!(get_xattr(&mnt.join("dst/a"), "system.posix_acl_access").is_some());
+}
+
+#[test]
+fn an_acl_entry_grants_and_denies_another_user() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount();
+    let granted = mnt.join("granted");
+    fs::write(&granted, b"yes").unwrap();
+    fs::set_permissions(&granted, fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(!nobody_reads(&granted), "mode 0600 keeps nobody out");
+    set_xattr(
+        &granted,
+        "system.posix_acl_access",
+        &acl(&[
+            (USER_OBJ, 6, 0),
+            (USER, 4, NOBODY),
+            (GROUP_OBJ, 0, 0),
+            (MASK, 4, 0),
+            (OTHER, 0, 0),
+        ]),
+    )
+    .expect("grant");
+    assert_eq!(mode(&granted), 0o640, "the group bits show the mask");
+    assert!(nobody_reads(&granted), "u:nobody:r grants");
+    // chmod g-r moves the mask: the named entry no longer counts.
+    fs::set_permissions(&granted, fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(!nobody_reads(&granted), "a mask of --- limits the entry");
+
+    let denied = mnt.join("denied");
+    fs::write(&denied, b"no").unwrap();
+    fs::set_permissions(&denied, fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(nobody_reads(&denied), "mode 0644 lets others read");
+    set_xattr(
+        &denied,
+        "system.posix_acl_access",
+        &acl(&[
+            (USER_OBJ, 6, 0),
+            (USER, 0, NOBODY),
+            (GROUP_OBJ, 4, 0),
+            (MASK, 4, 0),
+            (OTHER, 4, 0),
+        ]),
+    )
+    .expect("deny");
+    assert!(!nobody_reads(&denied), "u:nobody:--- denies");
+    // A malformed ACL is refused.
+    let err = set_xattr(&denied, "system.posix_acl_access", &[2, 0, 0, 0, 1]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+}
+
+#[test]
+fn a_default_acl_is_inherited_in_place_of_the_umask() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount();
+    let dir = mnt.join("shared");
+    fs::create_dir(&dir).unwrap();
+    let default = acl(&[
+        (USER_OBJ, 7, 0),
+        (USER, 6, NOBODY),
+        (GROUP_OBJ, 5, 0),
+        (MASK, 7, 0),
+        (OTHER, 0, 0),
+    ]);
+    set_xattr(&dir, "system.posix_acl_default", &default).expect("default ACL");
+    // SAFETY: umask has no preconditions; the test restores it.
+    let old = unsafe { libc::umask(0o077) };
+    let file = dir.join("new");
+    let made = fs::write(&file, b"inherited");
+    let sub = dir.join("sub");
+    let made_dir = fs::create_dir(&sub);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    made.unwrap();
+    made_dir.unwrap();
+    // Created 0666 & the ACL, not & !umask: the mask (group bits) is rw.
+    assert_eq!(mode(&file), 0o660, "umask 077 did not apply");
+    assert!(get_xattr(&file, "system.posix_acl_access").is_some());
+    assert!(nobody_reads(&file), "the inherited u:nobody:rw grants");
+    assert_eq!(mode(&sub), 0o770);
+    assert!(
+        get_xattr(&sub, "system.posix_acl_default").is_some(),
+        "directories inherit the default"
+    );
+    // A default ACL belongs to directories only.
+    let err = set_xattr(&file, "system.posix_acl_default", &default).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+}

@@ -1,7 +1,9 @@
-//! POSIX ACLs through a real FUSE mount: `cp -a` keeps modes (the minimal
+//! Permissions through a real FUSE mount, checked as another user (nobody):
+//! `cp -a` keeps modes (the minimal
 //! ACL it sets is a mode, not stored data) and ACLs; an access ACL entry
 //! grants and denies another user; chmod moves the mask; a directory's
-//! default ACL is inherited, in place of the umask.
+//! default ACL is inherited, in place of the umask; an execute-only
+//! program runs; ftruncate works through a descriptor opened for writing.
 
 mod common;
 
@@ -233,4 +235,71 @@ fn a_default_acl_is_inherited_in_place_of_the_umask() {
     // A default ACL belongs to directories only.
     let err = set_xattr(&file, "system.posix_acl_default", &default).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+}
+
+#[test]
+fn an_execute_only_program_runs_for_another_user() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount();
+    let program = mnt.join("true");
+    fs::copy("/bin/true", &program).expect("copy /bin/true");
+    fs::set_permissions(&program, fs::Permissions::from_mode(0o711)).unwrap();
+    assert!(!nobody_reads(&program), "0711 is not readable by others");
+    let status = Command::new(&program)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .status()
+        .expect("run the execute-only program as nobody");
+    assert!(status.success(), "{status}");
+}
+
+/// ftruncate through a descriptor opened for writing works after the file
+/// stopped being writable (permission was checked at open, as for write).
+#[test]
+fn ftruncate_on_a_descriptor_opened_for_writing() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount();
+    let dir = mnt.join("open");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+    let path = cstr(&dir.join("f"));
+    // SAFETY: the child only makes system calls (setgid, setuid, open,
+    // fchmod, ftruncate) and _exit, all async-signal-safe after fork.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: as above; every pointer is valid.
+        unsafe {
+            let code = if libc::setgid(NOBODY) != 0 || libc::setuid(NOBODY) != 0 {
+                2
+            } else {
+                let fd = libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT, 0o644);
+                if fd < 0 {
+                    3
+                } else if libc::fchmod(fd, 0o444) != 0 {
+                    4
+                } else if libc::ftruncate(fd, 4096) != 0 {
+                    5
+                } else {
+                    0
+                }
+            };
+            libc::_exit(code);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "2 setuid, 3 open, 4 fchmod, 5 ftruncate"
+    );
+    assert_eq!(fs::metadata(dir.join("f")).unwrap().len(), 4096);
+    assert_eq!(mode(&dir.join("f")), 0o444);
 }

@@ -158,6 +158,9 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
+    /// The change comes through a descriptor opened for writing
+    /// (`ftruncate`): its permission was checked at open, as for a write.
+    pub through_writable_fd: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -556,7 +559,11 @@ impl FileSystem {
     /// Open an existing inode (`flags` as open(2)); counts the open so an
     /// unlinked file keeps its data until the last `release`.
     pub fn open_inode(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<()> {
+        // execve opens the file with __FMODE_EXEC: it needs search (x)
+        // permission, not read, so an execute-only file (0711) runs.
+        const FMODE_EXEC: i32 = 0x20;
         let mask = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY if flags & FMODE_EXEC != 0 => X_OK,
             libc::O_RDONLY => R_OK,
             libc::O_WRONLY => W_OK,
             _ => R_OK | W_OK,

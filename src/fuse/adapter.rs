@@ -254,7 +254,7 @@ impl Filesystem for RaidFuse {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -268,6 +268,9 @@ impl Filesystem for RaidFuse {
             size,
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
+            through_writable_fd: fh.is_some_and(|fh| {
+                HandleFlags::from_handle(fh.0).0 & libc::O_ACCMODE != libc::O_RDONLY
+            }),
         };
         let attr = try_reply!(
             "setattr",

@@ -30,6 +30,7 @@ pub fn validate(st: &State, caller: &Caller, ino: u64, set: &SetAttr) -> FsResul
     }
     if set.size.is_some() {
         match inode.kind {
+            FileKind::File if set.through_writable_fd => {}
             FileKind::File => perm::check(caller, inode, W_OK)?,
             FileKind::Dir => return Err(FsError::IsDir),
             _ => return Err(FsError::Invalid("truncate of a special file")),

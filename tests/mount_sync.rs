@@ -1,7 +1,7 @@
 //! `raidfs sync` and `-o commit=SECS` on real mounts over image files: a
 //! sync makes writes that were never fsync'd survive a killed daemon, even
-//! with an hour between periodic commits, while sync(1) does not reach the
-//! daemon at all; bad `commit=` values and non-raidfs directories are
+//! with an hour between periodic commits, as `sync FILE` does for FILE,
+//! while sync(1) and `sync -f` do not reach the daemon at all; bad `commit=` values and non-raidfs directories are
 //! refused with a clear message.
 
 mod common;
@@ -127,6 +127,15 @@ fn raidfs_sync_makes_unsynced_writes_survive_a_killed_daemon_and_sync1_does_not(
         stdout(&out)
     );
 
+    // `sync FILE` is fsync(FILE), which commits.
+    let by_file = pattern(3, 1 << 20);
+    write_unsynced(&array.mnt.join("by_file"), &by_file);
+    let sync_file = Command::new("sync")
+        .arg(array.mnt.join("by_file"))
+        .output()
+        .expect("run sync FILE");
+    assert!(sync_file.status.success());
+
     // sync(1) and syncfs(2) stop at the kernel: FUSE sends a /dev/fuse
     // filesystem no syncfs request, so this is lost like any other
     // uncommitted write.
@@ -159,6 +168,10 @@ fn raidfs_sync_makes_unsynced_writes_survive_a_killed_daemon_and_sync1_does_not(
     let guard = array.mount("commit=3600");
     assert_eq!(std::fs::read(array.mnt.join("kept")).expect("kept"), kept);
     assert!(array.mnt.join("dir").is_dir());
+    assert_eq!(
+        std::fs::read(array.mnt.join("by_file")).expect("by_file"),
+        by_file
+    );
     assert!(
         !array.mnt.join("lost").exists(),
         "a file written after the last commit survived: sync(1) reached the daemon after all"

@@ -1,8 +1,9 @@
 //! `raidfs sync` and `-o commit=SECS` on real mounts over image files: a
 //! sync makes writes that were never fsync'd survive a killed daemon, even
 //! with an hour between periodic commits, as `sync FILE` does for FILE,
-//! while sync(1) and `sync -f` do not reach the daemon at all; bad `commit=` values and non-raidfs directories are
-//! refused with a clear message.
+//! while sync(1) and `sync -f` do not reach the daemon at all; a commit the
+//! full host refuses is reported; bad `commit=` values and non-raidfs
+//! directories are refused with a clear message.
 
 mod common;
 
@@ -230,4 +231,78 @@ fn sync_of_a_directory_that_is_not_a_raidfs_mount_fails_clearly() {
         err.contains("/proc is not a raidfs mount (it is proc)"),
         "{err}"
     );
+}
+
+#[test]
+fn sync_reports_a_commit_the_full_host_refuses() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = dir.path().join("host");
+    std::fs::create_dir(&host).expect("mkdir host");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir mnt");
+    let tmpfs = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48m", "tmpfs"])
+        .arg(&host)
+        .output()
+        .expect("run mount");
+    assert!(
+        tmpfs.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tmpfs.stderr)
+    );
+    let _host = HostMount(host.clone());
+    let members: Vec<String> = ["m0", "m1"]
+        .iter()
+        .map(|m| host.join(m).display().to_string())
+        .collect();
+    let mut create = vec!["create", "-l", "1", "-s", "64M"];
+    create.extend(members.iter().map(String::as_str));
+    raidfs_ok(&create, dir.path());
+    let log = format!(
+        "log={},commit=3600",
+        dir.path().join("daemon.log").display()
+    );
+    let mut mount = vec!["mount", "-o", &log];
+    mount.extend(members.iter().map(String::as_str));
+    let mnt_arg = mnt.display().to_string();
+    mount.push(&mnt_arg);
+    raidfs_ok(&mount, dir.path());
+    let guard = DaemonGuard::new(&mnt);
+
+    // Two 64 MiB sparse mirrors cannot grow on 48 MiB: the writes fill the
+    // host and the commit that would reference them finds no room.
+    let filled = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(mnt.join("fill"))?;
+        let chunk = pattern(4, 1 << 20);
+        for _ in 0..64 {
+            f.write_all(&chunk)?;
+        }
+        Ok(())
+    })();
+    let err = filled.expect_err("the host filled up");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let out = raidfs(&[OsStr::new("sync"), mnt.as_os_str()], dir.path());
+    assert!(
+        !out.status.success(),
+        "raidfs sync succeeded on a full host"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("raidfs: error: commit and flush failed:")
+            && err.contains("No space left on device"),
+        "{err}"
+    );
+    drop(guard);
+}
+
+/// A host filesystem mounted for one test; lazily unmounted on drop.
+struct HostMount(PathBuf);
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        common::detach(&self.0);
+    }
 }

@@ -365,6 +365,9 @@ mod tests {
         }
         let err = parse(&["commit=0".into()]).unwrap_err();
         assert!(err.contains("from 1 to 3600"), "{err}");
+        // mount(8)'s helper keeps what `parse` accepts.
+        assert!(is_accepted("commit=30"));
+        assert!(!is_accepted("commit=0"));
     }
 
     #[test]

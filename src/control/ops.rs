@@ -1,7 +1,7 @@
 //! Carrying out control requests on the array: member changes, background
-//! work and limits, with the refusals a user should see before the engine
-//! is asked (read-only mount, a failure the array would not survive, an
-//! image that belongs to another array).
+//! work and limits, and a sync of its filesystem, with the refusals a user
+//! should see before the engine is asked (read-only mount, a failure the
+//! array would not survive, an image that belongs to another array).
 
 use super::protocol::Request;
 use crate::array::{AddOutcome, Array, SyncAction};

@@ -13,6 +13,7 @@ pub mod mount;
 pub mod mount_helper;
 pub mod scrub;
 pub mod status;
+pub mod sync;
 pub mod upgrade;
 
 use clap::{Parser, Subcommand};
@@ -62,6 +63,8 @@ enum Command {
     Repair(scrub::RepairArgs),
     /// Show or set a mounted array's background speed limits.
     SpeedLimit(scrub::SpeedLimitArgs),
+    /// Commit a mounted array's journal and flush every member now.
+    Sync(sync::SyncArgs),
     /// The array configuration file (/etc/raidfs.ron): scan for arrays, show them.
     Config(config::ConfigArgs),
     /// mount(8)'s helper for `-t raidfs`; /sbin/mount.raidfs runs this.
@@ -89,6 +92,7 @@ pub fn main() -> i32 {
         Command::Check(a) => scrub::run_check(a),
         Command::Repair(a) => scrub::run_repair(a),
         Command::SpeedLimit(a) => scrub::run_speed_limit(a),
+        Command::Sync(a) => sync::run(a),
         Command::Config(a) => config::run(a),
         Command::MountHelper(a) => mount_helper::run(a),
     }

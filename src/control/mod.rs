@@ -1,11 +1,12 @@
 //! The control channel of a running mount: a Unix socket per mount daemon
 //! carrying newline-delimited JSON requests (status, fail, remove, add,
-//! replace, check/repair, stop, speed limits) and their responses.
+//! replace, check/repair, stop, speed limits, sync) and their responses.
 //!
-//! The daemon runs a [`ControlServer`] holding the array; `raidfs status`,
-//! `detail`, `fail` and friends talk to it through a [`ControlClient`].
-//! Anyone who can open the socket may ask for status; only root or the
-//! mount's owner (checked with `SO_PEERCRED`) may change the array.
+//! The daemon runs a [`ControlServer`] holding the array and its
+//! filesystem; `raidfs status`, `detail`, `fail` and friends talk to it
+//! through a [`ControlClient`]. Anyone who can open the socket may ask for
+//! status or a sync; only root or the mount's owner (checked with
+//! `SO_PEERCRED`) may change the array.
 
 mod client;
 mod ops;

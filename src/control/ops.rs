@@ -1,10 +1,11 @@
 //! Carrying out control requests on the array: member changes, background
-//! work and limits, with the refusals a user should see before the engine
-//! is asked (read-only mount, a failure the array would not survive, an
-//! image that belongs to another array).
+//! work and limits, and a sync of its filesystem, with the refusals a user
+//! should see before the engine is asked (read-only mount, a failure the
+//! array would not survive, an image that belongs to another array).
 
 use super::protocol::Request;
 use crate::array::{AddOutcome, Array, SyncAction};
+use crate::fs::FileSystem;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
 use crate::superblock::Superblock;
@@ -27,7 +28,14 @@ impl Done {
     }
 }
 
-pub(crate) fn execute(array: &Array, request: &Request) -> Result<Done, String> {
+/// Carry out `request` on `array` and its filesystem `fs` (`mount_read_only`:
+/// mounted read-only).
+pub(crate) fn execute(
+    array: &Array,
+    fs: &FileSystem,
+    mount_read_only: bool,
+    request: &Request,
+) -> Result<Done, String> {
     match request {
         Request::Status => Ok(Done {
             message: None,
@@ -73,7 +81,29 @@ pub(crate) fn execute(array: &Array, request: &Request) -> Result<Done, String> 
             let (min, max) = array.speed_limits();
             Done::says(format!("speed limits: min {}, max {}", kib(min), kib(max)))
         }
+        Request::Sync => sync(fs, mount_read_only),
     }
+}
+
+/// `raidfs sync`: commit the journal and flush every member, returning once
+/// both are done, so what was written before is on the members' media.
+fn sync(fs: &FileSystem, mount_read_only: bool) -> Result<Done, String> {
+    if !mount_read_only && fs.is_read_only() {
+        // A commit that failed for good made the filesystem refuse changes;
+        // what was written since the commit before it is not on the members.
+        return Err(
+            "the filesystem stopped accepting changes after a journal commit failed \
+             (see the daemon's log); writes since the last good commit are not durable"
+                .into(),
+        );
+    }
+    let started = std::time::Instant::now();
+    fs.sync_all()
+        .map_err(|e| format!("commit and flush failed: {e}"))?;
+    Done::says(format!(
+        "journal committed and every member flushed ({} ms)",
+        started.elapsed().as_millis()
+    ))
 }
 
 fn kib(bytes_per_sec: u64) -> String {

@@ -43,12 +43,16 @@ pub enum Request {
         #[serde(default)]
         max: Option<u64>,
     },
+    /// Commit the journal and flush every member now (`raidfs sync`).
+    Sync,
 }
 
 impl Request {
     /// Whether the request changes the array (and so needs root or the owner).
+    /// A sync only makes durable what was already written, like sync(2),
+    /// which anyone may call; on a read-only mount it has nothing to commit.
     pub fn changes_array(&self) -> bool {
-        !matches!(self, Request::Status)
+        !matches!(self, Request::Status | Request::Sync)
     }
 }
 
@@ -114,5 +118,8 @@ mod tests {
         let status: Request = serde_json::from_str(r#"{"op":"status"}"#).expect("parse");
         assert!(!status.changes_array());
         assert!(Request::Stop.changes_array());
+        let sync: Request = serde_json::from_str(r#"{"op":"sync"}"#).expect("parse");
+        assert_eq!(sync, Request::Sync);
+        assert!(!sync.changes_array());
     }
 }

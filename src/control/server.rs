@@ -7,6 +7,7 @@ use super::ops;
 use super::protocol::{Request, Response};
 use super::report::{ArrayReport, Origin};
 use crate::array::Array;
+use crate::fs::FileSystem;
 use parking_lot::Mutex;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -46,6 +47,8 @@ pub fn saved_limits_path(socket: &Path) -> PathBuf {
 
 struct Shared {
     array: Arc<Array>,
+    /// The mounted filesystem, for `sync`.
+    fs: Arc<FileSystem>,
     context: MountContext,
     stop: AtomicBool,
     connections: AtomicUsize,
@@ -62,10 +65,12 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Bind `socket` (replacing a stale one), owner-only, and serve `array`.
+    /// Bind `socket` (replacing a stale one), owner-only, and serve `array`
+    /// and the filesystem `fs` on it.
     pub fn start(
         socket: &Path,
         array: Arc<Array>,
+        fs: Arc<FileSystem>,
         context: MountContext,
     ) -> io::Result<ControlServer> {
         let with_path = |what: &str, e: io::Error| {
@@ -87,6 +92,7 @@ impl ControlServer {
         let (wake_read, wake_write) = pipe()?;
         let shared = Arc::new(Shared {
             array,
+            fs,
             context,
             stop: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
@@ -311,7 +317,7 @@ fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
         }
         log::info!("control: {request:?} from uid {uid}");
     }
-    let outcome = ops::execute(&shared.array, &request);
+    let outcome = ops::execute(&shared.array, &shared.fs, context.read_only, &request);
     let message = match outcome {
         Ok(done) => {
             if let Some(r) = done.replacing {
@@ -326,7 +332,7 @@ fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
             done.message
         }
         Err(e) => {
-            if request.changes_array() {
+            if request.changes_array() || request == Request::Sync {
                 log::warn!("control: refused: {e}");
             }
             return Response::refused(e);

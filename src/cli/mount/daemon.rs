@@ -228,9 +228,16 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             .options
             .deferred_writes
             .unwrap_or(plan.options.fuse.threads / 2),
-        ..FsOptions::default()
+        commit_interval_secs: plan
+            .options
+            .commit_secs
+            .unwrap_or(FsOptions::default().commit_interval_secs),
     };
     if !read_only {
+        info!(
+            "the journal is committed every {} s (commit=); fsync, O_SYNC and `raidfs sync` commit at once",
+            fs_opts.commit_interval_secs
+        );
         match fs_opts.deferred_writes {
             0 => info!("every write is answered once it is done (deferred_writes=0)"),
             n => info!(
@@ -251,7 +258,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         // asks its checksums which copy to keep (array::judge).
         array.start_background();
     }
-    let handle = match fuse::mount(fs, &plan.mount_point, &plan.options.fuse) {
+    let handle = match fuse::mount(fs.clone(), &plan.mount_point, &plan.options.fuse) {
         Ok(handle) => handle,
         Err(e) => {
             // The adapter closed the filesystem when the failed session was dropped.
@@ -281,7 +288,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     if let Err(e) = registry::write(&record) {
         warn!("cannot record the daemon's state ({e}); `raidfs umount` will not wait for it");
     }
-    let control = start_control(plan, &array, read_only);
+    let control = start_control(plan, &array, &fs, read_only);
     stop.arm(handle.unmounter());
     report(Ok(array.assembly_notes()));
     info!(
@@ -326,6 +333,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
 fn start_control(
     plan: &MountPlan,
     array: &Arc<crate::array::Array>,
+    fs: &Arc<FileSystem>,
     read_only: bool,
 ) -> Option<crate::control::ControlServer> {
     let socket = crate::cli::status::socket_path(&plan.mount_point);
@@ -336,7 +344,7 @@ fn start_control(
         read_only,
         saved_limits: Some(crate::control::saved_limits_path(&socket)),
     };
-    match crate::control::ControlServer::start(&socket, array.clone(), context) {
+    match crate::control::ControlServer::start(&socket, array.clone(), fs.clone(), context) {
         Ok(server) => Some(server),
         Err(e) => {
             warn!("no control socket ({e}); `raidfs status` and member changes will not reach this mount");

@@ -28,6 +28,9 @@ pub struct MountOptions {
     /// Writes answered before they are done (`deferred_writes=N`, 0 for
     /// none); by default half the FUSE threads.
     pub deferred_writes: Option<usize>,
+    /// Most seconds between journal commits (`commit=SECS`): what a crash
+    /// can lose of writes that were not fsync'd.
+    pub commit_secs: Option<u64>,
     /// Per-mount flags asked for with the generic mount options.
     pub vfs: VfsFlags,
     /// What writes do while the host fails every member (`on_host_error=`).
@@ -112,9 +115,13 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
     })
 }
 
+/// The longest `commit=` interval: an hour of unsynced writes is already
+/// more than anyone should stand to lose.
+pub const MAX_COMMIT_SECS: u64 = 3600;
+
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
-    writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, deferred_writes=N, read_ahead_kb=N, log=PATH, parity=KERNEL, \
+    writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, deferred_writes=N, commit=SECS, read_ahead_kb=N, log=PATH, parity=KERNEL, \
     balance=sticky|round-robin|first|legacy, rotational=0|1, on_host_error=fail|wait; \
     and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
     nosuid, nodev, noexec, noatime, ...";
@@ -166,6 +173,16 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                     _ => {
                         return Err(format!(
                             "deferred_writes={v}: expected a number of writes from 0 (off) to 256"
+                        ))
+                    }
+                }
+            }
+            ("commit", Some(v)) => {
+                opts.commit_secs = match v.parse::<u64>() {
+                    Ok(secs) if (1..=MAX_COMMIT_SECS).contains(&secs) => Some(secs),
+                    _ => {
+                        return Err(format!(
+                            "commit={v}: expected seconds between journal commits, from 1 to {MAX_COMMIT_SECS}"
                         ))
                     }
                 }
@@ -327,6 +344,30 @@ mod tests {
         assert_eq!(opts.deferred_writes, Some(0));
         let opts = parse(&["threads=8,deferred_writes=3".into()]).unwrap();
         assert_eq!(opts.deferred_writes, Some(3));
+    }
+
+    #[test]
+    fn commit_is_seconds_from_one_to_an_hour() {
+        assert_eq!(parse(&[]).unwrap().commit_secs, None);
+        assert_eq!(parse(&["commit=1".into()]).unwrap().commit_secs, Some(1));
+        assert_eq!(
+            parse(&["commit=3600".into()]).unwrap().commit_secs,
+            Some(3600)
+        );
+        for bad in [
+            "commit=0",
+            "commit=3601",
+            "commit=abc",
+            "commit=-1",
+            "commit",
+        ] {
+            assert!(parse(&[bad.into()]).is_err(), "{bad} accepted");
+        }
+        let err = parse(&["commit=0".into()]).unwrap_err();
+        assert!(err.contains("from 1 to 3600"), "{err}");
+        // mount(8)'s helper keeps what `parse` accepts.
+        assert!(is_accepted("commit=30"));
+        assert!(!is_accepted("commit=0"));
     }
 
     #[test]

@@ -809,7 +809,7 @@ fn readdir_while_renaming_ends_and_lists_each_entry_once() {
         for now in current.values_mut() {
             renames += 1;
             let old = OsStr::from_bytes_ext(now).to_owned();
-            if renames % 2 == 0 {
+            if renames.is_multiple_of(2) {
                 fs.rename(&c, d, &old, d, n("TEMPFILE"), none).unwrap();
                 fs.rename(&c, d, n("TEMPFILE"), d, &old, none).unwrap();
             } else {
@@ -848,6 +848,10 @@ fn readdir_while_renaming_ends_and_lists_each_entry_once() {
         !gone.is_empty(),
         "some entries were unlinked before being reached"
     );
+    // Resuming at or past the end (a seekdir to another listing's cookie)
+    // lists nothing more.
+    assert_eq!(fs.readdir_until(d, end, end, usize::MAX).unwrap(), []);
+    assert_eq!(fs.readdir_until(d, end + 5, end, usize::MAX).unwrap(), []);
 
     // A listing begun now sees the directory as it is now, each entry once.
     let mut expected: Vec<String> = current

@@ -129,7 +129,7 @@ fn readdir_while_renaming_ends_and_lists_each_entry_once() {
     let mut seen = BTreeSet::new();
     let mut current = BTreeSet::new();
     let mut gone = BTreeSet::new();
-    let mut count = 0;
+    let mut count = 0usize;
     for entry in fs::read_dir(&dir).unwrap() {
         count += 1;
         assert!(count <= 3 * (kept + doomed), "the listing does not end");
@@ -140,7 +140,7 @@ fn readdir_while_renaming_ends_and_lists_each_entry_once() {
             continue;
         }
         let path = dir.join(&name);
-        if count % 2 == 0 {
+        if count.is_multiple_of(2) {
             fs::rename(&path, dir.join("TEMPFILE")).unwrap();
             fs::rename(dir.join("TEMPFILE"), &path).unwrap();
             current.insert(name);
@@ -149,7 +149,7 @@ fn readdir_while_renaming_ends_and_lists_each_entry_once() {
             fs::rename(&path, dir.join(&new)).unwrap();
             current.insert(new);
         }
-        if count % 10 == 0 {
+        if count.is_multiple_of(10) {
             File::create(dir.join(format!("created-{count}"))).unwrap();
             let victim = format!("doomed-{:03}", doomed - count / 10);
             if count / 10 <= doomed && !seen.contains(&victim) {

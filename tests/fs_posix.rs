@@ -787,6 +787,137 @@ fn readdir_while_unlinking_visits_every_entry_once() {
     fs.rmdir(&c, ROOT_INO, n("big")).unwrap();
 }
 
+#[test]
+fn readdir_while_renaming_ends_and_lists_each_entry_once() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let (store, fs) = fresh(4);
+    let c = root();
+    let none = RenameFlags::default();
+    let d = fs.mkdir(&c, ROOT_INO, n("busy"), 0o755, 0).unwrap().ino;
+    let kept = 1000;
+    for i in 0..kept {
+        mkfile(&fs, d, &format!("keep-{i:04}"));
+    }
+    // Unlinked during the listing before the reader reaches them (or not).
+    let doomed = 200;
+    for i in 0..doomed {
+        mkfile(&fs, d, &format!("doomed-{i:03}"));
+    }
+    // Original name → the name it has now; renamed after each batch.
+    let mut current: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut seen_names = BTreeSet::new();
+    let mut seen_inos = BTreeSet::new();
+    let mut renames = 0u64;
+    let mut created = 0u64;
+    let mut unlinked = 0;
+    let mut gone = BTreeSet::new();
+    let end = fs.readdir_end(d).unwrap();
+    let mut cookie = 0;
+    let mut batches = 0;
+    loop {
+        batches += 1;
+        assert!(batches <= 1000, "the listing does not end");
+        let batch = fs.readdir_until(d, cookie, end, 13).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for e in &batch {
+            assert!(e.cookie > cookie, "cookies go up within a listing");
+            cookie = e.cookie;
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            assert!(seen_names.insert(e.name.clone()), "a name listed twice");
+            assert!(seen_inos.insert(e.ino), "an inode listed twice");
+            current.insert(e.name.clone(), e.name.clone());
+        }
+        // Every entry seen so far moves, half of them there and back again
+        // (as generic/736 does), half to a new name.
+        for now in current.values_mut() {
+            renames += 1;
+            let old = OsStr::from_bytes_ext(now).to_owned();
+            if renames.is_multiple_of(2) {
+                fs.rename(&c, d, &old, d, n("TEMPFILE"), none).unwrap();
+                fs.rename(&c, d, n("TEMPFILE"), d, &old, none).unwrap();
+            } else {
+                let new = format!("renamed-{renames}").into_bytes();
+                fs.rename(&c, d, &old, d, OsStr::from_bytes_ext(&new), none)
+                    .unwrap();
+                *now = new;
+            }
+        }
+        created += 1;
+        mkfile(&fs, d, &format!("created-{created}"));
+        if unlinked < doomed {
+            let name = format!("doomed-{:03}", doomed - 1 - unlinked);
+            if !current.contains_key(name.as_bytes()) {
+                fs.unlink(&c, d, n(&name)).unwrap();
+                gone.insert(name);
+            }
+            unlinked += 1;
+        }
+    }
+    for i in 0..kept {
+        assert!(
+            seen_names.contains(format!("keep-{i:04}").as_bytes()),
+            "keep-{i:04} was not listed"
+        );
+    }
+    for name in &seen_names {
+        assert!(
+            name.starts_with(b"keep-") || name.starts_with(b"doomed-"),
+            "{} was inserted after the listing began",
+            String::from_utf8_lossy(name)
+        );
+    }
+    assert!(seen_names.len() <= kept + doomed);
+    assert!(
+        !gone.is_empty(),
+        "some entries were unlinked before being reached"
+    );
+    // Resuming at or past the end (a seekdir to another listing's cookie)
+    // lists nothing more.
+    assert_eq!(fs.readdir_until(d, end, end, usize::MAX).unwrap(), []);
+    assert_eq!(fs.readdir_until(d, end + 5, end, usize::MAX).unwrap(), []);
+
+    // A listing begun now sees the directory as it is now, each entry once.
+    let mut expected: Vec<String> = current
+        .values()
+        .map(|v| String::from_utf8(v.clone()).unwrap())
+        .chain((1..=created).map(|i| format!("created-{i}")))
+        .chain(
+            (0..doomed)
+                .map(|i| format!("doomed-{i:03}"))
+                .filter(|name| !current.contains_key(name.as_bytes()) && !gone.contains(name)),
+        )
+        .collect();
+    expected.sort();
+    let end = fs.readdir_end(d).unwrap();
+    let mut listed: Vec<String> = fs
+        .readdir_until(d, 0, end, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    listed.sort();
+    assert!(
+        listed == expected,
+        "{} listed, {} expected",
+        listed.len(),
+        expected.len()
+    );
+
+    // Cookies are kept on disk: a listing resumed after a remount (as an NFS
+    // client resumes one) continues where it left off.
+    let all = fs.readdir(d, 0, usize::MAX).unwrap();
+    let middle = all[all.len() / 2].cookie;
+    let rest_before = fs.readdir(d, middle, usize::MAX).unwrap();
+    let fs = reopen(&store, fs);
+    assert_eq!(fs.readdir(d, middle, usize::MAX).unwrap(), rest_before);
+    assert_eq!(fs.readdir(d, 0, usize::MAX).unwrap(), all);
+}
+
 trait FromBytes {
     fn from_bytes_ext(b: &[u8]) -> &OsStr;
 }

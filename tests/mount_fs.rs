@@ -84,6 +84,120 @@ fn large_directory_lists_every_entry_once() {
     }
 }
 
+/// Every name libc's readdir returns for `dir`, in order, from an open
+/// stream (rewound first when `rewind`).
+fn read_stream(dir: *mut libc::DIR, rewind: bool) -> Vec<String> {
+    let mut names = Vec::new();
+    // SAFETY: `dir` is an open stream from opendir; each dirent stays valid
+    // until the next readdir on it.
+    unsafe {
+        if rewind {
+            libc::rewinddir(dir);
+        }
+        loop {
+            let entry = libc::readdir(dir);
+            if entry.is_null() {
+                break;
+            }
+            let name = std::ffi::CStr::from_ptr((*entry).d_name.as_ptr());
+            names.push(name.to_string_lossy().into_owned());
+        }
+    }
+    names
+}
+
+#[test]
+fn readdir_while_renaming_ends_and_lists_each_entry_once() {
+    use std::collections::BTreeSet;
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    let dir = mnt.join("busy");
+    fs::create_dir(&dir).unwrap();
+    let kept = 1000;
+    for i in 0..kept {
+        File::create(dir.join(format!("keep-{i:04}"))).unwrap();
+    }
+    let doomed = 100;
+    for i in 0..doomed {
+        File::create(dir.join(format!("doomed-{i:03}"))).unwrap();
+    }
+    // As generic/736: each entry read is renamed away and back (so it is
+    // inserted afresh) before the next is read; every other one is moved
+    // to a new name instead, and files are created and unlinked beside.
+    let mut seen = BTreeSet::new();
+    let mut current = BTreeSet::new();
+    let mut gone = BTreeSet::new();
+    let mut count = 0usize;
+    for entry in fs::read_dir(&dir).unwrap() {
+        count += 1;
+        assert!(count <= 3 * (kept + doomed), "the listing does not end");
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(seen.insert(name.clone()), "{name} listed twice");
+        // Unlinked here after libc had read it into its buffer.
+        if gone.contains(&name) {
+            continue;
+        }
+        let path = dir.join(&name);
+        if count.is_multiple_of(2) {
+            fs::rename(&path, dir.join("TEMPFILE")).unwrap();
+            fs::rename(dir.join("TEMPFILE"), &path).unwrap();
+            current.insert(name);
+        } else {
+            let new = format!("renamed-{count}");
+            fs::rename(&path, dir.join(&new)).unwrap();
+            current.insert(new);
+        }
+        if count.is_multiple_of(10) {
+            File::create(dir.join(format!("created-{count}"))).unwrap();
+            let victim = format!("doomed-{:03}", doomed - count / 10);
+            if count / 10 <= doomed && !seen.contains(&victim) {
+                fs::remove_file(dir.join(&victim)).unwrap();
+                gone.insert(victim);
+            }
+        }
+    }
+    for i in 0..kept {
+        assert!(
+            seen.contains(&format!("keep-{i:04}")),
+            "keep-{i:04} missing"
+        );
+    }
+    for name in &seen {
+        assert!(
+            name.starts_with("keep-") || name.starts_with("doomed-"),
+            "{name} was inserted after the listing began"
+        );
+    }
+    assert!(!gone.is_empty());
+
+    // A rewound stream sees the directory as it is now.
+    let c_dir = cstr(&dir);
+    // SAFETY: a valid NUL-terminated path.
+    let stream = unsafe { libc::opendir(c_dir.as_ptr()) };
+    assert!(!stream.is_null());
+    let first: BTreeSet<String> = read_stream(stream, false).into_iter().collect();
+    File::create(dir.join("after-opendir")).unwrap();
+    let again = read_stream(stream, true);
+    // SAFETY: `stream` is open and not used after this.
+    assert_eq!(unsafe { libc::closedir(stream) }, 0);
+    let mut expected: BTreeSet<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(expected.contains("after-opendir"));
+    assert!(expected.is_superset(&current));
+    expected.insert(".".into());
+    expected.insert("..".into());
+    let rewound: BTreeSet<String> = again.iter().cloned().collect();
+    assert_eq!(rewound.len(), again.len(), "an entry listed twice");
+    assert_eq!(rewound, expected);
+    expected.remove("after-opendir");
+    assert_eq!(first, expected);
+    mnt.unmount().unwrap();
+}
+
 #[test]
 fn symlinks_hard_links_and_rename_flags() {
     if !fuse_available() {

@@ -72,11 +72,21 @@ impl Dir {
         Some(slot)
     }
 
-    /// Entries with a cookie greater than `after`, in cookie order.
-    pub fn after(&self, after: u64) -> impl Iterator<Item = (u64, &[u8], u64)> + '_ {
+    /// The cookie the next insertion gets: every entry inserted from now on,
+    /// including one renamed (which is removed and inserted afresh), has a
+    /// cookie at or above it.
+    pub fn next_cookie(&self) -> u64 {
+        self.next_cookie
+    }
+
+    /// Entries with a cookie greater than `after` and below `end`, in cookie
+    /// order.
+    pub fn between(&self, after: u64, end: u64) -> impl Iterator<Item = (u64, &[u8], u64)> + '_ {
         let start = after.saturating_add(1).max(FIRST_COOKIE);
+        // An empty range when a caller resumes at or past its end (range()
+        // would panic on start > end).
         self.by_cookie
-            .range(start..)
+            .range(start..end.max(start))
             .filter_map(move |(cookie, name)| {
                 self.entries
                     .get(name)

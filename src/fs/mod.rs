@@ -754,8 +754,34 @@ impl FileSystem {
     }
 
     /// Entries after `cookie` (0 = from the start, "." and ".." first), at most
-    /// `max` of them. Cookies stay valid while entries are added and removed.
+    /// `max` of them, including any inserted since the listing began. Cookies
+    /// stay valid while entries are added and removed; a listing that must
+    /// end whatever runs beside it uses [`FileSystem::readdir_until`].
     pub fn readdir(&self, ino: u64, cookie: u64, max: usize) -> FsResult<Vec<DirEntry>> {
+        self.readdir_until(ino, cookie, u64::MAX, max)
+    }
+
+    /// Where a listing of `ino` begun now ends, for
+    /// [`FileSystem::readdir_until`]: entries inserted from now on (new
+    /// names, and renamed entries, which get a fresh cookie) have cookies at
+    /// or above it.
+    pub fn readdir_end(&self, ino: u64) -> FsResult<u64> {
+        Ok(self.inner.state.read().dir(ino)?.next_cookie())
+    }
+
+    /// [`FileSystem::readdir`] without the entries whose cookie is at or
+    /// above `end` (from [`FileSystem::readdir_end`] when the listing
+    /// began). Each entry that exists throughout the listing is returned
+    /// exactly once, and the listing ends even if every entry it returns is
+    /// renamed at once: the renamed entries fall past `end` (as POSIX allows
+    /// for entries added after opendir or rewinddir).
+    pub fn readdir_until(
+        &self,
+        ino: u64,
+        cookie: u64,
+        end: u64,
+        max: usize,
+    ) -> FsResult<Vec<DirEntry>> {
         let st = self.inner.state.read();
         let inode = st.inode(ino)?;
         let dir = st.dir(ino)?;
@@ -776,7 +802,7 @@ impl FileSystem {
                 name: b"..".to_vec(),
             });
         }
-        for (c, name, child) in dir.after(cookie) {
+        for (c, name, child) in dir.between(cookie, end) {
             if out.len() >= max {
                 break;
             }

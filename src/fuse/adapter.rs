@@ -1,12 +1,15 @@
 //! The `fuser::Filesystem` implementation: each FUSE request becomes one or
 //! two [`FileSystem`] calls, and each reply is built from their results.
-//! Holds no filesystem state of its own beyond the mount's settings; open
-//! handles carry their open(2) flags in the FUSE file handle.
+//! Holds no filesystem state of its own beyond the mount's settings and,
+//! for each open directory, where its listing ends; open file handles carry
+//! their open(2) flags in the FUSE file handle.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -55,6 +58,11 @@ pub struct RaidFuse {
     /// Tells the kernel about changes it did not ask for (set once the
     /// session exists).
     notifier: Arc<OnceLock<Notifier>>,
+    /// Directory handle → the `readdir_end` its listing stops at, so a
+    /// listing ends even when each entry it returns is renamed (and so gets
+    /// a new, higher cookie) before the next batch is asked for.
+    dir_ends: Mutex<HashMap<u64, u64>>,
+    next_dir_fh: AtomicU64,
 }
 
 impl RaidFuse {
@@ -69,7 +77,23 @@ impl RaidFuse {
             settings,
             unmounted,
             notifier,
+            dir_ends: Mutex::new(HashMap::new()),
+            next_dir_fh: AtomicU64::new(1),
         }
+    }
+
+    /// Where the listing through handle `fh` ends, fixed by its first read.
+    /// A read from offset 0 (the first, or one after rewinddir) starts a new
+    /// listing, which sees the directory as it is now.
+    fn dir_end(&self, ino: u64, fh: u64, offset: u64) -> FsResult<u64> {
+        if offset != 0 {
+            if let Some(&end) = self.dir_ends.lock().get(&fh) {
+                return Ok(end);
+            }
+        }
+        let end = self.fs.readdir_end(ino)?;
+        self.dir_ends.lock().insert(fh, end);
+        Ok(end)
     }
 
     fn caller(&self, req: &Request) -> fs::Caller {
@@ -110,12 +134,14 @@ impl RaidFuse {
     fn fill_dir(
         &self,
         ino: u64,
+        fh: u64,
         offset: u64,
         mut add: impl FnMut(&fs::DirEntry) -> bool,
     ) -> FsResult<()> {
+        let end = self.dir_end(ino, fh, offset)?;
         let mut cookie = offset;
         loop {
-            let batch = self.fs.readdir(ino, cookie, READDIR_BATCH)?;
+            let batch = self.fs.readdir_until(ino, cookie, end, READDIR_BATCH)?;
             let Some(last) = batch.last() else {
                 return Ok(());
             };
@@ -529,18 +555,19 @@ impl Filesystem for RaidFuse {
             reply,
             self.fs.open_inode(&self.caller(req), ino.0, flags.0)
         );
-        reply.opened(FileHandle(0), FopenFlags::empty());
+        let fh = self.next_dir_fh.fetch_add(1, Ordering::Relaxed);
+        reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let filled = self.fill_dir(ino.0, offset, |entry| {
+        let filled = self.fill_dir(ino.0, fh.0, offset, |entry| {
             reply.add(
                 INodeNo(entry.ino),
                 entry.cookie,
@@ -556,12 +583,12 @@ impl Filesystem for RaidFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.settings.ttls.entry;
-        let filled = self.fill_dir(ino.0, offset, |entry| {
+        let filled = self.fill_dir(ino.0, fh.0, offset, |entry| {
             // An entry removed since the listing was read is skipped; its
             // cookie still orders the ones after it.
             match self.fs.getattr(entry.ino) {
@@ -587,10 +614,11 @@ impl Filesystem for RaidFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.dir_ends.lock().remove(&fh.0);
         try_reply!("releasedir", reply, self.fs.release(ino.0));
         reply.ok();
     }

@@ -962,3 +962,67 @@ fn concurrent_writers_and_readers_of_different_files() {
         }
     }
 }
+
+/// Reads move the access time as the mount's atime mode says: relatime
+/// (after a change, or a day), strictatime (always), noatime (never);
+/// listings follow it unless nodiratime. The time persists.
+#[test]
+fn reads_update_atime_by_the_mount_mode() {
+    use raidfs::fs::atime::AtimeMode;
+    let open = |store: &Arc<MemStore>, atime: AtimeMode, diratime: bool| {
+        let opts = FsOptions {
+            atime,
+            diratime,
+            ..FsOptions::default()
+        };
+        FileSystem::open(store.clone(), opts).unwrap()
+    };
+    let atime = |fs: &FileSystem, ino: u64| fs.getattr(ino).unwrap().atime;
+    let store = Arc::new(MemStore::new(4, 8 * MIB, 64 * 1024));
+    FileSystem::format(store.clone()).unwrap();
+
+    let fs = open(&store, AtimeMode::Relative, true);
+    let f = mkfile(&fs, ROOT_INO, "f");
+    fs.write(f, 0, b"data").unwrap();
+    let created = atime(&fs, f);
+    fs.read(f, 0, 4).unwrap();
+    let first = atime(&fs, f);
+    assert!(
+        first > created,
+        "relatime: the first read after a write moves it"
+    );
+    fs.read(f, 0, 4).unwrap();
+    assert_eq!(atime(&fs, f), first, "relatime: a second read does not");
+    fs.write(f, 0, b"more").unwrap();
+    fs.read(f, 0, 4).unwrap();
+    assert!(
+        atime(&fs, f) > first,
+        "relatime: a read after a change does"
+    );
+    let dir_before = atime(&fs, ROOT_INO);
+    fs.readdir_end(ROOT_INO).unwrap();
+    assert!(
+        atime(&fs, ROOT_INO) > dir_before,
+        "a listing moves the directory's"
+    );
+    let kept = atime(&fs, f);
+    fs.unmount().unwrap();
+
+    let fs = open(&store, AtimeMode::Strict, false);
+    assert_eq!(atime(&fs, f), kept, "the access time persists");
+    fs.read(f, 0, 4).unwrap();
+    let a = atime(&fs, f);
+    fs.read(f, 0, 4).unwrap();
+    assert!(atime(&fs, f) > a, "strictatime: every read moves it");
+    fs.write(f, 0, b"x").unwrap();
+    let dir_before = atime(&fs, ROOT_INO);
+    fs.readdir_end(ROOT_INO).unwrap();
+    assert_eq!(atime(&fs, ROOT_INO), dir_before, "nodiratime");
+    fs.unmount().unwrap();
+
+    let fs = open(&store, AtimeMode::Never, true);
+    let before = atime(&fs, f);
+    fs.read(f, 0, 4).unwrap();
+    assert_eq!(atime(&fs, f), before, "noatime: reads never move it");
+    fs.unmount().unwrap();
+}

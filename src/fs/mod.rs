@@ -8,6 +8,7 @@
 pub mod acl;
 mod alloc;
 pub mod array_store;
+pub mod atime;
 mod core;
 pub mod csum;
 mod deferred;
@@ -210,6 +211,10 @@ pub struct FsOptions {
     /// Writes that may be answered before they are done (0: none); see
     /// [`FileSystem::accept_write`].
     pub deferred_writes: usize,
+    /// When reads move the access time (the mount's atime mode).
+    pub atime: atime::AtimeMode,
+    /// Whether listing a directory moves its access time (`nodiratime`: no).
+    pub diratime: bool,
 }
 
 impl Default for FsOptions {
@@ -218,6 +223,8 @@ impl Default for FsOptions {
             read_only: false,
             commit_interval_secs: 5,
             deferred_writes: 0,
+            atime: atime::AtimeMode::Relative,
+            diratime: true,
         }
     }
 }
@@ -241,6 +248,8 @@ pub struct FileSystem {
     /// Dropping the sender stops the commit thread.
     stop_committer: Mutex<Option<crossbeam_channel::Sender<()>>>,
     deferred: Arc<Deferred>,
+    atime: atime::AtimeMode,
+    diratime: bool,
 }
 
 /// A write answered before it is done: see [`FileSystem::accept_write`].
@@ -311,6 +320,8 @@ impl FileSystem {
             } else {
                 opts.deferred_writes
             }),
+            atime: opts.atime,
+            diratime: opts.diratime,
         })
     }
 
@@ -642,7 +653,31 @@ impl FileSystem {
     /// Read up to `size` bytes; holes read as zeros; short only at end of file.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
         self.deferred.settle(ino);
-        self.inner.read_data(ino, offset, size)
+        let data = self.inner.read_data(ino, offset, size)?;
+        self.accessed(ino, self.atime);
+        Ok(data)
+    }
+
+    /// An access to `ino`: move its atime if `mode` says so. A read-only
+    /// filesystem, or one that refuses changes, keeps the old time (a read
+    /// never fails for it).
+    fn accessed(&self, ino: u64, mode: atime::AtimeMode) {
+        if mode == atime::AtimeMode::Never || self.inner.is_read_only() {
+            return;
+        }
+        let now = inode::Time::now();
+        let due = self
+            .inner
+            .state
+            .read()
+            .inode(ino)
+            .is_ok_and(|inode| atime::needs_update(mode, inode, now));
+        if due {
+            let _ = self.inner.mutate(|st| {
+                st.inode_mut(ino)?.atime = now;
+                Ok(())
+            });
+        }
     }
 
     /// Write all of `data` at `offset`; returns bytes written. The file
@@ -766,7 +801,12 @@ impl FileSystem {
     /// names, and renamed entries, which get a fresh cookie) have cookies at
     /// or above it.
     pub fn readdir_end(&self, ino: u64) -> FsResult<u64> {
-        Ok(self.inner.state.read().dir(ino)?.next_cookie())
+        let end = self.inner.state.read().dir(ino)?.next_cookie();
+        // A listing begins: the directory is accessed (not under nodiratime).
+        if self.diratime {
+            self.accessed(ino, self.atime);
+        }
+        Ok(end)
     }
 
     /// [`FileSystem::readdir`] without the entries whose cookie is at or

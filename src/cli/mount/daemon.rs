@@ -232,6 +232,8 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             .options
             .commit_secs
             .unwrap_or(FsOptions::default().commit_interval_secs),
+        atime: plan.options.vfs.atime_mode(),
+        diratime: !plan.options.vfs.has(libc::MS_NODIRATIME),
     };
     if !read_only {
         info!(

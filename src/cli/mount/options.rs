@@ -64,7 +64,25 @@ impl VfsFlags {
         self.set &= !flag;
     }
 
-    fn atime_mode(&mut self, mode: u64) {
+    /// The atime mode the filesystem applies on reads: FUSE leaves atime to
+    /// it (relatime unless the mount asks for noatime or strictatime).
+    pub fn atime_mode(&self) -> crate::fs::atime::AtimeMode {
+        use crate::fs::atime::AtimeMode;
+        if self.has(libc::MS_NOATIME) {
+            AtimeMode::Never
+        } else if self.has(libc::MS_STRICTATIME) {
+            AtimeMode::Strict
+        } else {
+            AtimeMode::Relative
+        }
+    }
+
+    /// Whether the mount asked for `flag` to be set.
+    pub fn has(&self, flag: u64) -> bool {
+        self.set & flag != 0
+    }
+
+    fn set_atime_mode(&mut self, mode: u64) {
         self.turn_off(ATIME_MODES & !mode);
         self.turn_on(mode);
     }
@@ -107,10 +125,10 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
         "noexec" => Flag(|f| f.turn_on(libc::MS_NOEXEC)),
         "diratime" => Flag(|f| f.turn_off(libc::MS_NODIRATIME)),
         "nodiratime" => Flag(|f| f.turn_on(libc::MS_NODIRATIME)),
-        "atime" | "norelatime" | "nostrictatime" => Flag(|f| f.atime_mode(0)),
-        "noatime" => Flag(|f| f.atime_mode(libc::MS_NOATIME)),
-        "relatime" => Flag(|f| f.atime_mode(libc::MS_RELATIME)),
-        "strictatime" => Flag(|f| f.atime_mode(libc::MS_STRICTATIME)),
+        "atime" | "norelatime" | "nostrictatime" => Flag(|f| f.set_atime_mode(0)),
+        "noatime" => Flag(|f| f.set_atime_mode(libc::MS_NOATIME)),
+        "relatime" => Flag(|f| f.set_atime_mode(libc::MS_RELATIME)),
+        "strictatime" => Flag(|f| f.set_atime_mode(libc::MS_STRICTATIME)),
         _ => return None,
     })
 }
@@ -404,5 +422,18 @@ mod tests {
             suid.applied_to(current),
             libc::MS_RELATIME | libc::MS_NOEXEC
         );
+    }
+
+    #[test]
+    fn the_atime_mode_follows_the_last_atime_option() {
+        use crate::fs::atime::AtimeMode;
+        let mode = |o: &str| parse(&[o.to_string()]).unwrap().vfs.atime_mode();
+        assert_eq!(mode("rw"), AtimeMode::Relative);
+        assert_eq!(mode("noatime"), AtimeMode::Never);
+        assert_eq!(mode("strictatime"), AtimeMode::Strict);
+        assert_eq!(mode("noatime,relatime"), AtimeMode::Relative);
+        assert_eq!(mode("strictatime,atime"), AtimeMode::Relative);
+        let opts = parse(&["nodiratime".into()]).unwrap();
+        assert!(opts.vfs.has(libc::MS_NODIRATIME));
     }
 }

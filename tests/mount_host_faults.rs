@@ -208,6 +208,14 @@ fn a_host_gone_read_only_fails_no_member_and_keeps_every_fsynced_file() {
         "raidfs test",
     )
     .expect("trigger an ext4 error");
+    // A write made now must reach the read-only host (the writer thread
+    // may stop before its next one does).
+    let err = write_synced(&mnt.join("after-the-error"), &pattern(4, 1 << 20))
+        .expect_err("the host is read-only");
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EROFS) | Some(libc::EIO)),
+        "{err}"
+    );
     let synced = writer.finish_after_crash();
     // The writer stopped on the host's error; no member was failed for it.
     members_active(&mnt);

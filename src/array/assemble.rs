@@ -2,7 +2,7 @@
 //! older members are stale, a dirty and degraded parity array needs force,
 //! and too few members is a clear error.
 
-use super::{data_geometry, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
+use super::{data_geometry, geometry_survives, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
 use crate::geometry::Level;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
@@ -253,7 +253,7 @@ pub fn assemble(
     let meta = crate::geometry::Geometry::metadata(total, reference.chunk)?;
     let serves = |slots: &[usize]| {
         let missing: Vec<usize> = (0..total).filter(|s| !slots.contains(s)).collect();
-        survives(&geometry, &missing) && survives(&meta, &missing)
+        geometry_survives(&geometry, &missing) && geometry_survives(&meta, &missing)
     };
     let slots_of = |set: &[Found]| set.iter().map(|f| f.sb.slot as usize).collect::<Vec<_>>();
     if !serves(&slots_of(&current)) && opts.force {
@@ -462,19 +462,6 @@ pub fn assemble(
     }
     *array.notes.lock() = notes;
     Ok(array)
-}
-
-/// Whether geometry `g` keeps every chunk with `missing` slots gone.
-fn survives(g: &crate::geometry::Geometry, missing: &[usize]) -> bool {
-    match g.level {
-        Level::Raid0 | Level::Raid5 | Level::Raid6 => missing.len() <= g.tolerance(),
-        Level::Raid1 | Level::Raid10 => (0..g.members as u64).all(|k| {
-            g.map(k * g.chunk)
-                .targets
-                .iter()
-                .any(|t| !missing.contains(&t.member))
-        }),
-    }
 }
 
 /// The events of the last bitmap clearing, as the members' bitmaps record it.

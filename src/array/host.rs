@@ -117,7 +117,6 @@ pub(crate) struct HostState {
     /// Whether `suspended` is set: every write asks, without the lock.
     is_suspended: AtomicBool,
     resumed: Condvar,
-    suspensions: AtomicU64,
     /// Serialises failure decisions (probes, then records).
     deciding: parking_lot::ReentrantMutex<()>,
     watcher: AtomicBool,
@@ -135,7 +134,6 @@ impl Default for HostState {
             suspended: Mutex::new(None),
             is_suspended: AtomicBool::new(false),
             resumed: Condvar::new(),
-            suspensions: AtomicU64::new(0),
             deciding: parking_lot::ReentrantMutex::new(()),
             watcher: AtomicBool::new(false),
         }
@@ -280,12 +278,13 @@ impl Array {
         what: &str,
         span: Option<(u64, u64)>,
     ) -> Option<ArrayError> {
+        // Either way the stripes the failed write touched may be half written.
+        if let Some((start, end)) = span {
+            self.bitmap.mark_suspect(start, end);
+        }
         match classify(e) {
             Fault::NoSpace => {
                 self.host.note_no_space();
-                if let Some((start, end)) = span {
-                    self.bitmap.mark_suspect(start, end);
-                }
                 log::warn!(
                     "raidfs: {} has no space left on its host ({what}: {e}); the request fails with ENOSPC, the member stays in the array",
                     self.slots[slot].name()
@@ -295,11 +294,8 @@ impl Array {
                     self.slots[slot].name()
                 )))
             }
-            Fault::ReadOnlyHost | Fault::Member => {
-                if let Some((start, end)) = span {
-                    self.bitmap.mark_suspect(start, end);
-                }
-                self.decide_failure(slot, &format!("{what}: {e}"), classify(e));
+            fault => {
+                self.decide_failure(slot, &format!("{what}: {e}"), fault);
                 self.host.suspended_error()
             }
         }
@@ -328,7 +324,9 @@ impl Array {
         let mut failing = vec![(slot, why.to_string())];
         let mut read_only = fault == Fault::ReadOnlyHost;
         let mut host_side = fault == Fault::ReadOnlyHost;
-        for (other, member) in self.present_members() {
+        let present = self.present_members();
+        let working = present.len();
+        for (other, member) in present {
             if other == slot {
                 continue;
             }
@@ -342,11 +340,9 @@ impl Array {
                 ));
             }
         }
-        let working = self.present_members().len();
         let mut without = self.unreadable_slots();
         without.extend(failing.iter().map(|(s, _)| *s));
-        let survives = self.geometry_survives(&self.data_geometry, &without)
-            && self.geometry_survives(&self.meta_geometry, &without);
+        let survives = self.survives_without(&without);
         let everything = failing.len() >= working && working > 1;
         if everything || !survives || (host_side && failing.len() > 1) {
             let names: Vec<String> = failing
@@ -382,7 +378,6 @@ impl Array {
             });
             self.host.is_suspended.store(true, Ordering::Release);
         }
-        self.host.suspensions.fetch_add(1, Ordering::Relaxed);
         log::error!(
             "raidfs: the host failed every member at once ({why}); no member is marked failed, writes are {} until the host recovers",
             match self.host.policy() {

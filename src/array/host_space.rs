@@ -143,7 +143,7 @@ fn free_bytes(dir: &Path) -> std::io::Result<u64> {
             format!("{}: statvfs: {e}", dir.display()),
         ));
     }
-    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    Ok(crate::member::file::available_bytes(&st))
 }
 
 /// The mount point of the filesystem holding `dir`: the last directory up

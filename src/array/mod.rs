@@ -196,6 +196,24 @@ pub fn data_geometry(sb: &Superblock) -> Result<Geometry, GeometryError> {
     )
 }
 
+/// Whether every stripe of `g` still has its data with `failed` slots gone
+/// (assembly asks before an array exists, the running array after failures).
+pub(crate) fn geometry_survives(g: &Geometry, failed: &[usize]) -> bool {
+    match g.level {
+        Level::Raid0 | Level::Raid5 | Level::Raid6 => failed.len() <= g.tolerance(),
+        Level::Raid1 | Level::Raid10 => {
+            // Mirrors: each logical chunk needs one surviving copy. The copy
+            // pattern repeats every `members` chunks.
+            (0..g.members as u64).all(|k| {
+                g.map(k * g.chunk)
+                    .targets
+                    .iter()
+                    .any(|t| !failed.contains(&t.member))
+            })
+        }
+    }
+}
+
 /// Where a logical address lands.
 #[derive(Clone, Copy)]
 pub(crate) struct Region {
@@ -381,28 +399,16 @@ impl Array {
     /// Re-evaluate whether every allocated group can still be served.
     pub(crate) fn check_tolerance(&self) {
         let failed = self.unreadable_slots();
-        let ok_data = self.geometry_survives(&self.data_geometry, &failed);
-        let ok_meta = self.geometry_survives(&self.meta_geometry, &failed);
-        if !(ok_data && ok_meta) {
+        if !self.survives_without(&failed) {
             self.broken.store(true, Ordering::Release);
         }
     }
 
-    /// Whether every stripe of `g` still has its data with `failed` members gone.
-    pub(crate) fn geometry_survives(&self, g: &Geometry, failed: &[usize]) -> bool {
-        match g.level {
-            Level::Raid0 | Level::Raid5 | Level::Raid6 => failed.len() <= g.tolerance(),
-            Level::Raid1 | Level::Raid10 => {
-                // Mirrors: each logical chunk needs one surviving copy. The copy
-                // pattern repeats every `members` chunks.
-                (0..g.members as u64).all(|k| {
-                    g.map(k * g.chunk)
-                        .targets
-                        .iter()
-                        .any(|t| !failed.contains(&t.member))
-                })
-            }
-        }
+    /// Whether every allocated group's geometry (data and metadata) still
+    /// has all its data with `failed` slots gone.
+    pub(crate) fn survives_without(&self, failed: &[usize]) -> bool {
+        geometry_survives(&self.data_geometry, failed)
+            && geometry_survives(&self.meta_geometry, failed)
     }
 
     pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {

@@ -240,9 +240,7 @@ impl Array {
         }
         let mut without = self.unreadable_slots();
         without.push(slot);
-        if self.geometry_survives(&self.data_geometry, &without)
-            && self.geometry_survives(&self.meta_geometry, &without)
-        {
+        if self.survives_without(&without) {
             self.record_failure(
                 slot,
                 &format!("{total} read and checksum errors (limit {MAX_CORRECTED_ERRORS})"),

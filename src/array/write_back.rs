@@ -213,15 +213,8 @@ impl Array {
             copies,
             held,
         } = write;
-        let mut refused = Vec::new();
-        for ((slot, outcome), copy) in slots.into_iter().zip(self.pool.wait(batch)).zip(copies) {
-            if let Err(e) = outcome {
-                let span = copy.as_ref().and_then(op_span);
-                if self.write_failed(slot, &e, "write", span).is_some() {
-                    refused.extend(copy.map(|op| (slot, op)));
-                }
-            }
-        }
+        let outcomes = self.pool.wait(batch);
+        let (refused, _) = self.refused(slots.into_iter().zip(copies), outcomes);
         if refused.is_empty() {
             held.release(&self.locks);
             self.write_back.done(id);
@@ -246,27 +239,18 @@ impl Array {
     pub(crate) fn retry_parked(&self) -> ArrayResult<()> {
         let parked = std::mem::take(&mut *self.write_back.parked.lock());
         let mut error: Option<ArrayError> = None;
-        for p in parked {
-            let Parked { id, jobs, held } = p;
-            let copies: Vec<(usize, Option<Op>)> =
-                jobs.iter().map(|(s, op)| (*s, op.duplicate())).collect();
+        for Parked { id, jobs, held } in parked {
+            // A member failed meanwhile is out of the array: its part is moot.
             let live: Vec<(usize, Op)> = jobs
                 .into_iter()
                 .filter(|(slot, _)| !self.is_failed(*slot))
                 .collect();
-            let live_copies: Vec<(usize, Option<Op>)> = copies
-                .into_iter()
-                .filter(|(slot, _)| !self.is_failed(*slot))
-                .collect();
-            let mut again = Vec::new();
-            for ((slot, copy), outcome) in live_copies.into_iter().zip(self.pool.run(live)) {
-                if let Err(e) = outcome {
-                    let span = copy.as_ref().and_then(op_span);
-                    if let Some(host) = self.write_failed(slot, &e, "write", span) {
-                        error.get_or_insert(host);
-                        again.extend(copy.map(|op| (slot, op)));
-                    }
-                }
+            let copies: Vec<(usize, Option<Op>)> =
+                live.iter().map(|(s, op)| (*s, op.duplicate())).collect();
+            let outcomes = self.pool.run(live);
+            let (again, host) = self.refused(copies, outcomes);
+            if let Some(e) = host {
+                error.get_or_insert(e);
             }
             if again.is_empty() {
                 held.release(&self.locks);
@@ -284,6 +268,29 @@ impl Array {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+impl Array {
+    /// From a write's jobs (slot and a copy of each) and their outcomes:
+    /// the jobs the host refused, to be done again, and the host's error.
+    /// A member whose own write failed is failed by `write_failed`.
+    fn refused(
+        &self,
+        jobs: impl IntoIterator<Item = (usize, Option<Op>)>,
+        outcomes: Vec<super::worker::Outcome>,
+    ) -> (Vec<(usize, Op)>, Option<ArrayError>) {
+        let mut refused = Vec::new();
+        let mut error = None;
+        for ((slot, copy), outcome) in jobs.into_iter().zip(outcomes) {
+            let Err(e) = outcome else { continue };
+            let span = copy.as_ref().and_then(op_span);
+            if let Some(host) = self.write_failed(slot, &e, "write", span) {
+                error.get_or_insert(host);
+                refused.extend(copy.map(|op| (slot, op)));
+            }
+        }
+        (refused, error)
     }
 }
 

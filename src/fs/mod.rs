@@ -653,31 +653,26 @@ impl FileSystem {
     /// Read up to `size` bytes; holes read as zeros; short only at end of file.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
         self.deferred.settle(ino);
-        let data = self.inner.read_data(ino, offset, size)?;
-        self.accessed(ino, self.atime);
+        let atime = self.atime_mode().map(|m| (m, inode::Time::now()));
+        let (data, due) = self.inner.read_data(ino, offset, size, atime)?;
+        if let (true, Some((_, now))) = (due, atime) {
+            self.set_atime(ino, now);
+        }
         Ok(data)
     }
 
-    /// An access to `ino`: move its atime if `mode` says so. A read-only
-    /// filesystem, or one that refuses changes, keeps the old time (a read
-    /// never fails for it).
-    fn accessed(&self, ino: u64, mode: atime::AtimeMode) {
-        if mode == atime::AtimeMode::Never || self.inner.is_read_only() {
-            return;
-        }
-        let now = inode::Time::now();
-        let due = self
-            .inner
-            .state
-            .read()
-            .inode(ino)
-            .is_ok_and(|inode| atime::needs_update(mode, inode, now));
-        if due {
-            let _ = self.inner.mutate(|st| {
-                st.inode_mut(ino)?.atime = now;
-                Ok(())
-            });
-        }
+    /// The atime mode accesses follow, or None when they move nothing (a
+    /// read-only filesystem, or one that refuses changes, keeps old times).
+    fn atime_mode(&self) -> Option<atime::AtimeMode> {
+        (self.atime != atime::AtimeMode::Never && !self.inner.is_read_only()).then_some(self.atime)
+    }
+
+    /// Move `ino`'s atime to `now`; an access never fails for it.
+    fn set_atime(&self, ino: u64, now: inode::Time) {
+        let _ = self.inner.mutate(|st| {
+            st.inode_mut(ino)?.atime = now;
+            Ok(())
+        });
     }
 
     /// Write all of `data` at `offset`; returns bytes written. The file
@@ -801,10 +796,18 @@ impl FileSystem {
     /// names, and renamed entries, which get a fresh cookie) have cookies at
     /// or above it.
     pub fn readdir_end(&self, ino: u64) -> FsResult<u64> {
-        let end = self.inner.state.read().dir(ino)?.next_cookie();
-        // A listing begins: the directory is accessed (not under nodiratime).
-        if self.diratime {
-            self.accessed(ino, self.atime);
+        let now = inode::Time::now();
+        let mode = self.atime_mode().filter(|_| self.diratime);
+        let (end, due) = {
+            let st = self.inner.state.read();
+            let end = st.dir(ino)?.next_cookie();
+            // A listing begins: the directory is accessed (not under nodiratime).
+            let due =
+                mode.is_some_and(|m| st.inode(ino).is_ok_and(|i| atime::needs_update(m, i, now)));
+            (end, due)
+        };
+        if due {
+            self.set_atime(ino, now);
         }
         Ok(end)
     }

@@ -472,9 +472,7 @@ impl Member for FileMember {
             return None;
         }
         // SAFETY: rc == 0, so the kernel initialised it.
-        let st = unsafe { st.assume_init() };
-        #[allow(clippy::unnecessary_cast)] // the field types differ by architecture
-        Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+        Some(available_bytes(&unsafe { st.assume_init() }))
     }
 
     fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -624,6 +622,13 @@ fn is_aligned(ptr: *const u8, len: usize, offset: u64) -> bool {
     (ptr as usize).is_multiple_of(DIRECT_ALIGN)
         && len.is_multiple_of(DIRECT_ALIGN)
         && offset.is_multiple_of(align)
+}
+
+/// Bytes an unprivileged writer may still use on a filesystem, from its
+/// `statvfs`: available blocks times the fragment size.
+pub fn available_bytes(st: &libc::statvfs) -> u64 {
+    #[allow(clippy::unnecessary_cast)] // the field types differ by architecture
+    (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)
 }
 
 /// The smallest aligned byte range `[start, end)` covering `len` bytes at `offset`.

@@ -15,6 +15,7 @@
 //! free space is left does an overwrite go in place (see docs/consistency.md).
 //! Reads check every block (see [`super::checked`]).
 
+use super::super::atime::{needs_update, AtimeMode};
 use super::super::core::Inner;
 use super::super::extent::Extent;
 use super::super::inode::{Inode, Time, BLOCK_SIZE};
@@ -74,13 +75,23 @@ enum Cover {
 }
 
 impl Inner {
-    pub fn read_data(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
-        let (reads, end) = {
+    /// Read up to `size` bytes at `offset`, and say whether this access
+    /// moves the file's atime under `atime` (decided under the lock the
+    /// read takes anyway, so a read that moves nothing costs no more).
+    pub fn read_data(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: usize,
+        atime: Option<(AtimeMode, Time)>,
+    ) -> FsResult<(Vec<u8>, bool)> {
+        let (reads, end, due) = {
             let st = self.state.read();
             let inode = st.inode(ino)?;
             regular_file(inode)?;
+            let due = atime.is_some_and(|(mode, now)| needs_update(mode, inode, now));
             if offset >= inode.size || size == 0 {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), due));
             }
             let end = offset.saturating_add(size as u64).min(inode.size);
             let reads: Vec<BlockRead> = inode
@@ -99,7 +110,7 @@ impl Inner {
                     ))
                 })
                 .collect();
-            (reads, end)
+            (reads, end, due)
         };
         let mut out = vec![0u8; (end - offset) as usize];
         for r in reads {
@@ -113,7 +124,7 @@ impl Inner {
                 dest.copy_from_slice(&buf[r.lead as usize..(r.lead + r.len) as usize]);
             }
         }
-        Ok(out)
+        Ok((out, due))
     }
 
     /// Map `[start, end)` (block aligned) as `cover` says. Holes get fresh

@@ -2,7 +2,7 @@
 //! commit path (data and record made durable in order, see `commit`), the
 //! periodic commit thread, and the lock helpers operations run under.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -10,6 +10,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::alloc::Allocator;
 use super::csum::ChecksumKind;
+use super::extent::Extent;
 use super::inode::{Inode, BLOCK_SIZE};
 use super::journal::{read_slot, DataOrder, Journal};
 use super::layout::{
@@ -59,7 +60,9 @@ pub struct Inner {
     /// space, or the array suspended): freed once a later commit lands.
     /// While set, the next commit is a checkpoint, whose image covers
     /// the changes the refused record held.
-    refused: Mutex<Option<Vec<super::extent::Extent>>>,
+    refused: Mutex<Option<Vec<Extent>>>,
+    /// Bytes taken out of the allocator while they are discarded.
+    discarding: AtomicU64,
     file_locks: RangeLocks,
 }
 
@@ -224,6 +227,7 @@ impl Inner {
             verified_commits,
             in_place_overwrites: AtomicBool::new(false),
             refused: Mutex::new(None),
+            discarding: AtomicU64::new(0),
             file_locks: RangeLocks::default(),
         });
         if csum.enabled() {
@@ -241,6 +245,16 @@ impl Inner {
     pub fn unallocated_bytes(&self) -> u64 {
         let (free_groups, group_capacity) = self.store.free_groups();
         free_groups.saturating_mul(group_capacity)
+    }
+
+    /// Bytes freed by changes not yet durable: free once the next commit
+    /// lands (counted as free by statfs, and committed on demand by an
+    /// allocation that would otherwise fail).
+    pub fn pending_free_bytes(&self) -> u64 {
+        let st = self.state.read();
+        let batch: u64 = st.batch.freed.iter().map(|e| e.len).sum();
+        let refused: u64 = self.refused.lock().iter().flatten().map(|e| e.len).sum();
+        batch + refused + self.discarding.load(Ordering::Acquire)
     }
 
     /// Inodes left with no name (unlinked while open before a crash or
@@ -362,10 +376,8 @@ impl Inner {
         match result {
             Ok(()) => {
                 let earlier = self.refused.lock().take().unwrap_or_default();
-                let mut st = self.state.write();
-                for ext in freed.into_iter().chain(earlier) {
-                    st.alloc.free(ext);
-                }
+                let freed: Vec<Extent> = freed.into_iter().chain(earlier).collect();
+                self.release_freed(&freed);
                 Ok(true)
             }
             Err(FsError::Store(e)) if e.is_retryable() => {
@@ -386,6 +398,45 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// Extents whose freeing is now durable become allocatable, and the
+    /// whole stripes of free space around them are given back to the
+    /// store's host first (a sparse image shrinks when files are deleted).
+    /// The stripes being discarded are out of the allocator meanwhile, so
+    /// nothing is written there before the discard; an allocation that
+    /// finds no room waits for them through the journal lock this runs
+    /// under (see `pending_free_bytes`). A discard the store cannot do
+    /// costs only host space, so its error is logged, never returned.
+    fn release_freed(&self, freed: &[Extent]) {
+        if freed.is_empty() {
+            return;
+        }
+        let holes: Vec<Extent> = {
+            let mut st = self.state.write();
+            freed.iter().for_each(|&ext| st.alloc.free(ext));
+            if self.is_read_only() {
+                return;
+            }
+            freed
+                .iter()
+                .flat_map(|&ext| st.alloc.take_discardable(ext))
+                .collect()
+        };
+        let bytes: u64 = holes.iter().map(|h| h.len).sum();
+        self.discarding.fetch_add(bytes, Ordering::AcqRel);
+        for hole in &holes {
+            if let Err(e) = self.store.discard(hole.addr, hole.len) {
+                log::warn!(
+                    "freed space at {:#x} (+{}) stays allocated on the host: {e}",
+                    hole.addr,
+                    hole.len
+                );
+            }
+        }
+        let mut st = self.state.write();
+        holes.iter().for_each(|&hole| st.alloc.free(hole));
+        self.discarding.fetch_sub(bytes, Ordering::AcqRel);
     }
 
     /// Allocate a fresh Data group into the allocator; false when none is left.

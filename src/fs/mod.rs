@@ -338,6 +338,7 @@ impl FileSystem {
             return Ok(());
         }
         let result = self.inner.commit(true).map(|_| ());
+        self.inner.discard_freed();
         self.inner
             .read_only
             .store(true, std::sync::atomic::Ordering::Release);
@@ -347,7 +348,9 @@ impl FileSystem {
     /// Commit the journal and flush the store (sync(2)).
     pub fn sync_all(&self) -> FsResult<()> {
         self.deferred.settle_all();
-        self.sync_store()
+        self.sync_store()?;
+        self.inner.discard_freed();
+        Ok(())
     }
 
     fn sync_store(&self) -> FsResult<()> {

@@ -455,7 +455,7 @@ impl Filesystem for RaidFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -485,7 +485,7 @@ impl Filesystem for RaidFuse {
         }
         let written = if kill_setid {
             self.fs
-                .write_clearing_setid(ino.0, offset, data)
+                .write_clearing_setid(&self.caller(req), ino.0, offset, data)
                 .map(|(written, mode_changed)| {
                     if mode_changed {
                         // The kernel keeps the mode it cached (a write
@@ -725,7 +725,7 @@ impl Filesystem for RaidFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -742,11 +742,18 @@ impl Filesystem for RaidFuse {
             keep_size: mode & libc::FALLOC_FL_KEEP_SIZE != 0,
             punch_hole: mode & libc::FALLOC_FL_PUNCH_HOLE != 0,
         };
-        try_reply!(
+        let changed = try_reply!(
             "fallocate",
             reply,
-            self.fs.fallocate(ino.0, offset, length, mode)
+            self.fs
+                .fallocate_as(&self.caller(req), ino.0, offset, length, mode)
         );
+        if changed {
+            // As after a write: the kernel's cached mode is out of date.
+            if let Some(notifier) = self.notifier.get() {
+                let _ = notifier.inval_inode(ino, -1, 0);
+            }
+        }
         reply.ok();
     }
 }

@@ -87,7 +87,12 @@ pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
         .ok_or_else(|| FsError::Corrupt("the store has no Metadata group (not formatted?)".into()))
 }
 
-pub fn format(
+pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind, version: u32) -> FsResult<()> {
+    format_owned(store, data_checksum, version, (0, 0))
+}
+
+/// [`format`] with the root directory owned by `(uid, gid)`.
+pub fn format_owned(
     store: &dyn BlockStore,
     data_checksum: ChecksumKind,
     version: u32,
@@ -545,7 +550,6 @@ mod tests {
             store.as_ref(),
             ChecksumKind::Crc32c,
             crate::fs::FORMAT_VERSION,
-            (0, 0),
         )
         .unwrap();
         assert!(Inner::open(store.clone(), true).unwrap().unwritten_extents);

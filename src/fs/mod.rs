@@ -298,7 +298,7 @@ impl FileSystem {
         if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&version) {
             return Err(FsError::Invalid("unknown filesystem format"));
         }
-        core::format(store.as_ref(), opts.data_checksum, version, opts.root_owner)
+        core::format_owned(store.as_ref(), opts.data_checksum, version, opts.root_owner)
     }
 
     /// How this filesystem checksums data blocks.

@@ -87,11 +87,13 @@ pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
         .ok_or_else(|| FsError::Corrupt("the store has no Metadata group (not formatted?)".into()))
 }
 
+/// A root-owned filesystem, as the tests of this module's neighbours make.
+#[cfg(test)]
 pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind, version: u32) -> FsResult<()> {
     format_owned(store, data_checksum, version, (0, 0))
 }
 
-/// [`format`] with the root directory owned by `(uid, gid)`.
+/// Write an empty filesystem whose root directory belongs to `(uid, gid)`.
 pub fn format_owned(
     store: &dyn BlockStore,
     data_checksum: ChecksumKind,

@@ -156,7 +156,7 @@ fn receive_fd(socket: &UnixStream) -> io::Result<OwnedFd> {
     };
     // SAFETY: CMSG_LEN only computes a size.
     let wanted = unsafe { libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) } as usize;
-    if level != libc::SOL_SOCKET || kind != libc::SCM_RIGHTS || (len as usize) < wanted {
+    if level != libc::SOL_SOCKET || kind != libc::SCM_RIGHTS || len < wanted {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "a control message other than one descriptor",

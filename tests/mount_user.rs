@@ -209,11 +209,14 @@ fn a_user_creates_mounts_writes_and_unmounts_their_own_array() {
         let meta = fs::metadata(dirs.work.join(image)).expect("image made");
         assert_eq!((meta.uid(), meta.gid()), (UID, UID), "{image}");
     }
-    as_user(
-        &dirs,
-        Session::Login,
-        OsStr::new("mkdir"),
-        &[mnt.as_os_str()],
+    succeeded(
+        "mkdir as the user",
+        as_user(
+            &dirs,
+            Session::Login,
+            OsStr::new("mkdir"),
+            &[mnt.as_os_str()],
+        ),
     );
     let login_run = dirs.runtime.join("raidfs/mounts");
     let home_run = dirs.home.join(".local/state/raidfs/mounts");
@@ -380,11 +383,14 @@ fn a_user_with_nowhere_to_keep_the_mounts_files_is_told_before_mounting() {
             &["create", "-l", "1", "-s", "64M", "a.img", "b.img"],
         ),
     );
-    as_user(
-        &dirs,
-        Session::Bare,
-        OsStr::new("mkdir"),
-        &[dirs.mnt().as_os_str()],
+    succeeded(
+        "mkdir as the user",
+        as_user(
+            &dirs,
+            Session::Bare,
+            OsStr::new("mkdir"),
+            &[dirs.mnt().as_os_str()],
+        ),
     );
     let _guard = UserDaemonGuard {
         mount_point: dirs.mnt(),

@@ -1,8 +1,9 @@
 //! `raidfs mount` and `raidfs umount`.
 //!
 //! `mount` checks everything it can in the invoking process (options, member
-//! paths, the mount point, /dev/fuse), then forks the daemon
-//! ([`daemon`]) and waits for it to report. `umount` unmounts and waits for
+//! paths, the mount point, /dev/fuse, where its state and log go, see
+//! [`places`]), then forks the daemon ([`daemon`]) and waits for it to
+//! report. `umount` unmounts and waits for
 //! the daemon to close the array, found through [`registry`].
 
 mod daemon;

@@ -102,10 +102,7 @@ impl Env {
                 self.uid
             ));
         }
-        if !writable(dir) {
-            return Some(std::io::Error::last_os_error().to_string());
-        }
-        None
+        writable(dir).err().map(|e| e.to_string())
     }
 
     /// Create `dir` if need be (private to the user unless root, whose
@@ -191,21 +188,29 @@ fn nowhere(what: &str, refused: Vec<String>, hint: &str) -> String {
     format!("no directory for {what}: {} ({hint})", refused.join("; "))
 }
 
-/// Whether this process may create files in `dir` (on failure errno says why).
-fn writable(dir: &Path) -> bool {
+/// Whether this process may create files in `dir`, judged by its
+/// effective ids as the files made afterwards will be.
+fn writable(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(c_path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: c_path is NUL-terminated; access only reads it. The effective
-    // ids decide, as they do for the files made afterwards.
-    unsafe {
+    let c_path = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the path holds a NUL byte",
+        )
+    })?;
+    // SAFETY: c_path is NUL-terminated; faccessat only reads it.
+    let rc = unsafe {
         libc::faccessat(
             libc::AT_FDCWD,
             c_path.as_ptr(),
             libc::W_OK | libc::X_OK,
             libc::AT_EACCESS,
-        ) == 0
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 

@@ -367,6 +367,27 @@ fn a_user_creates_mounts_writes_and_unmounts_their_own_array() {
     );
     assert!(mounted(&mnt).is_none());
     assert!(!record.is_alive());
+
+    // Root may unmount a user's mount, and waits for the user's daemon
+    // (found through its socket) to close the array.
+    succeeded(
+        "mount again",
+        raidfs_as(&dirs, Session::Login, &["mount", "a.img", "b.img", "mnt"]),
+    );
+    let record = registry::read_in(&login_run, &mnt)
+        .expect("read the state file")
+        .expect("a state file in $XDG_RUNTIME_DIR/raidfs/mounts");
+    raidfs_ok(&["umount", &mnt.to_string_lossy()], Path::new("/"));
+    assert!(mounted(&mnt).is_none());
+    assert!(
+        !record.is_alive(),
+        "root's umount returned before the daemon exited"
+    );
+    assert_eq!(
+        registry::read_in(&login_run, &mnt).expect("read the run dir"),
+        None,
+        "the daemon did not close the array cleanly"
+    );
 }
 
 #[test]

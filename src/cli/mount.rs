@@ -224,7 +224,8 @@ fn umount(args: &UmountArgs) -> Result<(), String> {
     let daemon = registry::read(&path)
         .ok()
         .flatten()
-        .filter(|r| r.is_alive());
+        .filter(|r| r.is_alive())
+        .or_else(|| daemon_by_socket(&path));
     mounts::unmount_with_grace(&path, args.lazy).map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => {
             format!("{shown} is busy (files are open on it); close them or use --lazy")
@@ -261,6 +262,20 @@ fn umount(args: &UmountArgs) -> Result<(), String> {
         }
         Err(e) => Err(format!("reading the daemon's state: {e}")),
     }
+}
+
+/// The daemon of a mount recorded in another user's run directory (root
+/// unmounting a user's mount), as its control socket names it, so that
+/// umount still waits for it to close the array.
+fn daemon_by_socket(mount_point: &Path) -> Option<registry::DaemonRecord> {
+    let mut client = super::status::connect(mount_point).ok()?;
+    let report = super::status::query(&mut client).ok()?;
+    let record = registry::DaemonRecord {
+        pid: report.daemon_pid,
+        start_time: registry::process_start_time(report.daemon_pid)?,
+        ..registry::DaemonRecord::for_self(mount_point, None)
+    };
+    Some(record)
 }
 
 /// The pid of the daemon serving `mount_point`, if one is running.

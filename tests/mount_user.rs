@@ -134,7 +134,8 @@ fn user_available() -> bool {
     known
 }
 
-/// Whether the user may open /dev/fuse, as fusermount3 requires.
+/// Whether the user may open /dev/fuse, as a user's mount must (fuser and
+/// fusermount3 both open it with the user's rights).
 fn user_can_open_fuse(dirs: &UserDirs) -> bool {
     let test = |flag: &str| {
         as_user(
@@ -226,7 +227,7 @@ fn a_user_creates_mounts_writes_and_unmounts_their_own_array() {
     };
     let mount = raidfs_as(&dirs, Session::Login, &["mount", "a.img", "b.img", "mnt"]);
     if !user_can_open_fuse(&dirs) {
-        // fusermount3 opens /dev/fuse with the user's rights: the mount
+        // /dev/fuse is opened with the user's rights: the mount
         // must say why it cannot work rather than fail inside the daemon.
         assert!(!mount.status.success(), "mounted without /dev/fuse access");
         assert!(

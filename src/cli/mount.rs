@@ -3,8 +3,8 @@
 //! `mount` checks everything it can in the invoking process (options, member
 //! paths, the mount point, /dev/fuse, where its state and log go, see
 //! [`places`]), then forks the daemon ([`daemon`]) and waits for it to
-//! report. `umount` unmounts and waits for
-//! the daemon to close the array, found through [`registry`].
+//! report. `umount` unmounts and waits for the daemon to close the array,
+//! found through [`registry`].
 
 mod daemon;
 pub mod options;
@@ -185,8 +185,10 @@ fn check_fuse_device() -> Result<(), String> {
             ))
         }
     };
-    // fusermount3 opens the device with the user's own rights, so a device
-    // only root may open fails every user's mount; say so before forking.
+    // A user's mount opens the device with the user's own rights (fuser
+    // does, and so does fusermount3, which it falls back to for mount(2)),
+    // so a device only root may open fails every user's mount: say so
+    // before forking rather than in the daemon's log.
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     // SAFETY: the path is a NUL-terminated literal; access only reads it.

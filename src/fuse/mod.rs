@@ -7,7 +7,6 @@
 
 mod adapter;
 mod convert;
-mod fusermount;
 pub mod mounts;
 
 use std::io;
@@ -246,7 +245,7 @@ pub fn mount(
     };
     let notifier = Arc::new(std::sync::OnceLock::new());
     let adapter = RaidFuse::new(fs, settings, unmounted.clone(), Arc::clone(&notifier));
-    let session = new_session(adapter, &mount_point, fuser_config(config)).map_err(|source| {
+    let session = Session::new(adapter, &mount_point, &fuser_config(config)).map_err(|source| {
         MountError::Mount {
             path: mount_point.clone(),
             source,
@@ -325,32 +324,6 @@ fn check_mount_point(path: &Path) -> Result<PathBuf, MountError> {
         return Err(bad("not a directory".to_string()));
     }
     Ok(canonical)
-}
-
-/// Mount and start the session: directly as root, through fusermount3 for
-/// anyone else (mount(2) needs privilege, and /dev/fuse may be root's).
-fn new_session(
-    adapter: RaidFuse,
-    mount_point: &Path,
-    config: Config,
-) -> io::Result<Session<RaidFuse>> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return Session::new(adapter, mount_point, &config);
-    }
-    let options = fusermount::option_text(&config.mount_options, config.acl);
-    let device = fusermount::mount(mount_point, &options)?;
-    let acl = config.acl;
-    Session::from_fd(adapter, device, acl, config).inspect_err(|_| {
-        // The helper mounted it; a session that failed its handshake must
-        // not leave a dead mount behind.
-        if let Err(e) = mounts::unmount(mount_point, true) {
-            warn!(
-                "removing the failed mount on {}: {e}",
-                mount_point.display()
-            );
-        }
-    })
 }
 
 fn fuser_config(config: &MountConfig) -> Config {

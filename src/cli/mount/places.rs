@@ -4,8 +4,8 @@
 //! Root uses the system directories. A user cannot write those, and a
 //! shared, world-writable fallback (`/tmp`) would let another user take a
 //! predictable name first, so a user's files go under their own XDG base
-//! directories: the run directory under `$XDG_RUNTIME_DIR` (gone at logout,
-//! like the mount), else under the state directory; the log under the state
+//! directories: the run directory under `$XDG_RUNTIME_DIR` (the session's
+//! own tmpfs), else under the state directory; the log under the state
 //! directory (kept, as XDG intends for logs), else under `$XDG_RUNTIME_DIR`.
 //! Every choice is a list of candidates, so that the one rule picks the
 //! directory for writing and finds it again for reading.

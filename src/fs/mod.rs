@@ -244,6 +244,9 @@ pub struct FormatOptions {
     /// one ([`OLDEST_FORMAT`] on) stays readable by older releases, and
     /// `raidfs upgrade` moves it on later.
     pub version: Option<u32>,
+    /// Owner of the root directory, `(uid, gid)`: the user who creates an
+    /// array for themselves must be able to write to it (default 0:0).
+    pub root_owner: (u32, u32),
 }
 
 /// A mounted filesystem. All methods take `&self` and are safe to call from
@@ -295,7 +298,7 @@ impl FileSystem {
         if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&version) {
             return Err(FsError::Invalid("unknown filesystem format"));
         }
-        core::format(store.as_ref(), opts.data_checksum, version)
+        core::format_owned(store.as_ref(), opts.data_checksum, version, opts.root_owner)
     }
 
     /// How this filesystem checksums data blocks.

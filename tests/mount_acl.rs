@@ -303,3 +303,33 @@ fn ftruncate_on_a_descriptor_opened_for_writing() {
     assert_eq!(fs::metadata(dir.join("f")).unwrap().len(), 4096);
     assert_eq!(mode(&dir.join("f")), 0o444);
 }
+
+#[test]
+fn setting_an_acl_shows_its_mode_at_once_and_takes_sgid_from_outsiders() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount();
+    for (gid, expected) in [(NOBODY, 0o2777), (NOBODY - 1, 0o0777)] {
+        let file = mnt.join(&format!("sgid-{gid}"));
+        fs::write(&file, b"x").expect("create");
+        std::os::unix::fs::chown(&file, Some(NOBODY), Some(NOBODY)).expect("chown");
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o2755)).expect("chmod");
+        assert_eq!(mode(&file), 0o2755);
+        // The owner sets an ACL that says rwx for all, as setfacl would,
+        // while in the file's group or not; stat right after (within the
+        // attribute timeout) must show the mode the ACL made.
+        let status = Command::new("setfacl")
+            .args(["-m", "u::rwx,g::rwx,o::rwx"])
+            .arg(&file)
+            .uid(NOBODY)
+            .gid(gid)
+            .status();
+        let Ok(status) = status else {
+            eprintln!("skipping: setfacl (Debian's acl) is not installed");
+            return;
+        };
+        assert!(status.success(), "setfacl as the owner");
+        assert_eq!(mode(&file), expected, "gid {gid}");
+    }
+}

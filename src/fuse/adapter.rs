@@ -131,6 +131,18 @@ impl RaidFuse {
 
     /// Fill a readdir(plus) reply from the filesystem's cookies; `add`
     /// returns true when the reply buffer is full.
+    /// An access ACL set or removed moves the mode's bits (and may take
+    /// set-group-ID), but the kernel refreshes only ctime after a
+    /// setxattr: have it ask for the attributes again, or `stat` right
+    /// after `setfacl` shows the old mode for the attribute timeout.
+    fn after_acl_change(&self, ino: INodeNo, name: &OsStr) {
+        if name.as_encoded_bytes() == crate::fs::acl::ACCESS {
+            if let Some(notifier) = self.notifier.get() {
+                let _ = notifier.inval_inode(ino, -1, 0);
+            }
+        }
+    }
+
     fn fill_dir(
         &self,
         ino: u64,
@@ -658,6 +670,7 @@ impl Filesystem for RaidFuse {
             self.fs
                 .setxattr(&self.caller(req), ino.0, name, value, flags)
         );
+        self.after_acl_change(ino, name);
         reply.ok();
     }
 
@@ -685,6 +698,7 @@ impl Filesystem for RaidFuse {
             reply,
             self.fs.removexattr(&self.caller(req), ino.0, name)
         );
+        self.after_acl_change(ino, name);
         reply.ok();
     }
 

@@ -855,6 +855,28 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open a regular file with no name (open(2) with `O_TMPFILE`,
+    /// FUSE_TMPFILE, Linux 6.1 on): `parent` is the directory it belongs to
+    /// for permissions and defaults, and `linkat(2)` may give it a name
+    /// later (a `link` request); otherwise it is gone with its last release.
+    /// Arguments and reply are those of `create`, without a name. ENOSYS
+    /// makes the kernel answer every later `O_TMPFILE` open with EOPNOTSUPP.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,

@@ -1852,6 +1852,13 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            // The kernel builds TMPFILE exactly as CREATE (fuse_create_open),
+            // its name being the placeholder "/" of an anonymous dentry.
+            fuse_opcode::FUSE_TMPFILE => Operation::Tmpfile(Create {
+                header,
+                arg: data.fetch()?,
+                name: data.fetch_str()?.as_ref(),
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +1933,7 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    Tmpfile(Create<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2101,6 +2109,12 @@ impl fmt::Display for Operation<'_> {
                 x.src(),
                 x.dest(),
                 x.len()
+            ),
+            Operation::Tmpfile(x) => write!(
+                f,
+                "TMPFILE mode {:#05o}, flags {:#x}",
+                x.mode(),
+                x.flags()
             ),
 
             #[cfg(target_os = "macos")]

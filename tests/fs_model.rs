@@ -424,6 +424,7 @@ impl Harness {
                 let f = RenameFlags {
                     noreplace: flags == 1,
                     exchange: flags == 2,
+                    ..RenameFlags::default()
                 };
                 assert_eq!(
                     code(self.fs.rename(&c, fp, os(NAMES[n]), fq, os(NAMES[m]), f)),

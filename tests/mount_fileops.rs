@@ -198,6 +198,41 @@ fn copy_file_range_copies_inside_the_array_and_keeps_holes() {
 }
 
 #[test]
+fn copy_file_range_stops_at_the_callers_file_size_limit() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount_mem(&MountConfig::default());
+    fs::write(mnt.join("src"), vec![4u8; 65536]).expect("write src");
+    // RLIMIT_FSIZE of 16 KiB (ulimit -f counts KiB), SIGXFSZ ignored so
+    // the copy past it fails with EFBIG instead of killing xfs_io, which
+    // loops on short copies.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 16; exec xfs_io -f -c 'copy_range -s 0 -d 0 -l 65536 {}' {}",
+        mnt.join("src").display(),
+        mnt.join("dst").display()
+    );
+    if std::process::Command::new("xfs_io")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: xfs_io is not installed");
+        return;
+    }
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .expect("run bash");
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("File too large"), "{said}");
+    assert_eq!(fs::metadata(mnt.join("dst")).expect("stat").len(), 16384);
+    assert_eq!(fs::read(mnt.join("dst")).expect("read"), vec![4u8; 16384]);
+}
+
+#[test]
 fn copy_file_range_by_another_user_clears_set_id_bits() {
     if !fuse_available() {
         return;

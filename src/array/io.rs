@@ -574,6 +574,20 @@ impl Array {
         may_cache: bool,
     ) -> ArrayResult<()> {
         let (start, end) = member_span(region, offset, data.len());
+        self.with_intent(start, end, || {
+            self.write_unmarked(region, offset, data, may_cache)
+        })
+    }
+
+    /// Run `change` (a write, a discard) with the member offsets
+    /// `[start, end)` marked in the write-intent bitmap, durably first where
+    /// the region was clean, so a crash during it leaves a resync to do.
+    pub(super) fn with_intent<T>(
+        &self,
+        start: u64,
+        end: u64,
+        change: impl FnOnce() -> ArrayResult<T>,
+    ) -> ArrayResult<T> {
         match self.bitmap.begin_write(start, end) {
             Intent::Ready => {}
             Intent::MarkFirst => {
@@ -584,7 +598,7 @@ impl Array {
             }
             Intent::Premark => self.request_premark(),
         }
-        let result = self.write_unmarked(region, offset, data, may_cache);
+        let result = change();
         self.bitmap.end_write(start, end);
         result
     }
@@ -948,7 +962,7 @@ impl Array {
 
 /// Member offsets (absolute) that a write of `len` bytes at region offset
 /// `offset` touches on some member, whole chunks, parity included.
-fn member_span(region: &Region, offset: u64, len: usize) -> (u64, u64) {
+pub(super) fn member_span(region: &Region, offset: u64, len: usize) -> (u64, u64) {
     let g = &region.geometry;
     let first = g.map(offset);
     let last = g.map(offset + len as u64 - 1);

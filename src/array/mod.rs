@@ -11,6 +11,7 @@ mod assemble;
 pub mod balance;
 mod bitmap;
 mod create;
+mod discard;
 mod full_stripe;
 pub mod host;
 mod host_space;

@@ -42,6 +42,11 @@ pub enum Op {
         data: Arc<[u8]>,
     },
     Sync,
+    /// Give a range back to the member's host (see `Member::discard`).
+    Discard {
+        offset: u64,
+        len: u64,
+    },
 }
 
 impl Op {
@@ -62,7 +67,16 @@ impl Op {
                 data: Arc::clone(data),
             }),
             Op::Sync => Some(Op::Sync),
+            Op::Discard { offset, len } => Some(Op::Discard {
+                offset: *offset,
+                len: *len,
+            }),
         }
+    }
+
+    /// Whether the op changes the member, so the next flush must sync it.
+    fn changes_member(&self) -> bool {
+        matches!(self, Op::Write { .. } | Op::Discard { .. })
     }
 }
 
@@ -141,6 +155,10 @@ fn perform(member: &dyn Member, op: Op) -> Outcome {
         }
         Op::Sync => {
             member.sync()?;
+            Ok(Vec::new())
+        }
+        Op::Discard { offset, len } => {
+            member.discard(offset, len)?;
             Ok(Vec::new())
         }
     }
@@ -244,7 +262,7 @@ impl WorkerPool {
             .replacement
             .as_ref()
             .map(|q| Arc::clone(&q.member));
-        let is_write = matches!(op, Op::Write { .. });
+        let is_write = op.changes_member();
         let outcome = match member {
             Some(m) => perform(m.as_ref(), op),
             None => Err(missing(slot)),
@@ -357,7 +375,7 @@ impl WorkerPool {
             };
             let member = lanes[slot].main.as_ref().map(|q| Arc::clone(&q.member));
             drop(lanes);
-            let is_write = matches!(op, Op::Write { .. });
+            let is_write = op.changes_member();
             let outcome = vec![match member {
                 Some(m) => perform(m.as_ref(), op),
                 None => Err(missing(slot)),
@@ -422,7 +440,7 @@ impl WorkerPool {
             writes: jobs
                 .iter()
                 .enumerate()
-                .filter(|(_, (_, op))| matches!(op, Op::Write { .. }))
+                .filter(|(_, (_, op))| op.changes_member())
                 .map(|(tag, (slot, _))| (tag, *slot))
                 .collect(),
         };

@@ -221,6 +221,42 @@ impl Allocator {
         group.insert_run(off, len);
     }
 
+    /// Take out the whole stripes (the group's stripe, see
+    /// [`GroupFree::stripe`]) of free space that `ext`, just freed, lies in
+    /// or touches, so they can be discarded with nothing allocated in them
+    /// meanwhile; the caller gives them back with [`Allocator::free`]. A
+    /// stripe is taken only when all of it is free, so parity levels can
+    /// discard it whole; each becomes free for good with the last of its
+    /// blocks, so big free runs are not taken again for every small free
+    /// beside them.
+    pub fn take_discardable(&mut self, ext: Extent) -> Vec<Extent> {
+        let (g, off) = split(ext.addr);
+        let Some(group) = self.groups.get_mut(&g) else {
+            return Vec::new();
+        };
+        let unit = group.stripe();
+        let lo = off / unit * unit;
+        let hi = round_up(off + ext.len, unit).min(group.usable / unit * unit);
+        let mut runs: Vec<(u64, u64)> = group
+            .free
+            .range(..=lo)
+            .next_back()
+            .map(|(&s, &l)| (s, l))
+            .into_iter()
+            .collect();
+        runs.extend(group.free.range(lo + 1..hi).map(|(&s, &l)| (s, l)));
+        let mut taken = Vec::new();
+        for (start, len) in runs {
+            let a = round_up(start.max(lo), unit);
+            let b = ((start + len).min(hi)) / unit * unit;
+            if a < b {
+                group.carve(start, len, a, b - a);
+                taken.push(Extent::new(group_addr(g, a), b - a));
+            }
+        }
+        taken
+    }
+
     /// (group, free runs) for fsck's accounting check.
     pub fn free_runs(&self) -> Vec<(u32, u64, u64)> {
         self.groups

@@ -88,6 +88,10 @@ impl BlockStore for ArrayStore {
         self.array.flush().map_err(store_error)
     }
 
+    fn discard(&self, addr: u64, len: u64) -> Result<u64, StoreError> {
+        self.array.discard(addr, len).map_err(store_error)
+    }
+
     fn groups(&self) -> Vec<GroupInfo> {
         self.array
             .groups()

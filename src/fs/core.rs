@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::alloc::Allocator;
 use super::csum::ChecksumKind;
+use super::extent::Extent;
 use super::inode::{Inode, BLOCK_SIZE};
 use super::journal::{read_slot, DataOrder, Journal};
 use super::layout::{
@@ -59,7 +60,9 @@ pub struct Inner {
     /// space, or the array suspended): freed once a later commit lands.
     /// While set, the next commit is a checkpoint, whose image covers
     /// the changes the refused record held.
-    refused: Mutex<Option<Vec<super::extent::Extent>>>,
+    refused: Mutex<Option<Vec<Extent>>>,
+    /// Freed space on its way back to the host.
+    discards: Discards,
     file_locks: RangeLocks,
 }
 
@@ -224,6 +227,7 @@ impl Inner {
             verified_commits,
             in_place_overwrites: AtomicBool::new(false),
             refused: Mutex::new(None),
+            discards: Discards::default(),
             file_locks: RangeLocks::default(),
         });
         if csum.enabled() {
@@ -241,6 +245,16 @@ impl Inner {
     pub fn unallocated_bytes(&self) -> u64 {
         let (free_groups, group_capacity) = self.store.free_groups();
         free_groups.saturating_mul(group_capacity)
+    }
+
+    /// Bytes freed by changes not yet durable: free once the next commit
+    /// lands (counted as free by statfs, and committed on demand by an
+    /// allocation that would otherwise fail).
+    pub fn pending_free_bytes(&self) -> u64 {
+        let st = self.state.read();
+        let batch: u64 = st.batch.freed.iter().map(|e| e.len).sum();
+        let refused: u64 = self.refused.lock().iter().flatten().map(|e| e.len).sum();
+        batch + refused + *self.discards.busy.lock()
     }
 
     /// Inodes left with no name (unlinked while open before a crash or
@@ -362,10 +376,7 @@ impl Inner {
         match result {
             Ok(()) => {
                 let earlier = self.refused.lock().take().unwrap_or_default();
-                let mut st = self.state.write();
-                for ext in freed.into_iter().chain(earlier) {
-                    st.alloc.free(ext);
-                }
+                self.release_freed(freed.into_iter().chain(earlier).collect());
                 Ok(true)
             }
             Err(FsError::Store(e)) if e.is_retryable() => {
@@ -388,6 +399,70 @@ impl Inner {
         }
     }
 
+    /// Extents whose freeing is now durable become allocatable; they are
+    /// remembered for [`Inner::discard_freed`], which gives the whole
+    /// stripes around them back to the host later, off the path of the
+    /// fsync or write that committed.
+    fn release_freed(&self, freed: Vec<Extent>) {
+        if freed.is_empty() {
+            return;
+        }
+        {
+            let mut st = self.state.write();
+            freed.iter().for_each(|&ext| st.alloc.free(ext));
+        }
+        self.discards.candidates.lock().extend(freed);
+    }
+
+    /// Give the whole stripes of free space around the extents freed since
+    /// the last call back to the store's host (a sparse image shrinks when
+    /// files are deleted). Runs on the commit thread, and at `raidfs sync`
+    /// and unmount. A stripe reallocated meanwhile is simply not taken. The
+    /// stripes being discarded are out of the allocator meanwhile, so
+    /// nothing is written there before the discard; an allocation that
+    /// finds no room waits for them ([`Inner::wait_discards`]). A discard
+    /// the store cannot do costs only host space, so its error is logged,
+    /// never returned.
+    pub fn discard_freed(&self) {
+        let _one_at_a_time = self.discards.running.lock();
+        let candidates = std::mem::take(&mut *self.discards.candidates.lock());
+        if candidates.is_empty() || self.is_read_only() {
+            return;
+        }
+        let holes: Vec<Extent> = {
+            let mut st = self.state.write();
+            let holes: Vec<Extent> = candidates
+                .iter()
+                .flat_map(|&ext| st.alloc.take_discardable(ext))
+                .collect();
+            *self.discards.busy.lock() += holes.iter().map(|h| h.len).sum::<u64>();
+            holes
+        };
+        for hole in &holes {
+            if let Err(e) = self.store.discard(hole.addr, hole.len) {
+                log::warn!(
+                    "freed space at {:#x} (+{}) stays allocated on the host: {e}",
+                    hole.addr,
+                    hole.len
+                );
+            }
+        }
+        {
+            let mut st = self.state.write();
+            holes.iter().for_each(|&hole| st.alloc.free(hole));
+        }
+        *self.discards.busy.lock() = 0;
+        self.discards.done.notify_all();
+    }
+
+    /// Wait until no free space is out of the allocator for a discard.
+    pub fn wait_discards(&self) {
+        let mut busy = self.discards.busy.lock();
+        while *busy > 0 {
+            self.discards.done.wait(&mut busy);
+        }
+    }
+
     /// Allocate a fresh Data group into the allocator; false when none is left.
     pub fn grow(&self, st: &mut State) -> bool {
         match self.store.allocate_group(GroupKind::Data) {
@@ -401,6 +476,16 @@ impl Inner {
             }
         }
     }
+}
+
+/// Freed extents waiting to be discarded, and the bytes out of the
+/// allocator while a discard runs.
+#[derive(Default)]
+struct Discards {
+    candidates: Mutex<Vec<Extent>>,
+    busy: Mutex<u64>,
+    done: Condvar,
+    running: Mutex<()>,
 }
 
 /// Commits every `interval` until the filesystem is dropped or unmounted.
@@ -421,6 +506,7 @@ pub fn spawn_committer(
                     if let Err(e) = inner.commit(false) {
                         log::error!("periodic commit failed: {e}");
                     }
+                    inner.discard_freed();
                 }
                 _ => return,
             }

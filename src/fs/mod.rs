@@ -101,6 +101,11 @@ pub type FsResult<T> = Result<T, FsError>;
 
 /// Inode number of the root directory (as FUSE expects).
 pub const ROOT_INO: u64 = 1;
+/// Metadata space one more inode takes, for statfs's inode counts: its
+/// image (about 150 bytes with a few extents) and directory entry in both
+/// checkpoint slots and in the journal, rounded up to leave room for
+/// xattrs and extent maps that grow.
+pub const INODE_COST: u64 = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FileKind {
@@ -340,6 +345,7 @@ impl FileSystem {
             return Ok(());
         }
         let result = self.inner.commit(true).map(|_| ());
+        self.inner.discard_freed();
         self.inner
             .read_only
             .store(true, std::sync::atomic::Ordering::Release);
@@ -349,7 +355,9 @@ impl FileSystem {
     /// Commit the journal and flush the store (sync(2)).
     pub fn sync_all(&self) -> FsResult<()> {
         self.deferred.settle_all();
-        self.sync_store()
+        self.sync_store()?;
+        self.inner.discard_freed();
+        Ok(())
     }
 
     fn sync_store(&self) -> FsResult<()> {
@@ -956,13 +964,19 @@ impl FileSystem {
             .mutate(|st| ops::xattr::remove(st, caller, ino, bytes(name)))
     }
 
+    /// Space and inode figures for statfs(2). Blocks freed by changes not
+    /// yet committed count as free: the next allocation that needs them
+    /// commits first ([`core::Inner::pending_free_bytes`]). Inodes are made
+    /// as needed, so (as XFS does) the free count is how many more the free
+    /// space could hold at [`INODE_COST`] bytes each.
     pub fn statfs(&self) -> FsResult<StatFs> {
         let unallocated = self.inner.unallocated_bytes() / BLOCK_SIZE;
+        let pending = self.inner.pending_free_bytes() / BLOCK_SIZE;
         let st = self.inner.state.read();
         let blocks = st.alloc.total_bytes() / BLOCK_SIZE + unallocated;
-        let bfree = st.alloc.free_bytes() / BLOCK_SIZE + unallocated;
+        let bfree = (st.alloc.free_bytes() / BLOCK_SIZE + unallocated + pending).min(blocks);
         let used_inodes = st.meta.inodes.len() as u64;
-        let ffree = (u32::MAX as u64).saturating_sub(used_inodes);
+        let ffree = (bfree * BLOCK_SIZE / INODE_COST).min(u64::MAX / 2 - used_inodes);
         Ok(StatFs {
             blocks,
             bfree,

@@ -97,6 +97,16 @@ pub trait BlockStore: Send + Sync {
     fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError>;
     /// Unallocated groups left, and the data capacity one more data group would add.
     fn free_groups(&self) -> (u64, u64);
+    /// Give logical `[addr, addr + len)`, which the filesystem has freed
+    /// durably, back to the storage underneath (see `Array::discard`).
+    /// Returns the bytes given back; 0 when the store cannot now, which
+    /// costs nothing but host space. What a discarded range reads as
+    /// afterwards is unspecified: the filesystem never reads a block it has
+    /// not written since allocating it.
+    fn discard(&self, addr: u64, len: u64) -> Result<u64, StoreError> {
+        let _ = (addr, len);
+        Ok(0)
+    }
     /// Let the store's own repairs (resync, scrub) ask the filesystem which
     /// version of a block is right. Stores that repair nothing ignore it.
     fn set_content_judge(&self, judge: std::sync::Weak<dyn crate::array::ContentJudge>) {
@@ -114,7 +124,13 @@ pub struct MemStore {
 
 struct MemState {
     groups: Vec<(GroupInfo, Vec<u8>)>,
+    discarded: u64,
 }
+
+/// What [`MemStore`] fills discarded bytes with: not zeros, so that a
+/// filesystem that reads a block it freed, or discards a block still in
+/// use, sees the damage.
+pub const DISCARD_POISON: u8 = 0xdb;
 
 impl MemStore {
     pub fn new(total_groups: u32, group_capacity: u64, stripe_bytes: u64) -> MemStore {
@@ -122,8 +138,16 @@ impl MemStore {
             group_capacity,
             stripe_bytes,
             total_groups,
-            state: Mutex::new(MemState { groups: Vec::new() }),
+            state: Mutex::new(MemState {
+                groups: Vec::new(),
+                discarded: 0,
+            }),
         }
+    }
+
+    /// Bytes discarded so far.
+    pub fn discarded_bytes(&self) -> u64 {
+        self.state.lock().discarded
     }
 
     fn locate(addr: u64) -> (usize, usize) {
@@ -167,6 +191,19 @@ impl BlockStore for MemStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn discard(&self, addr: u64, len: u64) -> Result<u64, StoreError> {
+        let (g, off) = Self::locate(addr);
+        let mut st = self.state.lock();
+        let (_, bytes) = st.groups.get_mut(g).ok_or(StoreError::OutOfRange(addr))?;
+        let n = usize::try_from(len).map_err(|_| StoreError::OutOfRange(addr))?;
+        bytes
+            .get_mut(off..off + n)
+            .ok_or(StoreError::OutOfRange(addr))?
+            .fill(DISCARD_POISON);
+        st.discarded += len;
+        Ok(len)
     }
 
     fn groups(&self) -> Vec<GroupInfo> {

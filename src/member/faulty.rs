@@ -488,6 +488,19 @@ impl Member for FaultyMember {
         Ok(())
     }
 
+    fn can_discard(&self) -> bool {
+        self.shared.inner.can_discard()
+    }
+
+    /// Zeros written like any other write, so faults, held writes and crash
+    /// images treat a discard as the write it is.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.can_discard() {
+            return self.shared.inner.discard(offset, len);
+        }
+        self.zero_range(offset, len)
+    }
+
     fn len(&self) -> u64 {
         self.shared.inner.len()
     }

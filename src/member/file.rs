@@ -71,6 +71,9 @@ pub struct FileMember {
     /// in full): zeroing a range gives the blocks back to it afterwards,
     /// so it keeps its reservation on the host.
     keep_allocated: AtomicBool,
+    /// Hole punching was refused here once (a host filesystem or device
+    /// without it): discards are not tried again.
+    no_discard: AtomicBool,
     rmw_locks: Vec<Mutex<()>>,
 }
 
@@ -202,6 +205,7 @@ impl FileMember {
             keep_allocated: AtomicBool::new(
                 file_type.is_file() && metadata.blocks().saturating_mul(512) >= len,
             ),
+            no_discard: AtomicBool::new(false),
             rmw_locks: (0..RMW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
@@ -539,6 +543,55 @@ impl Member for FileMember {
         // EAGAIN (not cached), EOPNOTSUPP (no RWF_NOWAIT here), a short read:
         // the caller reads the ordinary way.
         Ok(usize::try_from(n).is_ok_and(|n| n == buf.len()))
+    }
+
+    /// A preallocated image keeps its reservation (the user asked for it),
+    /// so only sparse images and devices give space back.
+    fn can_discard(&self) -> bool {
+        !self.keep_allocated.load(Ordering::Acquire) && !self.no_discard.load(Ordering::Acquire)
+    }
+
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: on an image file the host
+    /// filesystem frees the blocks; on a block device the kernel issues a
+    /// write-zeroes that may unmap (never a plain discard, whose contents
+    /// afterwards are not promised, and never a fallback to writing zeros).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_bounds(
+            usize::try_from(len).unwrap_or(usize::MAX),
+            offset,
+            "discard",
+        )?;
+        if !self.can_discard() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{}: does not give space back", self.path.display()),
+            ));
+        }
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
+                self.no_discard.store(true, Ordering::Release);
+                log::info!(
+                    "{}: the host cannot punch holes here ({e}); freed space stays allocated",
+                    self.path.display()
+                );
+                Err(io::Error::new(io::ErrorKind::Unsupported, e))
+            }
+            _ => Err(self.context("discard", len as usize, offset, e)),
+        }
     }
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -112,6 +112,19 @@ impl Member for MemoryMember {
         true
     }
 
+    fn can_discard(&self) -> bool {
+        true
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut bytes = self.bytes.write();
+        let len = usize::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "discard length too large"))?;
+        let range = self.range(len, offset, bytes.len())?;
+        bytes[range].fill(0);
+        Ok(())
+    }
+
     fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         self.read_at(buf, offset).map(|()| true)
     }

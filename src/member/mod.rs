@@ -58,6 +58,24 @@ pub trait Member: Send + Sync {
         }
         Ok(())
     }
+    /// Whether [`Member::discard`] can give space back here: a sparse image
+    /// on a filesystem that punches holes, a block device that deallocates
+    /// with guaranteed zeros. Asked before a discard that only helps if
+    /// every member of a stripe takes it.
+    fn can_discard(&self) -> bool {
+        false
+    }
+    /// Give `[offset, offset + len)` back to whatever holds the member (the
+    /// host filesystem, the device), after which the range reads as zeros.
+    /// `ErrorKind::Unsupported` when it cannot, with nothing changed; never
+    /// falls back to writing zeros (free space is not worth the I/O).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot give space back", self.name()),
+        ))
+    }
     /// Bytes free for this member to grow into on the filesystem that
     /// holds it (a sparse image file), or None when it cannot run out
     /// (block devices, memory). Lets the array stop answering writes

@@ -8,9 +8,9 @@
 //! thread had a cost: `sync_file_range` waits whenever the disk's queue is
 //! full, up to a quarter of a second under a sequential write here, and
 //! that stalled the member worker and with it every full-stripe write
-//! queued behind it (docs/performance.md, "Changes made in the eighth
-//! round"). The thread takes that wait instead, and merges the ranges that
-//! piled up meanwhile into one call each. Members on one device take turns
+//! queued behind it (docs/performance.md, "How a request is served").
+//! The thread takes that wait instead, and merges the ranges that piled
+//! up meanwhile into one call each. Members on one device take turns
 //! (one start at a time per device): five image files kicked at once on
 //! this project's test machine wrote slower than the same kicks in turn,
 //! which also gather larger ranges.

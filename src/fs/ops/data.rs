@@ -131,7 +131,30 @@ impl Inner {
     /// blocks; with checksums on, mapped blocks get fresh blocks too
     /// (copy-on-write) while space lasts, else they are rewritten in place.
     /// On NoSpace for a hole everything allocated here is given back.
+    ///
+    /// Blocks freed since the last commit are not reusable until that
+    /// commit is durable (a crash must never leave a committed file pointing
+    /// at reused blocks); rather than fail while such blocks wait, the plan
+    /// commits them (and waits for free stripes out for a discard) and
+    /// tries once more, so space freed by `rm` is usable at once.
     fn plan_blocks(&self, ino: u64, start: u64, end: u64, cover: Cover) -> FsResult<Vec<Piece>> {
+        match self.plan_blocks_once(ino, start, end, cover) {
+            Err(FsError::NoSpace) if self.pending_free_bytes() > 0 => {
+                self.commit(false)?;
+                self.wait_discards();
+                self.plan_blocks_once(ino, start, end, cover)
+            }
+            other => other,
+        }
+    }
+
+    fn plan_blocks_once(
+        &self,
+        ino: u64,
+        start: u64,
+        end: u64,
+        cover: Cover,
+    ) -> FsResult<Vec<Piece>> {
         let mut st = self.state.write();
         let inode = st.inode(ino)?;
         regular_file(inode)?;

@@ -3,7 +3,8 @@
 //! the whole visible tree (names, kinds, sizes, link counts, contents,
 //! xattrs, hard-link identity) must agree. Unmount + open at random points.
 //! Renames may leave a whiteout (RENAME_WHITEOUT), which later operations
-//! then meet like any other name.
+//! then meet like any other name; O_TMPFILE files are written, then named
+//! (linkat) or released unnamed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -32,6 +33,9 @@ enum Op {
     Rename(usize, usize, usize, usize, u8),
     SetXattr(usize, usize, usize, u8, i32),
     RemoveXattr(usize, usize, usize),
+    /// An O_TMPFILE file in a directory, written with a length and byte,
+    /// then named (linkat) there, or released without a name.
+    Tmpfile(usize, usize, u16, u8, bool),
     Reopen,
 }
 
@@ -50,6 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (p.clone(), nm.clone(), p.clone(), nm.clone(), 0..4u8).prop_map(|(a, b, c, d, f)| Op::Rename(a, b, c, d, f)),
         1 => (p.clone(), nm.clone(), 0..2usize, any::<u8>(), 0..3i32).prop_map(|(a, b, x, v, f)| Op::SetXattr(a, b, x, v, f)),
         1 => (p.clone(), nm.clone(), 0..2usize).prop_map(|(a, b, x)| Op::RemoveXattr(a, b, x)),
+        1 => (p.clone(), nm.clone(), 0..9_000u16, any::<u8>(), any::<bool>()).prop_map(|(p, n, l, b, link)| Op::Tmpfile(p, n, l, b, link)),
         1 => Just(Op::Reopen),
     ]
 }
@@ -495,6 +500,26 @@ impl Harness {
                     code(self.fs.removexattr(&c, ino, os(XNAMES[x]))),
                     want,
                     "{op:?}"
+                );
+            }
+            Op::Tmpfile(p, n, len, byte, link) => {
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
+                let data = vec![byte; len as usize];
+                let t = self.fs.tmpfile(&c, fp, 0o100644, 0, true).expect("tmpfile");
+                assert_eq!(code(self.fs.write(t.ino, 0, &data)), Ok(data.len()));
+                let named = link && {
+                    let want = self.model.add(mp, NAMES[n], Kind::File(data));
+                    let got = self.fs.link(&c, t.ino, fp, os(NAMES[n]));
+                    assert_eq!(code(got).map(|_| ()), want, "{op:?}");
+                    want.is_ok()
+                };
+                self.fs.release(t.ino).expect("release");
+                assert_eq!(
+                    self.fs.getattr(t.ino).is_ok(),
+                    named,
+                    "{op:?}: a tmpfile outlives its release only with a name"
                 );
             }
             Op::Reopen => {

@@ -518,6 +518,104 @@ fn overlayfs_takes_a_raidfs_upper_layer() {
     drop(overlay);
 }
 
+/// Two member images in a temporary directory and a `raidfs mount` of them
+/// (through the binary, logging to `daemon.log` there).
+struct Daemon {
+    dir: tempfile::TempDir,
+    mnt: PathBuf,
+    _guard: DaemonGuard,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        raidfs_ok(&["create", "-l", "1", "-s", "64M", "m0", "m1"], dir.path());
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).expect("mount point");
+        let mnt = mnt.canonicalize().expect("mount point path");
+        let daemon = Daemon {
+            _guard: DaemonGuard::new(&mnt),
+            dir,
+            mnt,
+        };
+        daemon.mount();
+        daemon
+    }
+
+    fn mount(&self) {
+        let log = format!("log={}", self.dir.path().join("daemon.log").display());
+        let args = [
+            OsStr::new("mount"),
+            OsStr::new("-o"),
+            OsStr::new(&log),
+            OsStr::new("m0"),
+            OsStr::new("m1"),
+            self.mnt.as_os_str(),
+        ];
+        raidfs_ok(&args, self.dir.path());
+    }
+
+    fn umount(&self) {
+        raidfs_ok(
+            &[OsStr::new("umount"), self.mnt.as_os_str()],
+            self.dir.path(),
+        );
+    }
+
+    /// The daemon log's warnings and errors.
+    fn complaints(&self) -> Vec<String> {
+        fs::read_to_string(self.dir.path().join("daemon.log"))
+            .expect("daemon log")
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+#[test]
+fn overlayfs_copy_ups_leave_the_daemon_log_clean() {
+    if !fuse_available() {
+        return;
+    }
+    let daemon = Daemon::start();
+    let root = &daemon.mnt;
+    for d in ["lower/etc", "upper", "work", "merged"] {
+        fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    fs::write(root.join("lower/etc/access.conf"), b"salts").expect("write");
+    fs::write(root.join("lower/etc/other"), b"other").expect("write");
+    let merged = root.join("merged");
+    let overlay = mount_overlay(
+        &root.join("lower"),
+        &root.join("upper"),
+        &root.join("work"),
+        &merged,
+    );
+    // What generic/631 does in a loop: copy-ups (which ask the upper
+    // layer for inode flags by ioctl), renames over whiteouts, new files.
+    for _ in 0..3 {
+        let (conf, bak) = (
+            merged.join("etc/access.conf"),
+            merged.join("etc/access.conf.bak"),
+        );
+        fs::rename(&conf, &bak).expect("mv");
+        fs::write(&conf, b"").expect("touch");
+    }
+    fs::OpenOptions::new()
+        .append(true)
+        .open(merged.join("etc/other"))
+        .and_then(|mut f| f.write_all(b" more"))
+        .expect("append (copy-up)");
+    assert_eq!(
+        fs::read(merged.join("etc/other")).expect("read"),
+        b"other more"
+    );
+    drop(overlay);
+    daemon.umount();
+    assert_eq!(daemon.complaints(), Vec::<String>::new());
+}
+
 /// SIGKILL the `raidfs mount` daemon serving `mnt` and wait until it is gone.
 fn kill_daemon(mnt: &Path) {
     let record = raidfs::cli::mount::registry::read(mnt)
@@ -533,27 +631,8 @@ fn a_tmpfile_open_when_the_daemon_is_killed_leaks_no_space() {
     if !fuse_available() {
         return;
     }
-    let dir = tempfile::tempdir().expect("temp dir");
-    raidfs_ok(&["create", "-l", "1", "-s", "64M", "m0", "m1"], dir.path());
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).expect("mount point");
-    let mnt = mnt.canonicalize().expect("mount point path");
-    let _guard = DaemonGuard::new(&mnt);
-    let log = format!("log={}", dir.path().join("daemon.log").display());
-    let mount = || {
-        raidfs_ok(
-            &[
-                OsStr::new("mount"),
-                OsStr::new("-o"),
-                OsStr::new(&log),
-                OsStr::new("m0"),
-                OsStr::new("m1"),
-                mnt.as_os_str(),
-            ],
-            dir.path(),
-        )
-    };
-    mount();
+    let daemon = Daemon::start();
+    let mnt = daemon.mnt.clone();
     let baseline = free_blocks(&mnt);
     let mut t = tmpfile(&mnt, 0, 0o600).expect("O_TMPFILE");
     t.write_all(&vec![5u8; 8 * MIB]).expect("write");
@@ -565,7 +644,7 @@ fn a_tmpfile_open_when_the_daemon_is_killed_leaks_no_space() {
     kill_daemon(&mnt);
     detach(&mnt);
     drop(t);
-    mount();
+    daemon.mount();
     assert_eq!(free_blocks(&mnt), baseline, "the orphan was freed");
-    raidfs_ok(&[OsStr::new("umount"), mnt.as_os_str()], dir.path());
+    daemon.umount();
 }

@@ -15,9 +15,10 @@ use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use log::{debug, error, info, warn};
 use parking_lot::Mutex;
@@ -756,6 +757,25 @@ impl Filesystem for RaidFuse {
             self.fs.tmpfile(&caller, parent.0, mode, umask, linkable)
         );
         self.created(&attr, flags, reply);
+    }
+
+    /// No ioctl is served: ENOTTY, what a file without inode flags answers.
+    /// overlayfs asks FS_IOC_GETFLAGS of every file it copies up and takes
+    /// ENOTTY as "none"; answered here, not by fuser's default, which logs a
+    /// warning per request.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        debug!("ioctl {cmd:#x}: not supported");
+        reply.error(Errno::ENOTTY);
     }
 
     /// SEEK_DATA and SEEK_HOLE; the kernel answers the other whence values

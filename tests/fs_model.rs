@@ -441,7 +441,6 @@ impl Harness {
                     noreplace: flags == 1,
                     exchange: flags == 2,
                     whiteout: flags == 3,
-                    ..RenameFlags::default()
                 };
                 assert_eq!(
                     code(self.fs.rename(&c, fp, os(NAMES[n]), fq, os(NAMES[m]), f)),

@@ -37,6 +37,11 @@ pub struct CreateArgs {
     /// Overwrite members of other arrays and non-empty files.
     #[arg(short, long)]
     pub force: bool,
+    /// Owner of the filesystem's root directory, as numeric `UID:GID`
+    /// (default: the user running create, so a user's own array is theirs
+    /// to write). Only root may give it to another user.
+    #[arg(long, value_name = "UID:GID", value_parser = parse_owner)]
+    pub owner: Option<(u32, u32)>,
     /// Reserve the image files' full size on the host now (fallocate), so
     /// the array never meets a full host filesystem later.
     #[arg(long)]
@@ -58,6 +63,51 @@ fn parse_fs_format(s: &str) -> Result<u32, String> {
             "'{s}': filesystem formats run from {OLDEST_FORMAT} to {FORMAT_VERSION}"
         )),
     }
+}
+
+fn parse_owner(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("'{s}': give the owner as numeric UID:GID, e.g. 1000:1000");
+    let (uid, gid) = s.split_once(':').ok_or_else(bad)?;
+    Ok((
+        uid.parse().map_err(|_| bad())?,
+        gid.parse().map_err(|_| bad())?,
+    ))
+}
+
+/// The root directory's owner: `--owner` if given, else the caller's
+/// effective ids (what a file they created would get). Like chown(2), a
+/// user other than root may name only themselves and a group of theirs.
+fn root_owner(asked: Option<(u32, u32)>) -> Result<(u32, u32), String> {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let Some((uid, gid)) = asked else {
+        return Ok((euid, egid));
+    };
+    if euid == 0 {
+        return Ok((uid, gid));
+    }
+    if uid != euid {
+        return Err(format!(
+            "--owner {uid}:{gid}: only root may give the array to another user (you are uid {euid})"
+        ));
+    }
+    if gid != egid && !own_groups().contains(&gid) {
+        return Err(format!(
+            "--owner {uid}:{gid}: you are not a member of group {gid}"
+        ));
+    }
+    Ok((uid, gid))
+}
+
+/// This process's supplementary groups.
+fn own_groups() -> Vec<u32> {
+    // SAFETY: with a size of 0 getgroups only counts, writing nothing.
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0 as libc::gid_t; usize::try_from(count).unwrap_or(0)];
+    // SAFETY: the buffer holds `count` gids; getgroups writes at most that many.
+    let n = unsafe { libc::getgroups(count.max(0), groups.as_mut_ptr()) };
+    groups.truncate(usize::try_from(n).unwrap_or(0));
+    groups
 }
 
 fn parse_layout(s: &str) -> Result<Layout, String> {
@@ -96,6 +146,10 @@ pub fn run(args: CreateArgs) -> i32 {
             writeln!(buf, "{}", record.args())
         })
         .try_init();
+    let root_owner = match root_owner(args.owner) {
+        Ok(owner) => owner,
+        Err(msg) => return super::fail(msg),
+    };
     let spec = CreateSpec {
         level: args.level,
         layout: args.layout,
@@ -118,6 +172,7 @@ pub fn run(args: CreateArgs) -> i32 {
     }
     let format = crate::fs::FormatOptions {
         version: args.fs_format,
+        root_owner,
         ..Default::default()
     };
     let array = match crate::fs::format_array(std::sync::Arc::clone(&created.array), &format) {

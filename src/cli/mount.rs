@@ -1,12 +1,14 @@
 //! `raidfs mount` and `raidfs umount`.
 //!
 //! `mount` checks everything it can in the invoking process (options, member
-//! paths, the mount point, /dev/fuse), then forks the daemon
-//! ([`daemon`]) and waits for it to report. `umount` unmounts and waits for
-//! the daemon to close the array, found through [`registry`].
+//! paths, the mount point, /dev/fuse, where its state and log go, see
+//! [`places`]), then forks the daemon ([`daemon`]) and waits for it to
+//! report. `umount` unmounts and waits for the daemon to close the array,
+//! found through [`registry`].
 
 mod daemon;
 pub mod options;
+pub mod places;
 pub mod registry;
 
 use std::path::{Path, PathBuf};
@@ -82,11 +84,15 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
     let mount_point = check_mount_point(mount_point)?;
     check_members_free(&members)?;
     check_fuse_device()?;
+    let env = places::Env::current();
+    // Here rather than in the daemon, whose registry write can only be
+    // logged: a user with nowhere to put the socket hears it now.
+    env.ensure_run_dir()?;
     let log = match &options.log {
         Some(path) => {
             mounts::absolute_lexical(path).map_err(|e| format!("log={}: {e}", path.display()))?
         }
-        None => default_log_path(&mount_point),
+        None => env.log_path(&mount_point)?,
     };
     Ok(MountPlan {
         members,
@@ -169,36 +175,33 @@ fn check_mount_point(path: &Path) -> Result<PathBuf, String> {
 }
 
 fn check_fuse_device() -> Result<(), String> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::metadata("/dev/fuse") {
-        Ok(meta) if meta.file_type().is_char_device() => Ok(()),
-        Ok(_) => Err("/dev/fuse is not a character device".into()),
-        Err(e) => Err(format!(
-            "/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"
-        )),
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = match std::fs::metadata("/dev/fuse") {
+        Ok(meta) if meta.file_type().is_char_device() => meta,
+        Ok(_) => return Err("/dev/fuse is not a character device".into()),
+        Err(e) => {
+            return Err(format!(
+                "/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"
+            ))
+        }
+    };
+    // A user's mount opens the device with the user's own rights (fuser
+    // does, and so does fusermount3, which it falls back to for mount(2)),
+    // so a device only root may open fails every user's mount: say so
+    // before forking rather than in the daemon's log.
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    // SAFETY: the path is a NUL-terminated literal; access only reads it.
+    let usable = unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } == 0;
+    if euid != 0 && !usable {
+        return Err(format!(
+            "/dev/fuse (mode {:04o}, uid {}, gid {}) cannot be opened by uid {euid}, so only root can mount FUSE here; most distributions make it 0666 (as root: chmod 0666 /dev/fuse)",
+            meta.mode() & 0o7777,
+            meta.uid(),
+            meta.gid()
+        ));
     }
-}
-
-/// `/var/log/raidfs/NAME.log`, or `/tmp/raidfs-NAME.log` when that cannot
-/// be written.
-fn default_log_path(mount_point: &Path) -> PathBuf {
-    let name = mount_point
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "root".into());
-    let dir = Path::new("/var/log/raidfs");
-    let preferred = dir.join(format!("{name}.log"));
-    let writable = std::fs::create_dir_all(dir).is_ok()
-        && std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&preferred)
-            .is_ok();
-    if writable {
-        preferred
-    } else {
-        std::env::temp_dir().join(format!("raidfs-{name}.log"))
-    }
+    Ok(())
 }
 
 pub fn run_umount(args: UmountArgs) -> i32 {
@@ -223,7 +226,8 @@ fn umount(args: &UmountArgs) -> Result<(), String> {
     let daemon = registry::read(&path)
         .ok()
         .flatten()
-        .filter(|r| r.is_alive());
+        .filter(|r| r.is_alive())
+        .or_else(|| daemon_by_socket(&path));
     mounts::unmount_with_grace(&path, args.lazy).map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => {
             format!("{shown} is busy (files are open on it); close them or use --lazy")
@@ -260,6 +264,20 @@ fn umount(args: &UmountArgs) -> Result<(), String> {
         }
         Err(e) => Err(format!("reading the daemon's state: {e}")),
     }
+}
+
+/// The daemon of a mount recorded in another user's run directory (root
+/// unmounting a user's mount), as its control socket names it, so that
+/// umount still waits for it to close the array.
+fn daemon_by_socket(mount_point: &Path) -> Option<registry::DaemonRecord> {
+    let mut client = super::status::connect(mount_point).ok()?;
+    let report = super::status::query(&mut client).ok()?;
+    let record = registry::DaemonRecord {
+        pid: report.daemon_pid,
+        start_time: registry::process_start_time(report.daemon_pid)?,
+        ..registry::DaemonRecord::for_self(mount_point, None)
+    };
+    Some(record)
 }
 
 /// The pid of the daemon serving `mount_point`, if one is running.

@@ -1,6 +1,7 @@
 //! `raidfs status`: every mounted array (or one), like /proc/mdstat, from
 //! the mount daemons' control sockets; and finding those sockets.
 
+use crate::cli::mount::places::{self, Env, SYSTEM_RUN_DIR};
 use crate::cli::mount::registry;
 use crate::control::{
     ArrayReport, ControlClient, ControlError, Request, SyncReport, REPORT_VERSION,
@@ -18,8 +19,6 @@ pub struct StatusArgs {
     pub mount_point: Option<PathBuf>,
 }
 
-/// Where root's daemons keep their sockets; other users look here too.
-const SYSTEM_RUN_DIR: &str = "/run/raidfs/mounts";
 /// Longest socket path we make (sun_path holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 100;
 
@@ -44,13 +43,10 @@ fn socket_in(state: &Path) -> PathBuf {
     dir.join(format!("long-{:08x}.sock", crc32c::crc32c(&name)))
 }
 
-/// Directories that may hold control sockets: this user's run directory,
-/// then the system one (a user may query root's mounts).
+/// Directories that may hold control sockets: this user's run
+/// directories, then the system one (a user may query root's mounts).
 fn run_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    if let Some(own) = registry::state_path(Path::new("/x")).parent() {
-        dirs.push(own.to_path_buf());
-    }
+    let mut dirs = Env::current().run_dirs();
     let system = PathBuf::from(SYSTEM_RUN_DIR);
     if !dirs.contains(&system) {
         dirs.push(system);
@@ -58,15 +54,63 @@ fn run_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// Every bound raidfs control socket on the machine, from the kernel's
+/// list of Unix sockets: how root finds the mounts of users, whose sockets
+/// live in their own directories (see [`places`]). A user finds other
+/// users' too, and is refused at their private directories.
+fn bound_sockets() -> Vec<PathBuf> {
+    match std::fs::read_to_string("/proc/net/unix") {
+        Ok(table) => raidfs_sockets_in(&table),
+        Err(e) => {
+            log::debug!("/proc/net/unix: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// The raidfs control socket paths in a `/proc/net/unix` table: those in a
+/// directory ending in [`places::RUN_DIR_TAIL`] with a `.sock` name.
+fn raidfs_sockets_in(table: &str) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    for line in table.lines().skip(1) {
+        // Seven fixed fields, then the path (which may hold spaces).
+        let mut rest = line.trim_start();
+        for _ in 0..7 {
+            rest = match rest.find(' ') {
+                Some(i) => rest[i..].trim_start(),
+                None => "",
+            };
+        }
+        let path = Path::new(rest);
+        let ours = path.is_absolute()
+            && path.extension() == Some(std::ffi::OsStr::new("sock"))
+            && path
+                .parent()
+                .is_some_and(|d| d.ends_with(places::RUN_DIR_TAIL));
+        if ours && !found.iter().any(|f| f == path) {
+            found.push(path.to_path_buf());
+        }
+    }
+    found
+}
+
 /// Connect to the daemon serving `mount_point`.
 pub fn connect(mount_point: &Path) -> Result<ControlClient, String> {
     let shown = mount_point.display();
     let path = mounts::absolute_lexical(mount_point).map_err(|e| format!("{shown}: {e}"))?;
     let state = registry::state_path(&path);
-    let candidates: Vec<PathBuf> = run_dirs()
+    let mut candidates: Vec<PathBuf> = run_dirs()
         .iter()
         .filter_map(|dir| Some(socket_in(&dir.join(state.file_name()?))))
         .collect();
+    // Another user's mount (root asking about it): its socket has this
+    // mount's name in whatever directory that user's daemon bound it.
+    candidates.extend(bound_sockets().into_iter().filter(|bound| {
+        let dir = bound.parent().unwrap_or(Path::new("/"));
+        state
+            .file_name()
+            .is_some_and(|name| socket_in(&dir.join(name)) == *bound)
+    }));
     let Some(socket) = candidates.iter().find(|c| c.exists()) else {
         let mounted = mounts::mount_at(&path).ok().flatten();
         return Err(match mounted {
@@ -106,25 +150,33 @@ pub fn query(client: &mut ControlClient) -> Result<ArrayReport, String> {
 
 /// Reports of every mount whose daemon answers, by mount point.
 fn all_reports() -> Vec<ArrayReport> {
-    let mut reports: Vec<ArrayReport> = Vec::new();
+    let mut sockets: Vec<PathBuf> = Vec::new();
     for dir in run_dirs() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension() != Some(std::ffi::OsStr::new("sock")) {
-                continue;
+            if path.extension() == Some(std::ffi::OsStr::new("sock")) {
+                sockets.push(path);
             }
-            // Stale sockets (daemons that died) and other users' private
-            // ones are skipped: they are not arrays we can show.
-            let Ok(mut client) = ControlClient::connect(&path) else {
-                continue;
-            };
-            if let Ok(report) = query(&mut client) {
-                if !reports.iter().any(|r| r.mount_point == report.mount_point) {
-                    reports.push(report);
-                }
+        }
+    }
+    for bound in bound_sockets() {
+        if !sockets.contains(&bound) {
+            sockets.push(bound);
+        }
+    }
+    let mut reports: Vec<ArrayReport> = Vec::new();
+    for path in sockets {
+        // Stale sockets (daemons that died) and other users' private
+        // ones are skipped: they are not arrays we can show.
+        let Ok(mut client) = ControlClient::connect(&path) else {
+            continue;
+        };
+        if let Ok(report) = query(&mut client) {
+            if !reports.iter().any(|r| r.mount_point == report.mount_point) {
+                reports.push(report);
             }
         }
     }
@@ -221,7 +273,34 @@ pub fn mdstat(r: &ArrayReport) -> String {
         out.push_str(&progress_line(sync));
         out.push('\n');
     }
+    out.push_str(&owner_line(r.owner_uid, user_name(r.owner_uid).as_deref()));
     out
+}
+
+/// `      owner uid 1000 (alice)`: whose mount it is, as root sees every
+/// user's.
+fn owner_line(uid: u32, name: Option<&str>) -> String {
+    match name {
+        Some(name) => format!("      owner uid {uid} ({name})\n"),
+        None => format!("      owner uid {uid}\n"),
+    }
+}
+
+/// The login name of `uid`, if the user database has one.
+fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    // SAFETY: passwd is plain data filled by getpwuid_r.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call, buf for its stated
+    // length; the result points into pwd and buf, which outlive its use.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name is a NUL-terminated string inside buf.
+    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+    Some(name.to_string_lossy().into_owned())
 }
 
 /// md's progress line: `      [====>................]  recovery = 21.3%
@@ -275,6 +354,34 @@ mod tests {
             end.starts_with("      [====================>]  recovery =100.0%"),
             "{end}"
         );
+    }
+
+    #[test]
+    fn bound_raidfs_sockets_are_picked_out_of_the_kernels_list() {
+        let table = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            0000000082f90260: 00000003 00000000 00000000 0001 03 160881\n\
+            00000000442a23cd: 00000002 00000000 00010000 0001 01  4242 /run/user/1000/raidfs/mounts/home-u-mnt.sock\n\
+            00000000442a23ce: 00000002 00000000 00010000 0001 01 99999 /home/u/.local/state/raidfs/mounts/my disk.sock\n\
+            00000000442a23cf: 00000002 00000000 00010000 0001 01 99998 /run/systemd/notify\n\
+            00000000442a23d0: 00000002 00000000 00010000 0001 01 99997 @/raidfs/mounts/abstract.sock\n\
+            00000000442a23d1: 00000003 00000000 00000000 0001 03 99996 /run/user/1000/raidfs/mounts/home-u-mnt.sock\n";
+        assert_eq!(
+            raidfs_sockets_in(table),
+            vec![
+                PathBuf::from("/run/user/1000/raidfs/mounts/home-u-mnt.sock"),
+                PathBuf::from("/home/u/.local/state/raidfs/mounts/my disk.sock"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_owner_is_shown_by_name_when_known() {
+        assert_eq!(
+            owner_line(1000, Some("alice")),
+            "      owner uid 1000 (alice)\n"
+        );
+        assert_eq!(owner_line(4242, None), "      owner uid 4242\n");
+        assert_eq!(user_name(0).as_deref(), Some("root"));
     }
 
     #[test]

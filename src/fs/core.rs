@@ -87,7 +87,19 @@ pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
         .ok_or_else(|| FsError::Corrupt("the store has no Metadata group (not formatted?)".into()))
 }
 
+/// A root-owned filesystem, as the tests of this module's neighbours make.
+#[cfg(test)]
 pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind, version: u32) -> FsResult<()> {
+    format_owned(store, data_checksum, version, (0, 0))
+}
+
+/// Write an empty filesystem whose root directory belongs to `(uid, gid)`.
+pub fn format_owned(
+    store: &dyn BlockStore,
+    data_checksum: ChecksumKind,
+    version: u32,
+    (root_uid, root_gid): (u32, u32),
+) -> FsResult<()> {
     let existing = store
         .groups()
         .into_iter()
@@ -111,7 +123,7 @@ pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind, version: u32)
         next_gen: 2,
         ..Default::default()
     };
-    let mut root = Inode::new(ROOT_INO, 1, FileKind::Dir, 0o755, 0, 0);
+    let mut root = Inode::new(ROOT_INO, 1, FileKind::Dir, 0o755, root_uid, root_gid);
     root.nlink = 2;
     root.parent = ROOT_INO;
     meta.inodes.insert(ROOT_INO, root);
@@ -557,6 +569,23 @@ mod tests {
                 matches!(Inner::open(store.clone(), true), Err(FsError::Corrupt(m)) if m.contains("version")),
                 "version {unknown}"
             );
+        }
+    }
+
+    #[test]
+    fn the_root_directory_belongs_to_the_owner_given_at_format() {
+        for owner in [(0, 0), (1000, 1001)] {
+            let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
+            let opts = crate::fs::FormatOptions {
+                root_owner: owner,
+                ..Default::default()
+            };
+            crate::fs::FileSystem::format_with(store.clone(), &opts).unwrap();
+            let fs = crate::fs::FileSystem::open(store, crate::fs::FsOptions::default()).unwrap();
+            let root = fs.getattr(ROOT_INO).unwrap();
+            assert_eq!((root.uid, root.gid), owner);
+            assert_eq!(root.perm, 0o755);
+            fs.unmount().unwrap();
         }
     }
 }

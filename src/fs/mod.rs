@@ -251,6 +251,9 @@ pub struct FormatOptions {
     /// one ([`OLDEST_FORMAT`] on) stays readable by older releases, and
     /// `raidfs upgrade` moves it on later.
     pub version: Option<u32>,
+    /// Owner of the root directory, `(uid, gid)`: the user who creates an
+    /// array for themselves must be able to write to it (default 0:0).
+    pub root_owner: (u32, u32),
 }
 
 /// A mounted filesystem. All methods take `&self` and are safe to call from
@@ -302,7 +305,7 @@ impl FileSystem {
         if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&version) {
             return Err(FsError::Invalid("unknown filesystem format"));
         }
-        core::format(store.as_ref(), opts.data_checksum, version)
+        core::format_owned(store.as_ref(), opts.data_checksum, version, opts.root_owner)
     }
 
     /// How this filesystem checksums data blocks.
@@ -725,12 +728,65 @@ impl FileSystem {
     /// Returns the bytes written and whether the mode changed.
     pub fn write_clearing_setid(
         &self,
+        caller: &Caller,
         ino: u64,
         offset: u64,
         data: &[u8],
     ) -> FsResult<(usize, bool)> {
         self.deferred.settle(ino);
-        self.inner.write_data(true, ino, offset, data)
+        let (written, changed) = self.inner.write_data(true, ino, offset, data)?;
+        Ok((written, self.drop_sgid_of_outsider(caller, ino)? || changed))
+    }
+
+    /// `fallocate` on behalf of `caller`: like a write, a change by anyone
+    /// without CAP_FSETID (anyone but root) first clears the set-ID bits as
+    /// the kernel's VFS would (`file_modified`); the FUSE kernel leaves
+    /// that to the filesystem and says nothing of it in the request. True
+    /// when the mode changed (the kernel must be told).
+    pub fn fallocate_as(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> FsResult<bool> {
+        self.deferred.settle(ino);
+        let changed = if caller.uid != 0 {
+            let dropped = self.inner.mutate(|st| {
+                let inode = st.inode_mut(ino)?;
+                if inode.kind != FileKind::File {
+                    return Ok(false);
+                }
+                Ok(perm::drop_privileges(inode, true) | perm::drop_sgid_of_outsider(inode, caller))
+            })?;
+            dropped
+        } else {
+            false
+        };
+        self.inner.fallocate_data(ino, offset, len, mode)?;
+        Ok(changed)
+    }
+
+    /// A write by `caller` that lacks CAP_FSETID also takes the set-group-ID
+    /// bit of a file outside their groups (see [`perm::drop_sgid_of_outsider`]).
+    fn drop_sgid_of_outsider(&self, caller: &Caller, ino: u64) -> FsResult<bool> {
+        let outsider = {
+            let st = self.inner.state.read();
+            let inode = st.inode(ino)?;
+            inode.perm & perm::S_ISGID != 0 && !perm::in_group(caller, inode.gid)
+        };
+        if !outsider {
+            return Ok(false);
+        }
+        self.inner.mutate(|st| {
+            let inode = st.inode_mut(ino)?;
+            let changed = perm::drop_sgid_of_outsider(inode, caller);
+            if changed {
+                inode.ctime = inode::Time::now();
+            }
+            Ok(changed)
+        })
     }
 
     /// As [`FileSystem::write`], on behalf of `caller`: a write by anyone but

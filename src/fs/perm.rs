@@ -33,6 +33,19 @@ pub fn drop_privileges(inode: &mut Inode, setid: bool) -> bool {
     inode.perm != before
 }
 
+/// The rest of the kernel's rule (`setattr_should_drop_sgid`) for a change
+/// of contents by `caller`, who lacks CAP_FSETID: the set-group-ID bit of a
+/// file that is not group-executable goes too when `caller` is not in the
+/// file's group. [`drop_privileges`] has already dealt with the rest. True
+/// when the mode changed.
+pub fn drop_sgid_of_outsider(inode: &mut Inode, caller: &Caller) -> bool {
+    if inode.kind == FileKind::Dir || inode.perm & S_ISGID == 0 || in_group(caller, inode.gid) {
+        return false;
+    }
+    inode.perm &= !S_ISGID;
+    true
+}
+
 pub fn in_group(caller: &Caller, gid: u32) -> bool {
     caller.gid == gid || caller.groups.contains(&gid)
 }

@@ -480,7 +480,7 @@ impl Filesystem for RaidFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -510,7 +510,7 @@ impl Filesystem for RaidFuse {
         }
         let written = if kill_setid {
             self.fs
-                .write_clearing_setid(ino.0, offset, data)
+                .write_clearing_setid(&self.caller(req), ino.0, offset, data)
                 .map(|(written, mode_changed)| {
                     // A write invalidates only the cached size and times.
                     if mode_changed {
@@ -860,7 +860,7 @@ impl Filesystem for RaidFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -877,11 +877,18 @@ impl Filesystem for RaidFuse {
             keep_size: mode & libc::FALLOC_FL_KEEP_SIZE != 0,
             punch_hole: mode & libc::FALLOC_FL_PUNCH_HOLE != 0,
         };
-        try_reply!(
+        let changed = try_reply!(
             "fallocate",
             reply,
-            self.fs.fallocate(ino.0, offset, length, mode)
+            self.fs
+                .fallocate_as(&self.caller(req), ino.0, offset, length, mode)
         );
+        if changed {
+            // As after a write: the kernel's cached mode is out of date.
+            if let Some(notifier) = self.notifier.get() {
+                let _ = notifier.inval_inode(ino, -1, 0);
+            }
+        }
         reply.ok();
     }
 }

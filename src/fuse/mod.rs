@@ -301,6 +301,12 @@ fn set_read_ahead(device: &str, bytes: u32) {
     let kib = (bytes / 1024).max(4);
     match std::fs::write(&path, format!("{kib}\n")) {
         Ok(()) => info!("readahead {kib} KiB ({})", path.display()),
+        // Only root may write there: a user's mount keeps the default,
+        // which is expected, not a warning.
+        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => info!(
+            "readahead stays at the kernel's default ({} is root's)",
+            path.display()
+        ),
         Err(err) => warn!(
             "cannot set readahead to {kib} KiB through {}: {err}",
             path.display()

@@ -1,11 +1,14 @@
 //! Which daemon serves which mount point: one small state file per mount
-//! under `/run/raidfs/mounts/`, so that `raidfs umount` can wait for the
-//! daemon to finish closing the array, and `raidfs mount` can tell a live
-//! mount from one left behind by a daemon that died.
+//! in the run directory (`/run/raidfs/mounts/` for root; see [`places`]
+//! for users), so that `raidfs umount` can wait for the daemon to finish
+//! closing the array, and `raidfs mount` can tell a live mount from one
+//! left behind by a daemon that died.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use super::places::{self, Env};
 
 /// A running (or dead) mount daemon, as recorded in its state file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,52 +27,19 @@ pub struct DaemonRecord {
     pub members: Vec<PathBuf>,
 }
 
-fn run_dir() -> PathBuf {
-    match std::env::var_os("RAIDFS_RUN_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None if is_root() => PathBuf::from("/run/raidfs/mounts"),
-        None => std::env::temp_dir().join(format!("raidfs-{}", unsafe_uid())),
-    }
-}
-
-fn is_root() -> bool {
-    unsafe_uid() == 0
-}
-
-fn unsafe_uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
-}
-
-/// The state file of the mount at `mount_point` (absolute, normalised).
+/// The state file of the mount at `mount_point` (absolute, normalised) in
+/// the run directory now in use (see [`places`]).
 pub fn state_path(mount_point: &Path) -> PathBuf {
-    run_dir().join(format!("{}.state", escape(mount_point)))
+    state_path_in(&Env::current().run_dir(), mount_point)
 }
 
-/// systemd-style escaping: `/` becomes `-`, anything unusual `\xNN`.
-fn escape(path: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    let trimmed = bytes.strip_prefix(b"/").unwrap_or(bytes);
-    let mut out = String::new();
-    for &b in trimmed {
-        match b {
-            b'/' => out.push('-'),
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' => out.push(b as char),
-            _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    if out.is_empty() {
-        out.push('-');
-    }
-    out
+fn state_path_in(dir: &Path, mount_point: &Path) -> PathBuf {
+    dir.join(format!("{}.state", places::mount_file_stem(mount_point)))
 }
 
 pub fn write(record: &DaemonRecord) -> io::Result<()> {
-    let path = state_path(&record.mount_point);
-    let dir = run_dir();
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    let dir = Env::current().ensure_run_dir().map_err(io::Error::other)?;
+    let path = state_path_in(&dir, &record.mount_point);
     let mut text = format!(
         "pid={}\nstart_time={}\nmount_point={}\n",
         record.pid,
@@ -95,8 +65,21 @@ pub fn write(record: &DaemonRecord) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
+/// The record of the mount at `mount_point`, from whichever of this user's
+/// run directories holds it (the environment of the `mount` that made it
+/// may have differed).
 pub fn read(mount_point: &Path) -> io::Result<Option<DaemonRecord>> {
-    let path = state_path(mount_point);
+    for dir in Env::current().run_dirs() {
+        if let Some(record) = read_in(&dir, mount_point)? {
+            return Ok(Some(record));
+        }
+    }
+    Ok(None)
+}
+
+/// The record of the mount at `mount_point` in run directory `dir`.
+pub fn read_in(dir: &Path, mount_point: &Path) -> io::Result<Option<DaemonRecord>> {
+    let path = state_path_in(dir, mount_point);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -132,8 +115,11 @@ fn parse(text: &str, mount_point: &Path) -> Option<DaemonRecord> {
 /// The live daemon that has `member` (absolute) assembled and whose mount
 /// is still up, if any: such a member will not be released by waiting.
 pub fn serving(member: &Path) -> Option<DaemonRecord> {
-    let entries = std::fs::read_dir(run_dir()).ok()?;
-    entries
+    Env::current()
+        .run_dirs()
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
         .filter_map(|entry| {
             let path = entry.ok()?.path();
             if path.extension()? != "state" {
@@ -157,7 +143,9 @@ pub fn serving(member: &Path) -> Option<DaemonRecord> {
 }
 
 pub fn remove(mount_point: &Path) {
-    let _ = std::fs::remove_file(state_path(mount_point));
+    for dir in Env::current().run_dirs() {
+        let _ = std::fs::remove_file(state_path_in(&dir, mount_point));
+    }
 }
 
 /// Start time of process `pid` (field 22 of /proc/PID/stat), if it exists
@@ -263,14 +251,6 @@ impl DaemonRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mount_points_escape_to_flat_names() {
-        assert_eq!(escape(Path::new("/mnt/data")), "mnt-data");
-        assert_eq!(escape(Path::new("/mnt/my disk")), "mnt-my\\x20disk");
-        assert_eq!(escape(Path::new("/a-b")), "a\\x2db");
-        assert_eq!(escape(Path::new("/")), "-");
-    }
 
     #[test]
     fn records_round_trip_through_text() {

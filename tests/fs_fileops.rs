@@ -459,6 +459,24 @@ fn copy_file_range_refusals_and_what_a_write_changes() {
         (B, false)
     );
     assert_eq!(fs.getattr(kept).unwrap().perm, 0o6755);
+    // Set-group-ID without group execute stays for a member of the file's
+    // group, and goes for anyone else, as with a write.
+    let locked = mkfile(&fs, ROOT_INO, "locked", 0o2666);
+    let member = Caller {
+        uid: 1000,
+        gid: 0,
+        groups: Vec::new(),
+    };
+    assert_eq!(
+        fs.copy_file_range(&member, f, 0, locked, 0, B).unwrap(),
+        (B, false)
+    );
+    assert_eq!(fs.getattr(locked).unwrap().perm, 0o2666);
+    assert_eq!(
+        fs.copy_file_range(&user(1000), f, 0, locked, 0, B).unwrap(),
+        (B, true)
+    );
+    assert_eq!(fs.getattr(locked).unwrap().perm, 0o666);
 }
 
 /// One write of a test file: (offset in blocks, byte offset into the

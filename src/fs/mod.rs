@@ -886,9 +886,10 @@ impl FileSystem {
     /// copy_file_range(2) of up to `len` bytes, inside the array. Clipped
     /// to the end of the source (0 at or past it) and to [`MAX_COPY`]; an
     /// overlapping range of the same file is refused. The destination is
-    /// changed as a write by `caller` would change it (times, and set-ID
-    /// bits for anyone but root). Returns the bytes copied and whether the
-    /// destination's mode changed.
+    /// changed as a write by `caller` would change it (times, and for
+    /// anyone but root the set-ID bits, as [`FileSystem::write_clearing_setid`]
+    /// clears them). Returns the bytes copied and whether the destination's
+    /// mode changed.
     pub fn copy_file_range(
         &self,
         caller: &Caller,
@@ -900,8 +901,12 @@ impl FileSystem {
     ) -> FsResult<(u64, bool)> {
         self.deferred.settle(src);
         self.deferred.settle(dst);
-        self.inner
-            .copy_range(src, src_off, dst, dst_off, len, caller.uid != 0)
+        let unprivileged = caller.uid != 0;
+        let (copied, changed) =
+            self.inner
+                .copy_range(src, src_off, dst, dst_off, len, unprivileged)?;
+        let outsider = unprivileged && copied > 0 && self.drop_sgid_of_outsider(caller, dst)?;
+        Ok((copied, changed || outsider))
     }
 
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> FsResult<()> {

@@ -2,6 +2,9 @@
 //! tiny in-memory model of POSIX; every result code and, after every step,
 //! the whole visible tree (names, kinds, sizes, link counts, contents,
 //! xattrs, hard-link identity) must agree. Unmount + open at random points.
+//! Renames may leave a whiteout (RENAME_WHITEOUT), which later operations
+//! then meet like any other name; O_TMPFILE files are written, then named
+//! (linkat) or released unnamed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -26,9 +29,13 @@ enum Op {
     Unlink(usize, usize),
     Rmdir(usize, usize),
     Link(usize, usize, usize, usize),
+    /// Flags: 0 none, 1 NOREPLACE, 2 EXCHANGE, 3 WHITEOUT.
     Rename(usize, usize, usize, usize, u8),
     SetXattr(usize, usize, usize, u8, i32),
     RemoveXattr(usize, usize, usize),
+    /// An O_TMPFILE file in a directory, written with a length and byte,
+    /// then named (linkat) there, or released without a name.
+    Tmpfile(usize, usize, u16, u8, bool),
     Reopen,
 }
 
@@ -44,9 +51,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (p.clone(), nm.clone()).prop_map(|(p, n)| Op::Unlink(p, n)),
         1 => (p.clone(), nm.clone()).prop_map(|(p, n)| Op::Rmdir(p, n)),
         1 => (p.clone(), nm.clone(), p.clone(), nm.clone()).prop_map(|(a, b, c, d)| Op::Link(a, b, c, d)),
-        3 => (p.clone(), nm.clone(), p.clone(), nm.clone(), 0..3u8).prop_map(|(a, b, c, d, f)| Op::Rename(a, b, c, d, f)),
+        3 => (p.clone(), nm.clone(), p.clone(), nm.clone(), 0..4u8).prop_map(|(a, b, c, d, f)| Op::Rename(a, b, c, d, f)),
         1 => (p.clone(), nm.clone(), 0..2usize, any::<u8>(), 0..3i32).prop_map(|(a, b, x, v, f)| Op::SetXattr(a, b, x, v, f)),
         1 => (p.clone(), nm.clone(), 0..2usize).prop_map(|(a, b, x)| Op::RemoveXattr(a, b, x)),
+        1 => (p.clone(), nm.clone(), 0..9_000u16, any::<u8>(), any::<bool>()).prop_map(|(p, n, l, b, link)| Op::Tmpfile(p, n, l, b, link)),
         1 => Just(Op::Reopen),
     ]
 }
@@ -55,6 +63,8 @@ fn op() -> impl Strategy<Value = Op> {
 enum Kind {
     File(Vec<u8>),
     Dir(BTreeMap<String, usize>),
+    /// A character device 0:0 left by RENAME_WHITEOUT: no data to write.
+    Whiteout,
 }
 
 #[derive(Clone, Debug)]
@@ -89,14 +99,14 @@ impl Model {
     fn entries(&self, dir: usize) -> &BTreeMap<String, usize> {
         match &self.nodes[&dir].kind {
             Kind::Dir(e) => e,
-            Kind::File(_) => unreachable!("not a directory"),
+            Kind::File(_) | Kind::Whiteout => unreachable!("not a directory"),
         }
     }
 
     fn entries_mut(&mut self, dir: usize) -> &mut BTreeMap<String, usize> {
         match &mut self.nodes.get_mut(&dir).expect("dir").kind {
             Kind::Dir(e) => e,
-            Kind::File(_) => unreachable!("not a directory"),
+            Kind::File(_) | Kind::Whiteout => unreachable!("not a directory"),
         }
     }
 
@@ -225,6 +235,9 @@ impl Model {
             self.nodes.get_mut(&p).expect("n").nlink -= 1;
             self.nodes.get_mut(&q).expect("n").nlink += 1;
         }
+        if flags == 3 {
+            self.add(p, name, Kind::Whiteout)?;
+        }
         Ok(())
     }
 }
@@ -306,6 +319,7 @@ impl Harness {
                 let got = code(self.fs.write(ino, off as u64, &vec![byte; len as usize]));
                 match &mut self.model.nodes.get_mut(&id).expect("node").kind {
                     Kind::Dir(_) => assert_eq!(got, Err(libc::EISDIR)),
+                    Kind::Whiteout => assert_eq!(got, Err(libc::EINVAL), "{op:?}"),
                     Kind::File(data) => {
                         assert_eq!(got, Ok(len as usize));
                         let end = off as usize + len as usize;
@@ -334,6 +348,7 @@ impl Harness {
                 ));
                 match &mut self.model.nodes.get_mut(&id).expect("node").kind {
                     Kind::Dir(_) => assert_eq!(got.map(|_| ()), Err(libc::EISDIR)),
+                    Kind::Whiteout => assert_eq!(got.map(|_| ()), Err(libc::EINVAL), "{op:?}"),
                     Kind::File(data) => {
                         assert!(got.is_ok());
                         data.resize(size as usize, 0);
@@ -355,6 +370,7 @@ impl Harness {
                 let got = code(self.fs.fallocate(ino, off as u64, len as u64, mode));
                 match &mut self.model.nodes.get_mut(&id).expect("node").kind {
                     Kind::Dir(_) => assert_eq!(got, Err(libc::EISDIR), "{op:?}"),
+                    Kind::Whiteout => assert_eq!(got, Err(libc::EINVAL), "{op:?}"),
                     Kind::File(data) => {
                         assert_eq!(got, Ok(()), "{op:?}");
                         let end = off as usize + len as usize;
@@ -424,6 +440,7 @@ impl Harness {
                 let f = RenameFlags {
                     noreplace: flags == 1,
                     exchange: flags == 2,
+                    whiteout: flags == 3,
                 };
                 assert_eq!(
                     code(self.fs.rename(&c, fp, os(NAMES[n]), fq, os(NAMES[m]), f)),
@@ -439,9 +456,14 @@ impl Harness {
                     return;
                 };
                 let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
-                let xattrs = &mut self.model.nodes.get_mut(&id).expect("node").xattrs;
+                let node = self.model.nodes.get_mut(&id).expect("node");
+                // As on any device node, user.* attributes are refused.
+                let refused = matches!(node.kind, Kind::Whiteout) && XNAMES[x].starts_with("user.");
+                let xattrs = &mut node.xattrs;
                 let exists = xattrs.contains_key(XNAMES[x]);
-                let want = if flags == XATTR_CREATE && exists {
+                let want = if refused {
+                    Err(libc::EPERM)
+                } else if flags == XATTR_CREATE && exists {
                     Err(libc::EEXIST)
                 } else if flags == XATTR_REPLACE && !exists {
                     Err(libc::ENODATA)
@@ -463,19 +485,40 @@ impl Harness {
                     return;
                 };
                 let ino = self.fs.lookup(&c, fp, os(NAMES[n])).expect("lookup").ino;
-                let want = self
-                    .model
-                    .nodes
-                    .get_mut(&id)
-                    .expect("node")
-                    .xattrs
-                    .remove(XNAMES[x])
-                    .map(|_| ())
-                    .ok_or(libc::ENODATA);
+                let node = self.model.nodes.get_mut(&id).expect("node");
+                let want = if matches!(node.kind, Kind::Whiteout) && XNAMES[x].starts_with("user.")
+                {
+                    Err(libc::EPERM)
+                } else {
+                    node.xattrs
+                        .remove(XNAMES[x])
+                        .map(|_| ())
+                        .ok_or(libc::ENODATA)
+                };
                 assert_eq!(
                     code(self.fs.removexattr(&c, ino, os(XNAMES[x]))),
                     want,
                     "{op:?}"
+                );
+            }
+            Op::Tmpfile(p, n, len, byte, link) => {
+                let Some((mp, fp)) = self.parent(p) else {
+                    return;
+                };
+                let data = vec![byte; len as usize];
+                let t = self.fs.tmpfile(&c, fp, 0o100644, 0, true).expect("tmpfile");
+                assert_eq!(code(self.fs.write(t.ino, 0, &data)), Ok(data.len()));
+                let named = link && {
+                    let want = self.model.add(mp, NAMES[n], Kind::File(data));
+                    let got = self.fs.link(&c, t.ino, fp, os(NAMES[n]));
+                    assert_eq!(code(got).map(|_| ()), want, "{op:?}");
+                    want.is_ok()
+                };
+                self.fs.release(t.ino).expect("release");
+                assert_eq!(
+                    self.fs.getattr(t.ino).is_ok(),
+                    named,
+                    "{op:?}: a tmpfile outlives its release only with a name"
                 );
             }
             Op::Reopen => {
@@ -548,6 +591,13 @@ impl Harness {
                 Kind::Dir(_) => {
                     assert_eq!(attr.kind, FileKind::Dir);
                     self.compare_dir(*child, fino, ids, &format!("{path}{name}/"));
+                }
+                Kind::Whiteout => {
+                    assert_eq!(
+                        (attr.kind, attr.rdev, attr.perm),
+                        (FileKind::CharDev, 0, 0),
+                        "whiteout {path}{name}"
+                    );
                 }
             }
         }

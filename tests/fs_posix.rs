@@ -285,6 +285,7 @@ fn rename_rules() {
     let noreplace = RenameFlags {
         noreplace: true,
         exchange: false,
+        ..RenameFlags::default()
     };
     assert!(matches!(
         fs.rename(&c, ROOT_INO, n("f"), ROOT_INO, n("g"), noreplace),
@@ -306,6 +307,7 @@ fn rename_rules() {
     let ex = RenameFlags {
         noreplace: false,
         exchange: true,
+        ..RenameFlags::default()
     };
     fs.rename(&c, ROOT_INO, n("g"), ROOT_INO, n("empty"), ex)
         .unwrap();

@@ -45,6 +45,8 @@ pub use csum::ChecksumKind;
 pub use fsck::{fsck, FsckReport};
 pub use inode::BLOCK_SIZE;
 pub use layout::{OLDEST_VERSION as OLDEST_FORMAT, VERSION as FORMAT_VERSION};
+pub use ops::copy::MAX_COPY;
+pub use ops::seek::Seek;
 pub use ops::xattr::{XATTR_CREATE, XATTR_REPLACE};
 pub use scrub::{BadCopyReport, LostBlock, ScrubReport};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
@@ -87,6 +89,8 @@ pub enum FsError {
     Unsupported(&'static str),
     #[error("stale file handle")]
     Stale,
+    #[error("offset at or past the end of the file")]
+    PastEnd,
     #[error("metadata corrupt: {0}")]
     Corrupt(String),
     #[error("storage error: {0}")]
@@ -179,6 +183,9 @@ pub enum TimeSet {
 pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
+    /// Leave a whiteout (character device 0:0) at the old name: overlayfs
+    /// marks a name deleted from its lower layer with one.
+    pub whiteout: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -643,6 +650,28 @@ impl FileSystem {
         })
     }
 
+    /// Create and open a regular file with no name (open(2) with
+    /// O_TMPFILE) belonging to directory `parent`: mode, umask and default
+    /// ACL as [`FileSystem::create`]. Its last [`FileSystem::release`]
+    /// frees it unless [`FileSystem::link`] names it first, which only a
+    /// `linkable` one (opened without O_EXCL) allows; a crash leaves it an
+    /// orphan that the next mount frees.
+    pub fn tmpfile(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        mode: u32,
+        umask: u32,
+        linkable: bool,
+    ) -> FsResult<Attr> {
+        if mode & S_IFMT != 0 && kind_from_mode(mode)? != FileKind::File {
+            return Err(FsError::Invalid("O_TMPFILE makes only regular files"));
+        }
+        let (perm, umask) = ((mode & 0o7777) as u16, (umask & 0o777) as u16);
+        self.inner
+            .mutate(|st| namespace::tmpfile(st, caller, parent, perm, umask, linkable))
+    }
+
     /// Forget one open of `ino`; the last release of an unlinked file frees it.
     pub fn release(&self, ino: u64) -> FsResult<()> {
         self.deferred.settle(ino);
@@ -840,6 +869,44 @@ impl FileSystem {
             self.inner
                 .write_data_then(drop_setid, ino, offset, data, placed)
         });
+    }
+
+    /// The first offset at or after `offset` that starts data or lies in a
+    /// hole (lseek SEEK_DATA / SEEK_HOLE; the end of file is a hole,
+    /// [`FsError::PastEnd`] at or past it, and for SEEK_DATA with no data
+    /// after `offset`).
+    pub fn seek(&self, ino: u64, offset: u64, whence: Seek) -> FsResult<u64> {
+        self.deferred.settle(ino);
+        let st = self.inner.state.read();
+        let inode = st.inode(ino)?;
+        ops::data::regular_file(inode)?;
+        ops::seek::seek(&inode.extents, inode.size, offset, whence)
+    }
+
+    /// copy_file_range(2) of up to `len` bytes, inside the array. Clipped
+    /// to the end of the source (0 at or past it) and to [`MAX_COPY`]; an
+    /// overlapping range of the same file is refused. The destination is
+    /// changed as a write by `caller` would change it (times, and for
+    /// anyone but root the set-ID bits, as [`FileSystem::write_clearing_setid`]
+    /// clears them). Returns the bytes copied and whether the destination's
+    /// mode changed.
+    pub fn copy_file_range(
+        &self,
+        caller: &Caller,
+        src: u64,
+        src_off: u64,
+        dst: u64,
+        dst_off: u64,
+        len: u64,
+    ) -> FsResult<(u64, bool)> {
+        self.deferred.settle(src);
+        self.deferred.settle(dst);
+        let unprivileged = caller.uid != 0;
+        let (copied, changed) =
+            self.inner
+                .copy_range(src, src_off, dst, dst_off, len, unprivileged)?;
+        let outsider = unprivileged && copied > 0 && self.drop_sgid_of_outsider(caller, dst)?;
+        Ok((copied, changed || outsider))
     }
 
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocateMode) -> FsResult<()> {

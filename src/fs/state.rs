@@ -2,7 +2,7 @@
 //! allocator, open counts and the batch of changes not yet journaled, with the
 //! small helpers every operation uses to change metadata *and* record it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::alloc::Allocator;
 use super::dir::Dir;
@@ -43,6 +43,9 @@ pub struct State {
     pub alloc: Allocator,
     pub batch: Batch,
     pub open_counts: HashMap<u64, u32>,
+    /// O_TMPFILE files that may still be given a first name (`link`);
+    /// memory only, since an orphan does not outlive a crash.
+    pub linkable: HashSet<u64>,
 }
 
 pub const MAX_NAME: usize = 255;
@@ -154,6 +157,7 @@ impl State {
         }
         self.meta.dirs.remove(&ino);
         self.open_counts.remove(&ino);
+        self.linkable.remove(&ino);
         self.batch.dirty.insert(ino);
     }
 

@@ -14,10 +14,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use log::{debug, error, info, warn};
 use parking_lot::Mutex;
@@ -117,6 +118,26 @@ impl RaidFuse {
         } else {
             HandleFlags(flags)
         }
+    }
+
+    /// The kernel caches a file's mode: after a change it did not ask for
+    /// (a write clearing set-ID bits) have it ask again.
+    fn mode_changed(&self, ino: INodeNo) {
+        if let Some(notifier) = self.notifier.get() {
+            let _ = notifier.inval_inode(ino, -1, 0);
+        }
+    }
+
+    /// Answer a create or tmpfile with the new file, open as `flags` says.
+    fn created(&self, attr: &Attr, flags: i32, reply: ReplyCreate) {
+        let handle = self.handle_flags(flags);
+        reply.created(
+            &self.settings.ttls.entry,
+            &file_attr(attr),
+            Generation(attr.generation),
+            FileHandle(handle.handle()),
+            self.open_flags(handle),
+        );
     }
 
     fn open_flags(&self, handle: HandleFlags) -> FopenFlags {
@@ -406,13 +427,17 @@ impl Filesystem for RaidFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+        let known = RenameFlags::RENAME_NOREPLACE
+            | RenameFlags::RENAME_EXCHANGE
+            | RenameFlags::RENAME_WHITEOUT;
+        if !known.contains(flags) {
             reply.error(Errno::EINVAL);
             return;
         }
         let flags = fs::RenameFlags {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            whiteout: flags.contains(RenameFlags::RENAME_WHITEOUT),
         };
         let caller = self.caller(req);
         try_reply!(
@@ -499,12 +524,9 @@ impl Filesystem for RaidFuse {
             self.fs
                 .write_clearing_setid(&self.caller(req), ino.0, offset, data)
                 .map(|(written, mode_changed)| {
+                    // A write invalidates only the cached size and times.
                     if mode_changed {
-                        // The kernel keeps the mode it cached (a write
-                        // invalidates only size and times): have it ask again.
-                        if let Some(notifier) = self.notifier.get() {
-                            let _ = notifier.inval_inode(ino, -1, 0);
-                        }
+                        self.mode_changed(ino);
                     }
                     written
                 })
@@ -727,14 +749,127 @@ impl Filesystem for RaidFuse {
             reply,
             self.fs.create(&caller, parent.0, name, mode, umask, flags)
         );
-        let handle = self.handle_flags(flags);
-        reply.created(
-            &self.settings.ttls.entry,
-            &file_attr(&attr),
-            Generation(attr.generation),
-            FileHandle(handle.handle()),
-            self.open_flags(handle),
+        self.created(&attr, flags, reply);
+    }
+
+    /// open(2) with O_TMPFILE (the patched fuser in vendor/fuser): O_EXCL
+    /// means the file may never be given a name.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let caller = self.caller(req);
+        let linkable = flags & libc::O_EXCL == 0;
+        let attr = try_reply!(
+            "tmpfile",
+            reply,
+            self.fs.tmpfile(&caller, parent.0, mode, umask, linkable)
         );
+        self.created(&attr, flags, reply);
+    }
+
+    /// No ioctl is served: ENOTTY, what a file without inode flags answers.
+    /// overlayfs asks FS_IOC_GETFLAGS of every file it copies up and takes
+    /// ENOTTY as "none"; answered here, not by fuser's default, which logs a
+    /// warning per request.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        debug!("ioctl {cmd:#x}: not supported");
+        reply.error(Errno::ENOTTY);
+    }
+
+    /// SEEK_DATA and SEEK_HOLE; the kernel answers the other whence values
+    /// itself and never sends them.
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let whence = match whence {
+            libc::SEEK_DATA => fs::Seek::Data,
+            libc::SEEK_HOLE => fs::Seek::Hole,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let result = u64::try_from(offset)
+            .map_err(|_| FsError::PastEnd)
+            .and_then(|offset| self.fs.seek(ino.0, offset, whence));
+        let found = try_reply!("lseek", reply, result);
+        match i64::try_from(found) {
+            Ok(found) => reply.offset(found),
+            Err(_) => reply.error(Errno::EOVERFLOW),
+        }
+    }
+
+    /// The kernel has checked the descriptors, the ranges and the size
+    /// limits (RLIMIT_FSIZE among them) before it asks; the handles are
+    /// checked again here, as the filesystem layer checks the ranges.
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        if !flags.is_empty() {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let (from, to) = (
+            HandleFlags::from_handle(fh_in.0),
+            HandleFlags::from_handle(fh_out.0),
+        );
+        if !from.readable() || !to.writable() || to.0 & libc::O_APPEND != 0 {
+            reply.error(Errno::EBADF);
+            return;
+        }
+        let caller = self.caller(req);
+        let (copied, mode_changed) = try_reply!(
+            "copy_file_range",
+            reply,
+            self.fs
+                .copy_file_range(&caller, ino_in.0, offset_in, ino_out.0, offset_out, len)
+        );
+        if mode_changed {
+            self.mode_changed(ino_out);
+        }
+        if to.sync_writes() {
+            try_reply!(
+                "copy_file_range (O_SYNC)",
+                reply,
+                self.fs.fsync(ino_out.0, !to.sync_metadata())
+            );
+        }
+        match u32::try_from(copied) {
+            Ok(n) => reply.written(n),
+            Err(_) => reply.error(Errno::EIO),
+        }
     }
 
     fn fallocate(

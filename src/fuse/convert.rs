@@ -28,6 +28,7 @@ pub fn errno_of(err: &FsError) -> Errno {
         FsError::TooBig => libc::EFBIG,
         FsError::Unsupported(_) => libc::EOPNOTSUPP,
         FsError::Stale => libc::ESTALE,
+        FsError::PastEnd => libc::ENXIO,
         // ext4 and XFS report detected corruption as EUCLEAN ("structure needs cleaning").
         FsError::Corrupt(_) => libc::EUCLEAN,
         FsError::Store(store) => match store {
@@ -147,6 +148,14 @@ impl HandleFlags {
     pub fn handle(self) -> u64 {
         self.0 as u32 as u64
     }
+    /// Opened for reading (O_RDONLY or O_RDWR).
+    pub fn readable(self) -> bool {
+        self.0 & libc::O_ACCMODE != libc::O_WRONLY
+    }
+    /// Opened for writing (O_WRONLY or O_RDWR).
+    pub fn writable(self) -> bool {
+        matches!(self.0 & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
+    }
     pub fn direct(self) -> bool {
         self.0 & libc::O_DIRECT != 0
     }
@@ -203,6 +212,10 @@ mod tests {
         let sync = HandleFlags(libc::O_WRONLY | libc::O_SYNC);
         assert!(sync.sync_writes() && sync.sync_metadata() && !sync.direct());
         assert!(!HandleFlags(libc::O_RDONLY).sync_writes());
+        let access = |f| (HandleFlags(f).readable(), HandleFlags(f).writable());
+        assert_eq!(access(libc::O_RDONLY), (true, false));
+        assert_eq!(access(libc::O_WRONLY | libc::O_APPEND), (false, true));
+        assert_eq!(access(libc::O_RDWR), (true, true));
     }
 
     #[test]
@@ -226,6 +239,7 @@ mod tests {
         assert_eq!(errno_of(&FsError::NotFound).code(), libc::ENOENT);
         assert_eq!(errno_of(&FsError::NoAttr).code(), libc::ENODATA);
         assert_eq!(errno_of(&FsError::Stale).code(), libc::ESTALE);
+        assert_eq!(errno_of(&FsError::PastEnd).code(), libc::ENXIO);
         assert_eq!(
             errno_of(&FsError::Store(StoreError::NoSpace)).code(),
             libc::ENOSPC

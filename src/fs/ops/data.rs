@@ -55,7 +55,7 @@ impl Piece {
     }
 }
 
-fn regular_file(inode: &Inode) -> FsResult<()> {
+pub(in crate::fs) fn regular_file(inode: &Inode) -> FsResult<()> {
     match inode.kind {
         FileKind::File => Ok(()),
         FileKind::Dir => Err(FsError::IsDir),

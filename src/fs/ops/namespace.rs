@@ -65,6 +65,53 @@ pub fn create(
     if node.kind == FileKind::Dir && dir.nlink >= MAX_LINKS {
         return Err(FsError::TooManyLinks);
     }
+    let ino = new_node(st, caller, parent, &node)?;
+    if node.kind == FileKind::Dir {
+        let inode = st.inode_mut(ino)?;
+        inode.nlink = 2;
+        inode.parent = parent;
+        st.inode_mut(parent)?.nlink += 1;
+    }
+    st.dir_insert(parent, name, ino)?;
+    st.touch_mc(parent);
+    Ok(st.inode(ino)?.attr())
+}
+
+/// A regular file with no name (O_TMPFILE), open once: as `create` would
+/// make it in `parent` (whose write and search permission it needs, and
+/// whose default ACL or set-group-ID bit it follows), but with no link.
+/// It is an orphan, freed at its last release (or, after a crash, at the
+/// next mount) unless `linkable` and given a name by [`link`] first.
+pub fn tmpfile(
+    st: &mut State,
+    caller: &Caller,
+    parent: u64,
+    perm: u16,
+    umask: u16,
+    linkable: bool,
+) -> FsResult<Attr> {
+    writable_dir(st, caller, parent)?;
+    let node = NewNode {
+        kind: FileKind::File,
+        perm,
+        umask,
+        rdev: 0,
+        target: &[],
+    };
+    let ino = new_node(st, caller, parent, &node)?;
+    st.inode_mut(ino)?.nlink = 0;
+    *st.open_counts.entry(ino).or_insert(0) += 1;
+    if linkable {
+        st.linkable.insert(ino);
+    }
+    Ok(st.inode(ino)?.attr())
+}
+
+/// The inode `create` or `tmpfile` makes in `parent` for `node`, with its
+/// mode, group and ACLs decided; not yet named. The caller has checked
+/// the parent, which is a directory.
+fn new_node(st: &mut State, caller: &Caller, parent: u64, node: &NewNode) -> FsResult<u64> {
+    let dir = st.inode(parent)?;
     // A default ACL on the parent takes the umask's place
     // (posix_acl_create); symlinks get neither.
     let inherited = crate::fs::acl::default_acl(dir).filter(|_| node.kind != FileKind::Symlink);
@@ -108,14 +155,23 @@ pub fn create(
         inode.target = node.target.to_vec();
         inode.size = node.target.len() as u64;
     }
-    if node.kind == FileKind::Dir {
-        inode.nlink = 2;
-        inode.parent = parent;
-        st.inode_mut(parent)?.nlink += 1;
-    }
+    Ok(ino)
+}
+
+/// Leave a whiteout at `name` in `parent` (RENAME_WHITEOUT, for overlayfs):
+/// a character device 0:0 with mode 0, made as `mknod` makes one. The
+/// rename that freed the name has checked the caller and the directory.
+pub fn whiteout(st: &mut State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult<()> {
+    let node = NewNode {
+        kind: FileKind::CharDev,
+        perm: 0,
+        umask: 0,
+        rdev: 0,
+        target: &[],
+    };
+    let ino = new_node(st, caller, parent, &node)?;
     st.dir_insert(parent, name, ino)?;
-    st.touch_mc(parent);
-    Ok(st.inode(ino)?.attr())
+    Ok(())
 }
 
 pub fn link(
@@ -130,7 +186,9 @@ pub fn link(
     if target.is_dir() {
         return Err(FsError::Perm);
     }
-    if target.nlink == 0 {
+    // A file with no name left stays gone, but an O_TMPFILE file may get
+    // its first name (linkat), once.
+    if target.nlink == 0 && !st.linkable.contains(&ino) {
         return Err(FsError::NotFound);
     }
     if target.nlink >= MAX_LINKS {
@@ -141,6 +199,7 @@ pub fn link(
         return Err(FsError::Exists);
     }
     st.dir_insert(new_parent, new_name, ino)?;
+    st.linkable.remove(&ino);
     let inode = st.inode_mut(ino)?;
     inode.nlink += 1;
     inode.ctime = super::super::inode::Time::now();

@@ -1,10 +1,13 @@
-//! rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE.
+//! rename(2) with RENAME_NOREPLACE, RENAME_EXCHANGE and RENAME_WHITEOUT.
+//! Each rename, whiteout included, is one change of the state under its
+//! lock, so it lands in one journal record: a crash leaves the old names or
+//! the new ones, never the file moved without its whiteout.
 
 use super::super::inode::Time;
 use super::super::perm::{self, W_OK};
 use super::super::state::{check_name, State, MAX_LINKS};
 use super::super::{Caller, FsError, FsResult, RenameFlags};
-use super::namespace::writable_dir;
+use super::namespace::{self, writable_dir};
 
 fn check_rename_name(name: &[u8]) -> FsResult<()> {
     if name == b"." || name == b".." {
@@ -24,6 +27,9 @@ pub fn rename(
 ) -> FsResult<()> {
     if flags.noreplace && flags.exchange {
         return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE"));
+    }
+    if flags.whiteout && flags.exchange {
+        return Err(FsError::Invalid("RENAME_WHITEOUT with RENAME_EXCHANGE"));
     }
     check_rename_name(name)?;
     check_rename_name(new_name)?;
@@ -127,6 +133,9 @@ pub fn rename(
     }
     st.dir_remove(parent, name);
     st.dir_insert(new_parent, new_name, src_ino)?;
+    if flags.whiteout {
+        namespace::whiteout(st, caller, parent, name)?;
+    }
     if src_is_dir && moves_across {
         st.inode_mut(src_ino)?.parent = new_parent;
         let p = st.inode_mut(parent)?;

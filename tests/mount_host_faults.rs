@@ -8,7 +8,7 @@
 mod common;
 
 use common::cli::{detail_json, raidfs, raidfs_ok, stderr, verify_files, Writer};
-use common::{detach, fuse_available, DaemonGuard};
+use common::{detach, fuse_available, pattern, write_synced, DaemonGuard};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -42,17 +42,7 @@ fn must(cmd: &str, args: &[&str]) {
     );
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
-        .collect()
-}
 
-fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = fs::File::create(path)?;
-    f.write_all(data)?;
-    f.sync_all()
-}
 
 fn members_active(mnt: &Path) {
     let report = detail_json(mnt);

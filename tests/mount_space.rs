@@ -6,23 +6,12 @@
 mod common;
 
 use common::cli::{raidfs_ok, stderr};
-use common::{fuse_available, DaemonGuard};
+use common::{fuse_available, pattern, write_synced, DaemonGuard};
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
-        .collect()
-}
 
-fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = fs::File::create(path)?;
-    f.write_all(data)?;
-    f.sync_all()
-}
 
 /// Bytes the host has allocated to `images`.
 fn allocated(images: &[PathBuf]) -> u64 {

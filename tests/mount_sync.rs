@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::cli::{raidfs, raidfs_ok, stderr, stdout};
-use common::{fuse_available, DaemonGuard};
+use common::{fuse_available, pattern, DaemonGuard};
 
 /// A two-way mirror of image files in a temporary directory.
 struct Array {
@@ -95,11 +95,6 @@ fn write_unsynced(path: &Path, data: &[u8]) {
     f.write_all(data).expect("write");
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
-        .collect()
-}
 
 #[test]
 fn raidfs_sync_makes_unsynced_writes_survive_a_killed_daemon_and_sync1_does_not() {

@@ -133,16 +133,13 @@ impl FileMember {
         if !self.is_file {
             return Ok(());
         }
-        let len = libc::off_t::try_from(self.len)
+        libc::off_t::try_from(self.len)
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         loop {
-            // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
-            let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len) };
-            if rc == 0 {
+            let Err(e) = self.fallocate(0, 0, self.len) else {
                 self.keep_allocated.store(true, Ordering::Release);
                 return Ok(());
-            }
-            let e = io::Error::last_os_error();
+            };
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 Some(libc::EOPNOTSUPP) => {
@@ -208,6 +205,24 @@ impl FileMember {
             no_discard: AtomicBool::new(false),
             rmw_locks: (0..RMW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         })
+    }
+
+    /// `fallocate(2)` with `mode` over `[offset, offset + len)`.
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     fn check_bounds(&self, len: usize, offset: u64, what: &str) -> io::Result<()> {
@@ -567,20 +582,13 @@ impl Member for FileMember {
                 format!("{}: does not give space back", self.path.display()),
             ));
         }
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
-        let rc = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
+        let Err(e) = self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) else {
             return Ok(());
-        }
-        let e = io::Error::last_os_error();
+        };
         match e.raw_os_error() {
             Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
                 self.no_discard.store(true, Ordering::Release);
@@ -599,32 +607,13 @@ impl Member for FileMember {
         // A preallocated image (`create --preallocate`) must keep its
         // reservation, so the punched range gets its blocks back (as zeros).
         let reserved = self.keep_allocated.load(Ordering::Acquire);
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: fallocate only reads its integer arguments; the fd is ours and open.
-        let rc = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if self.fallocate(punch, offset, len).is_ok() {
             if reserved {
-                // SAFETY: as above.
-                let rc = unsafe {
-                    libc::fallocate(
-                        self.file.as_raw_fd(),
-                        libc::FALLOC_FL_KEEP_SIZE,
-                        offset as libc::off_t,
-                        len as libc::off_t,
-                    )
-                };
-                if rc != 0 {
+                if let Err(e) = self.fallocate(libc::FALLOC_FL_KEEP_SIZE, offset, len) {
                     log::warn!(
-                        "{}: could not reserve {len} bytes at {offset} again after zeroing them: {}",
-                        self.path.display(),
-                        io::Error::last_os_error()
+                        "{}: could not reserve {len} bytes at {offset} again after zeroing them: {e}",
+                        self.path.display()
                     );
                 }
             }

@@ -143,3 +143,19 @@ impl Drop for DaemonGuard {
         }
     }
 }
+
+/// `len` bytes that differ with `seed` and along the buffer, so a block
+/// read from the wrong place or the wrong file shows.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+/// Write `data` to a new file at `path` and fsync it.
+pub fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}

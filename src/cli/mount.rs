@@ -6,8 +6,10 @@
 //! the daemon to close the array, found through [`registry`].
 
 mod daemon;
+pub mod identity;
 pub mod options;
 pub mod registry;
+pub mod remount;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,6 +42,10 @@ pub struct MountArgs {
     /// Member image files or block devices, then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "MEMBER... MOUNTPOINT")]
     pub paths: Vec<PathBuf>,
+    /// The mount's source, set by the mount(8) helper when its SPEC names
+    /// the array; otherwise the array's own name or UUID.
+    #[arg(skip)]
+    pub source: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -93,6 +99,7 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         mount_point,
         options,
         log,
+        source: args.source.clone(),
     })
 }
 

@@ -2,15 +2,23 @@
 //! so for fstab lines and systemd mount units), with mount(8)'s calling
 //! convention `SPEC DIR [-sfnv] [-N NS] [-o OPTS]`.
 //!
+//! mount(8) runs it as `mount.raidfs` for type `raidfs` and as
+//! `mount.fuse.raidfs` for type `fuse.raidfs`, the type raidfs mounts have
+//! in the mount table (so `mount -o remount` of a live mount comes here).
+//!
 //! SPEC names the members: a list separated by `,` or `:`, each a file, a
-//! directory (the raidfs members in it) or a glob; or `uuid=UUID` (also
-//! `UUID=UUID` when called directly), looked up in the configuration file
-//! ([`super::config`]). The mount itself is `raidfs mount`.
+//! directory (the raidfs members in it) or a glob; or the array itself,
+//! `uuid=UUID` (also `UUID=UUID` when called directly) or its name, looked
+//! up in the configuration file ([`super::config`]). A mount made from a
+//! SPEC that names the array shows that SPEC as its source
+//! ([`super::mount::identity`]). The mount itself is `raidfs mount`;
+//! `remount` goes to the running daemon ([`super::mount::remount`]).
 
 use std::path::PathBuf;
 
 use super::config;
-use super::mount::{self, options, MountArgs};
+use super::mount::identity::Identity;
+use super::mount::{self, options, remount, MountArgs};
 
 /// mount(8)'s exit codes for helpers.
 const EXIT_USAGE: i32 = 1;
@@ -100,11 +108,25 @@ pub fn parse_invocation(args: &[String]) -> Result<Invocation, String> {
 pub struct Resolved {
     pub members: Vec<PathBuf>,
     pub options: Vec<String>,
+    /// What the mount shows as its source, when SPEC names the array.
+    pub source: Option<String>,
 }
 
 pub fn resolve_spec(spec: &str) -> Result<Resolved, String> {
-    if let Some(uuid) = strip_prefix_ignore_case(spec, "uuid=") {
-        return resolve_uuid(uuid);
+    match Identity::of_spec(spec)? {
+        Some(identity @ Identity::Uuid(uuid)) => {
+            return Ok(Resolved {
+                source: Some(identity.source()),
+                ..resolve_uuid(uuid)?
+            })
+        }
+        Some(identity @ Identity::Name(_)) => {
+            return Ok(Resolved {
+                source: Some(identity.source()),
+                ..resolve_name(spec)?
+            })
+        }
+        None => {}
     }
     // A path that exists is one location even if its name has `:` or `,`.
     let locations: Vec<&str> = if std::path::Path::new(spec).exists() {
@@ -130,11 +152,34 @@ pub fn resolve_spec(spec: &str) -> Result<Resolved, String> {
     Ok(Resolved {
         members,
         options: Vec::new(),
+        source: None,
     })
 }
 
-fn resolve_uuid(text: &str) -> Result<Resolved, String> {
-    let uuid = uuid::Uuid::parse_str(text).map_err(|e| format!("UUID {text}: {e}"))?;
+/// An array name: the configuration entry that carries it.
+fn resolve_name(name: &str) -> Result<Resolved, String> {
+    let path = config::config_path();
+    let config = config::load(&path).map_err(|e| format!("{name}: {e}"))?;
+    let uuid = match config.named(name).as_slice() {
+        [entry] => uuid::Uuid::parse_str(&entry.uuid)
+            .map_err(|e| format!("{}: uuid \"{}\": {e}", path.display(), entry.uuid))?,
+        [] => {
+            return Err(format!(
+                "{name}: not a member path, and no array named {name:?} in {} (`raidfs config scan` prints entries with their names)",
+                path.display()
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "{name}: more than one array is named {name:?} in {}; mount it by uuid=",
+                path.display()
+            ))
+        }
+    };
+    resolve_uuid(uuid)
+}
+
+fn resolve_uuid(uuid: uuid::Uuid) -> Result<Resolved, String> {
     let path = config::config_path();
     let config = config::load(&path)?;
     let entry = config.find(uuid).ok_or_else(|| {
@@ -155,13 +200,11 @@ fn resolve_uuid(text: &str) -> Result<Resolved, String> {
     } else {
         vec![entry.options.clone()]
     };
-    Ok(Resolved { members, options })
-}
-
-fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| &s[prefix.len()..])
+    Ok(Resolved {
+        members,
+        options,
+        source: None,
+    })
 }
 
 /// With `-s`, options raidfs does not accept are dropped with a warning.
@@ -222,6 +265,9 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
     if let Some(ns) = &inv.namespace {
         enter_namespace(ns)?;
     }
+    if remount::is_remount(&inv.options) {
+        return remount::run(&inv.dir, &inv.options, inv.fake, inv.verbose).map(|()| 0);
+    }
     let resolved = resolve_spec(&inv.spec)?;
     let mut lists = resolved.options;
     lists.extend(inv.options);
@@ -252,6 +298,7 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
         foreground: false,
         options: lists,
         paths,
+        source: resolved.source,
     }))
 }
 
@@ -294,13 +341,6 @@ mod tests {
         assert!(parse_invocation(&args(&["a", "b", "c"])).is_err());
         assert!(parse_invocation(&args(&["a", "b", "-o"])).is_err());
         assert!(parse_invocation(&args(&["a", "b", "-x"])).is_err());
-    }
-
-    #[test]
-    fn uuid_prefix_in_any_case() {
-        assert_eq!(strip_prefix_ignore_case("UUID=ab", "uuid="), Some("ab"));
-        assert_eq!(strip_prefix_ignore_case("uuid=ab", "uuid="), Some("ab"));
-        assert_eq!(strip_prefix_ignore_case("/uuid=ab", "uuid="), None);
     }
 
     #[test]

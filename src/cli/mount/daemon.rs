@@ -27,6 +27,8 @@ pub struct MountPlan {
     pub mount_point: PathBuf,
     pub options: MountOptions,
     pub log: PathBuf,
+    /// The source the mount shows; by default the array's identity.
+    pub source: Option<String>,
 }
 
 /// How the daemon tells the invoking process that the mount is up.
@@ -260,7 +262,14 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         // asks its checksums which copy to keep (array::judge).
         array.start_background();
     }
-    let handle = match fuse::mount(fs.clone(), &plan.mount_point, &plan.options.fuse) {
+    let fuse_config = fuse::MountConfig {
+        source: plan.source.clone().unwrap_or_else(|| {
+            super::identity::Identity::of_array(&status.name, array.uuid()).source()
+        }),
+        ..plan.options.fuse.clone()
+    };
+    info!("the mount's source is {}", fuse_config.source);
+    let handle = match fuse::mount(fs.clone(), &plan.mount_point, &fuse_config) {
         Ok(handle) => handle,
         Err(e) => {
             // The adapter closed the filesystem when the failed session was dropped.

@@ -41,12 +41,23 @@ pub struct RemountRequest {
     pub vfs: VfsFlags,
 }
 
+/// Options of the kernel's FUSE connection, which mount(8) copies from the
+/// mount table into a remount's option list; they are the connection's and
+/// cannot change.
+const FUSE_CONNECTION_OPTIONS: [&str; 5] = ["user_id", "group_id", "rootmode", "max_read", "blksize"];
+
+fn is_connection_option(option: &str) -> bool {
+    option
+        .split_once('=')
+        .is_some_and(|(key, _)| FUSE_CONNECTION_OPTIONS.contains(&key))
+}
+
 pub fn parse(lists: &[String]) -> Result<RemountRequest, String> {
     let rest: Vec<String> = lists
         .iter()
         .flat_map(|l| l.split(','))
         .map(str::trim)
-        .filter(|o| !o.is_empty() && *o != "remount")
+        .filter(|o| !o.is_empty() && *o != "remount" && !is_connection_option(o))
         .map(str::to_string)
         .collect();
     let read_only = rest.iter().rev().find_map(|o| match o.as_str() {
@@ -221,6 +232,10 @@ mod tests {
     fn fstab_options_pass_but_the_atime_mode_cannot_change() {
         let fstab = parse(&list("remount,ro,defaults,threads=8,x-systemd.foo=1")).unwrap();
         assert_eq!(fstab.read_only, Some(true));
+        // What mount(8) copies from the mount table.
+        let table = parse(&list("rw,nosuid,nodev,relatime,user_id=0,group_id=0,remount,ro")).unwrap();
+        assert_eq!(table.read_only, Some(true));
+        assert!(parse(&list("remount,user_id")).is_err());
         let noatime = parse(&list("remount,noatime")).unwrap();
         let err = wanted_flags(&noatime, FUSE_DEFAULT).unwrap_err();
         assert!(err.contains("atime"), "{err}");

@@ -46,6 +46,10 @@ pub struct MountArgs {
     /// the array; otherwise the array's own name or UUID.
     #[arg(skip)]
     pub source: Option<String>,
+    /// Say nothing on success: mount(8) helpers are silent unless `-v`
+    /// (scripts such as fstests compare what a mount prints).
+    #[arg(skip)]
+    pub quiet: bool,
 }
 
 #[derive(clap::Args)]
@@ -100,6 +104,7 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         options,
         log,
         source: args.source.clone(),
+        quiet: args.quiet,
     })
 }
 

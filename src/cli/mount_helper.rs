@@ -299,6 +299,7 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
         options: lists,
         paths,
         source: resolved.source,
+        quiet: !inv.verbose,
     }))
 }
 

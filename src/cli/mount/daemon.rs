@@ -29,6 +29,8 @@ pub struct MountPlan {
     pub log: PathBuf,
     /// The source the mount shows; by default the array's identity.
     pub source: Option<String>,
+    /// No "mounted on" line on success (notices are still relayed).
+    pub quiet: bool,
 }
 
 /// How the daemon tells the invoking process that the mount is up.
@@ -87,6 +89,9 @@ fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
             continue;
         }
         if line == "OK" {
+            if plan.quiet {
+                return 0;
+            }
             println!(
                 "raidfs: mounted on {} (log: {})",
                 plan.mount_point.display(),

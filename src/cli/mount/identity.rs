@@ -101,7 +101,10 @@ mod tests {
     #[test]
     fn the_source_is_the_name_or_the_canonical_uuid() {
         let uuid = Uuid::parse_str(&UUID.to_uppercase()).unwrap();
-        assert_eq!(Identity::of_array("", uuid).source(), format!("uuid={UUID}"));
+        assert_eq!(
+            Identity::of_array("", uuid).source(),
+            format!("uuid={UUID}")
+        );
         assert_eq!(Identity::of_array("home", uuid).source(), "home");
         assert_eq!(
             Identity::of_spec(&format!("UUID={}", UUID.to_uppercase()))

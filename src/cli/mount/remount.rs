@@ -44,7 +44,8 @@ pub struct RemountRequest {
 /// Options of the kernel's FUSE connection, which mount(8) copies from the
 /// mount table into a remount's option list; they are the connection's and
 /// cannot change.
-const FUSE_CONNECTION_OPTIONS: [&str; 5] = ["user_id", "group_id", "rootmode", "max_read", "blksize"];
+const FUSE_CONNECTION_OPTIONS: [&str; 5] =
+    ["user_id", "group_id", "rootmode", "max_read", "blksize"];
 
 fn is_connection_option(option: &str) -> bool {
     option
@@ -74,9 +75,7 @@ pub fn parse(lists: &[String]) -> Result<RemountRequest, String> {
 
 /// The mount flags a remount of a mount that has `current` should pass.
 pub fn wanted_flags(request: &RemountRequest, current: u64) -> Result<u64, String> {
-    let read_only = request
-        .read_only
-        .unwrap_or(current & libc::MS_RDONLY != 0);
+    let read_only = request.read_only.unwrap_or(current & libc::MS_RDONLY != 0);
     let mut wanted = request.vfs.applied_to(current) & !libc::MS_RDONLY;
     if read_only {
         wanted |= libc::MS_RDONLY;
@@ -233,7 +232,10 @@ mod tests {
         let fstab = parse(&list("remount,ro,defaults,threads=8,x-systemd.foo=1")).unwrap();
         assert_eq!(fstab.read_only, Some(true));
         // What mount(8) copies from the mount table.
-        let table = parse(&list("rw,nosuid,nodev,relatime,user_id=0,group_id=0,remount,ro")).unwrap();
+        let table = parse(&list(
+            "rw,nosuid,nodev,relatime,user_id=0,group_id=0,remount,ro",
+        ))
+        .unwrap();
         assert_eq!(table.read_only, Some(true));
         assert!(parse(&list("remount,user_id")).is_err());
         let noatime = parse(&list("remount,noatime")).unwrap();

@@ -423,12 +423,34 @@ fn mount_a_twice_findmnt_and_remount() {
         assert!(said.contains("open for writing"), "{said}");
     }
 
-    for (array, mnt) in [(&named, &named_mnt), (&unnamed, &unnamed_mnt)] {
-        let record = daemon(mnt);
-        check(std::process::Command::new("umount").arg(mnt));
-        assert_daemon_finished(&record, mnt);
-        assert_eq!(array.state(), "clean");
-    }
+    // A second mount of a mounted array is a bind mount of the first (one
+    // daemon); `ro` there makes only that mount read-only, and the array
+    // stays up until the last of the two is unmounted.
+    let second = named.path("second");
+    fs::create_dir(&second).unwrap();
+    let _second_guard = DaemonGuard::new(&second);
+    check(
+        helper
+            .mount()
+            .env("RAIDFS_CONFIG", &config)
+            .args(["-t", "fuse.raidfs", "-o", "ro", &name])
+            .arg(&second),
+    );
+    assert_eq!(fs::read(second.join("after")).unwrap(), b"written after rw");
+    let refused = fs::write(second.join("via-second"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    let record = daemon(&named_mnt);
+    check(std::process::Command::new("umount").arg(&named_mnt));
+    assert_eq!(fs::read(second.join("after")).unwrap(), b"written after rw");
+    assert!(named.state().contains("dirty"), "the array is still in use");
+    check(std::process::Command::new("umount").arg(&second));
+    assert_daemon_finished(&record, &named_mnt);
+    assert_eq!(named.state(), "clean");
+
+    let record = daemon(&unnamed_mnt);
+    check(std::process::Command::new("umount").arg(&unnamed_mnt));
+    assert_daemon_finished(&record, &unnamed_mnt);
+    assert_eq!(unnamed.state(), "clean");
 
     // A mount assembled read-only cannot become read-write in place.
     check(

@@ -10,6 +10,7 @@ pub mod identity;
 pub mod options;
 pub mod registry;
 pub mod remount;
+pub mod second;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

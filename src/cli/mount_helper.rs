@@ -11,14 +11,16 @@
 //! `uuid=UUID` (also `UUID=UUID` when called directly) or its name, looked
 //! up in the configuration file ([`super::config`]). A mount made from a
 //! SPEC that names the array shows that SPEC as its source
-//! ([`super::mount::identity`]). The mount itself is `raidfs mount`;
+//! ([`super::mount::identity`]). The mount itself is `raidfs mount`, or,
+//! for an array already mounted elsewhere, a bind mount of that mount
+//! ([`super::mount::second`]);
 //! `remount` goes to the running daemon ([`super::mount::remount`]).
 
 use std::path::PathBuf;
 
 use super::config;
 use super::mount::identity::Identity;
-use super::mount::{self, options, remount, MountArgs};
+use super::mount::{self, options, remount, second, MountArgs};
 
 /// mount(8)'s exit codes for helpers.
 const EXIT_USAGE: i32 = 1;
@@ -274,7 +276,8 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
     if inv.sloppy {
         lists = sloppy_filter(lists);
     }
-    options::parse(&lists)?;
+    let parsed = options::parse(&lists)?;
+    let existing = second::existing_mount(&resolved.members);
     if inv.verbose || inv.fake {
         let members: Vec<String> = resolved
             .members
@@ -289,7 +292,18 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
             lists.join(",")
         );
     }
+    if let (Some(existing), true) = (&existing, inv.verbose || inv.fake) {
+        eprintln!(
+            "mount.raidfs: the array is mounted at {}; {} becomes a second mount of it",
+            existing.display(),
+            inv.dir.display()
+        );
+    }
     if inv.fake {
+        return Ok(0);
+    }
+    if let Some(existing) = existing {
+        second::bind(&existing, &inv.dir, &parsed)?;
         return Ok(0);
     }
     let mut paths = resolved.members;

@@ -395,6 +395,13 @@ fn mount_a_twice_findmnt_and_remount() {
         );
     }
 
+    // As mount(8) mounts any filesystem for root: suid and dev unless told.
+    let opts = mount_options(&named_mnt).expect("mounted");
+    assert!(
+        !opts.split(',').any(|o| o == "nosuid" || o == "nodev"),
+        "{opts}"
+    );
+
     // remount,ro: the kernel refuses writes; remount,rw takes them again.
     fs::write(named_mnt.join("before"), b"written before ro").unwrap();
     check(helper.mount().args(["-o", "remount,ro"]).arg(&named_mnt));

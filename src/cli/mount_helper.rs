@@ -209,6 +209,22 @@ fn resolve_uuid(uuid: uuid::Uuid) -> Result<Resolved, String> {
     })
 }
 
+/// mount(8) mounts a filesystem suid and dev unless told `nosuid` or
+/// `nodev`, and passes a helper only the flags that are set, so an fstab
+/// line's `suid`/`dev` (or `defaults`) never reaches it. A FUSE mount starts
+/// nosuid,nodev; like mount.fuse3, a helper run by root therefore asks for
+/// suid and dev unless the options turn them off. For anyone else mount(8)
+/// itself passes nosuid,nodev (a `user` mount).
+fn mount8_defaults() -> Vec<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // First, so that a `nosuid` or `nodev` given anywhere wins.
+        vec!["suid,dev".to_string()]
+    } else {
+        Vec::new()
+    }
+}
+
 /// With `-s`, options raidfs does not accept are dropped with a warning.
 fn sloppy_filter(lists: Vec<String>) -> Vec<String> {
     let mut kept = Vec::new();
@@ -271,7 +287,8 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
         return remount::run(&inv.dir, &inv.options, inv.fake, inv.verbose).map(|()| 0);
     }
     let resolved = resolve_spec(&inv.spec)?;
-    let mut lists = resolved.options;
+    let mut lists = mount8_defaults();
+    lists.extend(resolved.options);
     lists.extend(inv.options);
     if inv.sloppy {
         lists = sloppy_filter(lists);

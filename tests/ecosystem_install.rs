@@ -34,7 +34,9 @@ fn make_install_and_uninstall_in_a_destdir() {
 
     let bin = dest.join("usr/local/bin/raidfs");
     let helper = dest.join("sbin/mount.raidfs");
-    for (path, mode) in [(&bin, 0o755), (&helper, 0o755)] {
+    // mount(8) runs mount.fuse.raidfs for the type live mounts have (remount).
+    let fuse_helper = dest.join("sbin/mount.fuse.raidfs");
+    for (path, mode) in [(&bin, 0o755), (&helper, 0o755), (&fuse_helper, 0o755)] {
         let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(
             meta.permissions().mode() & 0o777,
@@ -54,6 +56,7 @@ fn make_install_and_uninstall_in_a_destdir() {
     );
     assert!(!script.contains("@RAIDFS@"));
     check(Command::new("sh").arg("-n").arg(&helper));
+    assert_eq!(std::fs::read_to_string(&fuse_helper).unwrap(), script);
 
     // The installed pair works: a fake (-f) mount resolves a member glob.
     let out = check(Command::new(&bin).arg("--version"));
@@ -70,6 +73,6 @@ fn make_install_and_uninstall_in_a_destdir() {
     assert!(said.contains("m2.img"), "{said}");
 
     check(&mut make(dest, "uninstall"));
-    assert!(!bin.exists() && !helper.exists());
+    assert!(!bin.exists() && !helper.exists() && !fuse_helper.exists());
     assert!(!dest.join("usr/local/share/doc/raidfs").exists());
 }

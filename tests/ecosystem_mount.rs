@@ -313,3 +313,172 @@ fn systemd_generated_mount_unit_command_works() {
     check(std::process::Command::new("umount").arg(&mnt));
     assert_daemon_finished(&record, &mnt);
 }
+
+/// Each mount shows its array's identity as its source and type
+/// fuse.raidfs: mount(8) sees an fstab line as mounted (a second `mount -a`
+/// does nothing), findmnt lists the mounts by type and source, and
+/// `mount -o remount,ro|rw` goes through mount.fuse.raidfs to the daemon.
+#[test]
+fn mount_a_twice_findmnt_and_remount() {
+    if !mount8_available() {
+        return;
+    }
+    let helper = HelperGuard::new();
+    let named = Array::new();
+    let unnamed = Array::new();
+    let (named_mnt, unnamed_mnt) = (named.mnt(), unnamed.mnt());
+    let _named_guard = DaemonGuard::new(&named_mnt);
+    let _unnamed_guard = DaemonGuard::new(&unnamed_mnt);
+    let name = format!("eco-{}", std::process::id());
+    let config = named.path("raidfs.ron");
+    fs::write(
+        &config,
+        format!(
+            "(arrays: [(uuid: \"{}\", name: \"{name}\", members: [\"{}/*.img\"]), (uuid: \"{}\", members: [\"{}/*.img\"])])",
+            named.uuid,
+            named.dir.path().display(),
+            unnamed.uuid,
+            unnamed.dir.path().display()
+        ),
+    )
+    .unwrap();
+    // One line by name with type raidfs, one by uuid= with type fuse.raidfs.
+    let fstab = write_fstab(
+        &named,
+        &format!(
+            "{name} {} raidfs {} 0 0\nuuid={} {} fuse.raidfs {} 0 0",
+            named_mnt.display(),
+            named.log_option(),
+            unnamed.uuid,
+            unnamed_mnt.display(),
+            unnamed.log_option()
+        ),
+    );
+    let mount_all = || {
+        check(
+            helper
+                .mount()
+                .env("RAIDFS_CONFIG", &config)
+                .arg("--fstab")
+                .arg(&fstab)
+                .arg("-a"),
+        )
+    };
+    // Silent on success, as mount(8) helpers are (fstests compares output).
+    let first = mount_all();
+    assert!(
+        first.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&first.stdout)
+    );
+    mount_all();
+    let out = check(std::process::Command::new("findmnt").args([
+        "-rn",
+        "-t",
+        "fuse.raidfs",
+        "-o",
+        "SOURCE,TARGET",
+    ]));
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for (source, mnt) in [
+        (name.clone(), &named_mnt),
+        (format!("uuid={}", unnamed.uuid), &unnamed_mnt),
+    ] {
+        let on_mnt: Vec<&str> = listed
+            .lines()
+            .filter(|l| l.ends_with(&format!(" {}", mnt.display())))
+            .collect();
+        assert_eq!(
+            on_mnt,
+            vec![format!("{source} {}", mnt.display())],
+            "one mount from {source}; findmnt says:\n{listed}"
+        );
+    }
+
+    // As mount(8) mounts any filesystem for root: suid and dev unless told.
+    let opts = mount_options(&named_mnt).expect("mounted");
+    assert!(
+        !opts.split(',').any(|o| o == "nosuid" || o == "nodev"),
+        "{opts}"
+    );
+
+    // remount,ro: the kernel refuses writes; remount,rw takes them again.
+    fs::write(named_mnt.join("before"), b"written before ro").unwrap();
+    check(helper.mount().args(["-o", "remount,ro"]).arg(&named_mnt));
+    let opts = mount_options(&named_mnt).expect("still mounted");
+    assert!(opts.split(',').any(|o| o == "ro"), "{opts}");
+    let refused = fs::write(named_mnt.join("while-ro"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    assert_eq!(
+        fs::read(named_mnt.join("before")).unwrap(),
+        b"written before ro"
+    );
+    check(helper.mount().args(["-o", "remount,rw"]).arg(&named_mnt));
+    let opts = mount_options(&named_mnt).expect("still mounted");
+    assert!(opts.split(',').any(|o| o == "rw"), "{opts}");
+    fs::write(named_mnt.join("after"), b"written after rw").unwrap();
+
+    // Not while a file is open for writing, as for any filesystem.
+    {
+        let _writer = fs::OpenOptions::new()
+            .append(true)
+            .open(named_mnt.join("after"))
+            .unwrap();
+        let out = run(helper.mount().args(["-o", "remount,ro"]).arg(&named_mnt));
+        assert_eq!(out.status.code(), Some(32), "{out:?}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("open for writing"), "{said}");
+    }
+
+    // A second mount of a mounted array is a bind mount of the first (one
+    // daemon); `ro` there makes only that mount read-only, and the array
+    // stays up until the last of the two is unmounted.
+    let second = named.path("second");
+    fs::create_dir(&second).unwrap();
+    let _second_guard = DaemonGuard::new(&second);
+    check(
+        helper
+            .mount()
+            .env("RAIDFS_CONFIG", &config)
+            .args(["-t", "fuse.raidfs", "-o", "ro", &name])
+            .arg(&second),
+    );
+    assert_eq!(fs::read(second.join("after")).unwrap(), b"written after rw");
+    let refused = fs::write(second.join("via-second"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    let record = daemon(&named_mnt);
+    check(std::process::Command::new("umount").arg(&named_mnt));
+    assert_eq!(fs::read(second.join("after")).unwrap(), b"written after rw");
+    assert!(named.state().contains("dirty"), "the array is still in use");
+    check(std::process::Command::new("umount").arg(&second));
+    assert_daemon_finished(&record, &named_mnt);
+    assert_eq!(named.state(), "clean");
+
+    let record = daemon(&unnamed_mnt);
+    check(std::process::Command::new("umount").arg(&unnamed_mnt));
+    assert_daemon_finished(&record, &unnamed_mnt);
+    assert_eq!(unnamed.state(), "clean");
+
+    // A mount assembled read-only cannot become read-write in place.
+    check(
+        helper
+            .mount()
+            .env("RAIDFS_CONFIG", &config)
+            .args(["-t", "raidfs", "-o", &format!("ro,{}", named.log_option())])
+            .arg(&name)
+            .arg(&named_mnt),
+    );
+    assert_eq!(
+        fs::read(named_mnt.join("after")).unwrap(),
+        b"written after rw"
+    );
+    let out = run(helper.mount().args(["-o", "remount,rw"]).arg(&named_mnt));
+    assert_eq!(out.status.code(), Some(32), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("assembled read-only"), "{said}");
+    let opts = mount_options(&named_mnt).expect("still mounted");
+    assert!(opts.split(',').any(|o| o == "ro"), "{opts}");
+    let record = daemon(&named_mnt);
+    check(std::process::Command::new("umount").arg(&named_mnt));
+    assert_daemon_finished(&record, &named_mnt);
+}

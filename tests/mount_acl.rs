@@ -1,7 +1,8 @@
 //! Permissions through a real FUSE mount, checked as another user (nobody):
 //! `cp -a` keeps modes (the minimal
 //! ACL it sets is a mode, not stored data) and ACLs; an access ACL entry
-//! grants and denies another user; chmod moves the mask; a directory's
+//! grants and denies another user; chmod moves the mask, and a new access
+//! ACL's mode shows in `stat` at once; a directory's
 //! default ACL is inherited, in place of the umask; an execute-only
 //! program runs; ftruncate works through a descriptor opened for writing.
 
@@ -304,6 +305,34 @@ fn ftruncate_on_a_descriptor_opened_for_writing() {
     assert_eq!(mode(&dir.join("f")), 0o444);
 }
 
+/// The mode as `stat -c %A` asks for it: statx for the mode alone, which
+/// the kernel answers from its attribute cache while that is valid.
+fn mode_as_stat_asks(path: &Path) -> u32 {
+    let p = cstr(path);
+    // SAFETY: statx is plain data, filled by the call.
+    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: p is NUL-terminated and buf a valid out pointer.
+    let rc = unsafe { libc::statx(libc::AT_FDCWD, p.as_ptr(), 0, libc::STATX_MODE, &mut buf) };
+    assert_eq!(rc, 0, "statx: {}", std::io::Error::last_os_error());
+    u32::from(buf.stx_mode) & 0o7777
+}
+
+/// Setting an access ACL changes the mode, and `stat` shows it at once
+/// rather than after the attribute timeout (fstests generic/375).
+#[test]
+fn a_new_access_acl_shows_in_the_mode_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let mnt = mount();
+    let file = mnt.path().join("f");
+    fs::write(&file, b"x").unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o2755)).unwrap();
+    assert_eq!(mode_as_stat_asks(&file), 0o2755);
+    let all = acl(&[(USER_OBJ, 7, 0), (GROUP_OBJ, 7, 0), (OTHER, 7, 0)]);
+    set_xattr(&file, "system.posix_acl_access", &all).unwrap();
+    assert_eq!(mode_as_stat_asks(&file), 0o2777);
+}
 #[test]
 fn setting_an_acl_shows_its_mode_at_once_and_takes_sgid_from_outsiders() {
     if !fuse_available() {

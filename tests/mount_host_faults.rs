@@ -42,8 +42,6 @@ fn must(cmd: &str, args: &[&str]) {
     );
 }
 
-
-
 fn members_active(mnt: &Path) {
     let report = detail_json(mnt);
     let members = report["members"].as_array().expect("members");

@@ -11,8 +11,6 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-
-
 /// Bytes the host has allocated to `images`.
 fn allocated(images: &[PathBuf]) -> u64 {
     images

@@ -95,7 +95,6 @@ fn write_unsynced(path: &Path, data: &[u8]) {
     f.write_all(data).expect("write");
 }
 
-
 #[test]
 fn raidfs_sync_makes_unsynced_writes_survive_a_killed_daemon_and_sync1_does_not() {
     if !fuse_available() {

@@ -11,7 +11,7 @@
 //!     arrays: [
 //!         (
 //!             uuid: "9cf61be9-5058-4d46-b508-521058ab4f25",
-//!             name: "home",                      // optional, informative
+//!             name: "home",                      // optional; `mount.raidfs home` finds it
 //!             members: ["/srv/raid/home-*.img"], // files, directories, globs
 //!             options: "threads=8",              // optional default -o options
 //!         ),
@@ -103,6 +103,11 @@ impl Config {
         self.arrays
             .iter()
             .find(|a| Uuid::parse_str(&a.uuid).ok() == Some(uuid))
+    }
+
+    /// The entries whose `name` is `name` (one, unless the file is ambiguous).
+    pub fn named(&self, name: &str) -> Vec<&ArrayEntry> {
+        self.arrays.iter().filter(|a| a.name == name).collect()
     }
 }
 

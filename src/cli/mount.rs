@@ -7,9 +7,12 @@
 //! found through [`registry`].
 
 mod daemon;
+pub mod identity;
 pub mod options;
 pub mod places;
 pub mod registry;
+pub mod remount;
+pub mod second;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,6 +45,14 @@ pub struct MountArgs {
     /// Member image files or block devices, then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "MEMBER... MOUNTPOINT")]
     pub paths: Vec<PathBuf>,
+    /// The mount's source, set by the mount(8) helper when its SPEC names
+    /// the array; otherwise the array's own name or UUID.
+    #[arg(skip)]
+    pub source: Option<String>,
+    /// Say nothing on success: mount(8) helpers are silent unless `-v`
+    /// (scripts such as fstests compare what a mount prints).
+    #[arg(skip)]
+    pub quiet: bool,
 }
 
 #[derive(clap::Args)]
@@ -99,6 +110,8 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         mount_point,
         options,
         log,
+        source: args.source.clone(),
+        quiet: args.quiet,
     })
 }
 

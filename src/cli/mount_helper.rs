@@ -2,15 +2,25 @@
 //! so for fstab lines and systemd mount units), with mount(8)'s calling
 //! convention `SPEC DIR [-sfnv] [-N NS] [-o OPTS]`.
 //!
+//! mount(8) runs it as `mount.raidfs` for type `raidfs` and as
+//! `mount.fuse.raidfs` for type `fuse.raidfs`, the type raidfs mounts have
+//! in the mount table (so `mount -o remount` of a live mount comes here).
+//!
 //! SPEC names the members: a list separated by `,` or `:`, each a file, a
-//! directory (the raidfs members in it) or a glob; or `uuid=UUID` (also
-//! `UUID=UUID` when called directly), looked up in the configuration file
-//! ([`super::config`]). The mount itself is `raidfs mount`.
+//! directory (the raidfs members in it) or a glob; or the array itself,
+//! `uuid=UUID` (also `UUID=UUID` when called directly) or its name, looked
+//! up in the configuration file ([`super::config`]). A mount made from a
+//! SPEC that names the array shows that SPEC as its source
+//! ([`super::mount::identity`]). The mount itself is `raidfs mount`, or,
+//! for an array already mounted elsewhere, a bind mount of that mount
+//! ([`super::mount::second`]);
+//! `remount` goes to the running daemon ([`super::mount::remount`]).
 
 use std::path::PathBuf;
 
 use super::config;
-use super::mount::{self, options, MountArgs};
+use super::mount::identity::Identity;
+use super::mount::{self, options, remount, second, MountArgs};
 
 /// mount(8)'s exit codes for helpers.
 const EXIT_USAGE: i32 = 1;
@@ -100,11 +110,25 @@ pub fn parse_invocation(args: &[String]) -> Result<Invocation, String> {
 pub struct Resolved {
     pub members: Vec<PathBuf>,
     pub options: Vec<String>,
+    /// What the mount shows as its source, when SPEC names the array.
+    pub source: Option<String>,
 }
 
 pub fn resolve_spec(spec: &str) -> Result<Resolved, String> {
-    if let Some(uuid) = strip_prefix_ignore_case(spec, "uuid=") {
-        return resolve_uuid(uuid);
+    match Identity::of_spec(spec)? {
+        Some(identity @ Identity::Uuid(uuid)) => {
+            return Ok(Resolved {
+                source: Some(identity.source()),
+                ..resolve_uuid(uuid)?
+            })
+        }
+        Some(identity @ Identity::Name(_)) => {
+            return Ok(Resolved {
+                source: Some(identity.source()),
+                ..resolve_name(spec)?
+            })
+        }
+        None => {}
     }
     // A path that exists is one location even if its name has `:` or `,`.
     let locations: Vec<&str> = if std::path::Path::new(spec).exists() {
@@ -130,11 +154,34 @@ pub fn resolve_spec(spec: &str) -> Result<Resolved, String> {
     Ok(Resolved {
         members,
         options: Vec::new(),
+        source: None,
     })
 }
 
-fn resolve_uuid(text: &str) -> Result<Resolved, String> {
-    let uuid = uuid::Uuid::parse_str(text).map_err(|e| format!("UUID {text}: {e}"))?;
+/// An array name: the configuration entry that carries it.
+fn resolve_name(name: &str) -> Result<Resolved, String> {
+    let path = config::config_path();
+    let config = config::load(&path).map_err(|e| format!("{name}: {e}"))?;
+    let uuid = match config.named(name).as_slice() {
+        [entry] => uuid::Uuid::parse_str(&entry.uuid)
+            .map_err(|e| format!("{}: uuid \"{}\": {e}", path.display(), entry.uuid))?,
+        [] => {
+            return Err(format!(
+                "{name}: not a member path, and no array named {name:?} in {} (`raidfs config scan` prints entries with their names)",
+                path.display()
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "{name}: more than one array is named {name:?} in {}; mount it by uuid=",
+                path.display()
+            ))
+        }
+    };
+    resolve_uuid(uuid)
+}
+
+fn resolve_uuid(uuid: uuid::Uuid) -> Result<Resolved, String> {
     let path = config::config_path();
     let config = config::load(&path)?;
     let entry = config.find(uuid).ok_or_else(|| {
@@ -155,13 +202,27 @@ fn resolve_uuid(text: &str) -> Result<Resolved, String> {
     } else {
         vec![entry.options.clone()]
     };
-    Ok(Resolved { members, options })
+    Ok(Resolved {
+        members,
+        options,
+        source: None,
+    })
 }
 
-fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| &s[prefix.len()..])
+/// mount(8) mounts a filesystem suid and dev unless told `nosuid` or
+/// `nodev`, and passes a helper only the flags that are set, so an fstab
+/// line's `suid`/`dev` (or `defaults`) never reaches it. A FUSE mount starts
+/// nosuid,nodev; like mount.fuse3, a helper run by root therefore asks for
+/// suid and dev unless the options turn them off. For anyone else mount(8)
+/// itself passes nosuid,nodev (a `user` mount).
+fn mount8_defaults() -> Vec<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // First, so that a `nosuid` or `nodev` given anywhere wins.
+        vec!["suid,dev".to_string()]
+    } else {
+        Vec::new()
+    }
 }
 
 /// With `-s`, options raidfs does not accept are dropped with a warning.
@@ -222,13 +283,18 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
     if let Some(ns) = &inv.namespace {
         enter_namespace(ns)?;
     }
+    if remount::is_remount(&inv.options) {
+        return remount::run(&inv.dir, &inv.options, inv.fake, inv.verbose).map(|()| 0);
+    }
     let resolved = resolve_spec(&inv.spec)?;
-    let mut lists = resolved.options;
+    let mut lists = mount8_defaults();
+    lists.extend(resolved.options);
     lists.extend(inv.options);
     if inv.sloppy {
         lists = sloppy_filter(lists);
     }
-    options::parse(&lists)?;
+    let parsed = options::parse(&lists)?;
+    let existing = second::existing_mount(&resolved.members);
     if inv.verbose || inv.fake {
         let members: Vec<String> = resolved
             .members
@@ -243,7 +309,18 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
             lists.join(",")
         );
     }
+    if let (Some(existing), true) = (&existing, inv.verbose || inv.fake) {
+        eprintln!(
+            "mount.raidfs: the array is mounted at {}; {} becomes a second mount of it",
+            existing.display(),
+            inv.dir.display()
+        );
+    }
     if inv.fake {
+        return Ok(0);
+    }
+    if let Some(existing) = existing {
+        second::bind(&existing, &inv.dir, &parsed)?;
         return Ok(0);
     }
     let mut paths = resolved.members;
@@ -252,6 +329,8 @@ fn mount_spec(inv: Invocation) -> Result<i32, String> {
         foreground: false,
         options: lists,
         paths,
+        source: resolved.source,
+        quiet: !inv.verbose,
     }))
 }
 
@@ -294,13 +373,6 @@ mod tests {
         assert!(parse_invocation(&args(&["a", "b", "c"])).is_err());
         assert!(parse_invocation(&args(&["a", "b", "-o"])).is_err());
         assert!(parse_invocation(&args(&["a", "b", "-x"])).is_err());
-    }
-
-    #[test]
-    fn uuid_prefix_in_any_case() {
-        assert_eq!(strip_prefix_ignore_case("UUID=ab", "uuid="), Some("ab"));
-        assert_eq!(strip_prefix_ignore_case("uuid=ab", "uuid="), Some("ab"));
-        assert_eq!(strip_prefix_ignore_case("/uuid=ab", "uuid="), None);
     }
 
     #[test]

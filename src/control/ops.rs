@@ -82,6 +82,7 @@ pub(crate) fn execute(
             Done::says(format!("speed limits: min {}, max {}", kib(min), kib(max)))
         }
         Request::Sync => sync(fs, mount_read_only),
+        Request::Remount { read_only } => remount(fs, *read_only),
     }
 }
 
@@ -104,6 +105,26 @@ fn sync(fs: &FileSystem, mount_read_only: bool) -> Result<Done, String> {
         "journal committed and every member flushed ({} ms)",
         started.elapsed().as_millis()
     ))
+}
+
+/// The daemon's half of `mount -o remount,ro|rw` (the helper switches the
+/// kernel's superblock flag). Going read-only commits the journal and
+/// flushes the members, so what was written before is durable; the array
+/// stays assembled (a rebuild or resync carries on, as md's does under a
+/// read-only ext4) and is marked clean at unmount.
+fn remount(fs: &FileSystem, read_only: bool) -> Result<Done, String> {
+    fs.set_read_only(read_only).map_err(|e| {
+        if read_only {
+            format!("committing before going read-only: {e}")
+        } else {
+            format!("going read-write: {e}")
+        }
+    })?;
+    Done::says(if read_only {
+        "read-only: the journal is committed and the members flushed".into()
+    } else {
+        "read-write".into()
+    })
 }
 
 fn kib(bytes_per_sec: u64) -> String {

@@ -45,6 +45,10 @@ pub enum Request {
     },
     /// Commit the journal and flush every member now (`raidfs sync`).
     Sync,
+    /// `mount -o remount,ro|rw`: stop taking changes (commit, mark the
+    /// array clean) or take them again (mark it in use). The kernel side
+    /// of the remount is the helper's.
+    Remount { read_only: bool },
 }
 
 impl Request {

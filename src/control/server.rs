@@ -313,7 +313,12 @@ fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
             ));
         }
         if context.read_only {
-            return Response::refused("the array is mounted read-only");
+            return Response::refused(match request {
+                Request::Remount { .. } => {
+                    "the array was assembled read-only (mounted ro): unmount it and mount it rw to write"
+                }
+                _ => "the array is mounted read-only",
+            });
         }
         log::info!("control: {request:?} from uid {uid}");
     }

@@ -265,6 +265,11 @@ pub struct FileSystem {
     deferred: Arc<Deferred>,
     atime: atime::AtimeMode,
     diratime: bool,
+    /// Opened read-write: `remount,rw` may take changes again.
+    opened_writable: bool,
+    /// Read-only because of [`FileSystem::set_read_only`] (not because a
+    /// commit failed, which must stay read-only).
+    remounted_read_only: std::sync::atomic::AtomicBool,
 }
 
 /// A write answered before it is done: see [`FileSystem::accept_write`].
@@ -337,7 +342,36 @@ impl FileSystem {
             }),
             atime: opts.atime,
             diratime: opts.diratime,
+            opened_writable: !opts.read_only,
+            remounted_read_only: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// `mount -o remount,ro|rw`. Going read-only settles the deferred
+    /// writes, commits and flushes, then refuses changes as a read-only
+    /// open does; going back takes changes again. A filesystem opened
+    /// read-only, or made read-only by a failed commit, cannot go back.
+    pub fn set_read_only(&self, read_only: bool) -> FsResult<()> {
+        use std::sync::atomic::Ordering;
+        if read_only {
+            if self.inner.is_read_only() {
+                return Ok(());
+            }
+            self.deferred.settle_all();
+            self.inner.commit(true)?;
+            self.remounted_read_only.store(true, Ordering::Release);
+            self.inner.read_only.store(true, Ordering::Release);
+            return Ok(());
+        }
+        if !self.inner.is_read_only() {
+            return Ok(());
+        }
+        if !self.opened_writable || !self.remounted_read_only.load(Ordering::Acquire) {
+            return Err(FsError::ReadOnly);
+        }
+        self.remounted_read_only.store(false, Ordering::Release);
+        self.inner.read_only.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Commit, flush and mark clean; the filesystem must not be used afterwards.

@@ -152,15 +152,14 @@ impl RaidFuse {
 
     /// Fill a readdir(plus) reply from the filesystem's cookies; `add`
     /// returns true when the reply buffer is full.
-    /// An access ACL set or removed moves the mode's bits (and may take
-    /// set-group-ID), but the kernel refreshes only ctime after a
-    /// setxattr: have it ask for the attributes again, or `stat` right
-    /// after `setfacl` shows the old mode for the attribute timeout.
+    /// An access ACL set or removed moves the mode's bits (the group bits
+    /// are its mask, and set-group-ID may go), but the kernel refreshes
+    /// only ctime after a setxattr: have it ask for the attributes again,
+    /// or `stat` right after `setfacl` shows the old mode for the attribute
+    /// timeout (fstests generic/375).
     fn after_acl_change(&self, ino: INodeNo, name: &OsStr) {
         if name.as_encoded_bytes() == crate::fs::acl::ACCESS {
-            if let Some(notifier) = self.notifier.get() {
-                let _ = notifier.inval_inode(ino, -1, 0);
-            }
+            self.mode_changed(ino);
         }
     }
 

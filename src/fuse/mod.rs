@@ -49,6 +49,10 @@ pub struct MountConfig {
     /// filesystem asks for in INIT; the mount raises it through the
     /// backing device's `read_ahead_kb`.
     pub read_ahead: u32,
+    /// The mount's source in the mount table (the FUSE `fsname`): what
+    /// names this array, so that mount(8), findmnt and fstests can tell
+    /// one raidfs mount from another.
+    pub source: String,
 }
 
 impl Default for MountConfig {
@@ -67,18 +71,28 @@ impl Default for MountConfig {
             direct_io: false,
             threads: cores.clamp(4, 16),
             read_ahead: MAX_REQUEST_BYTES,
+            source: LEGACY_SOURCE.to_string(),
         }
     }
 }
 
-/// The source name raidfs mounts carry in /proc/mounts (the FUSE fsname).
-pub const FS_NAME: &str = "raidfs";
+/// The FUSE subtype: the kernel shows raidfs mounts as type `fuse.raidfs`,
+/// which is what mount(8) runs `mount.fuse.raidfs` for (remount) and what
+/// `findmnt -t` and fstests select them by.
+pub const SUBTYPE: &str = "raidfs";
 
-/// Whether a mount table entry is a raidfs mount: a FUSE mount (shown as
-/// `fuse`, or `fuse.raidfs` when mounted through a helper that sets the
-/// subtype) whose source is [`FS_NAME`].
+/// The type raidfs mounts have in the mount table.
+pub const FS_TYPE: &str = "fuse.raidfs";
+
+/// The source every raidfs mount showed before mounts carried the array's
+/// identity (type plain `fuse`): a mount made by an older daemon that is
+/// still running after an upgrade is recognised by it.
+pub const LEGACY_SOURCE: &str = "raidfs";
+
+/// Whether a mount table entry is a raidfs mount: type [`FS_TYPE`] whatever
+/// its source, or an older daemon's `fuse` mount with [`LEGACY_SOURCE`].
 pub fn is_raidfs_mount(entry: &mounts::MountEntry) -> bool {
-    (entry.fs_type == "fuse" || entry.fs_type == "fuse.raidfs") && entry.source == FS_NAME
+    entry.fs_type == FS_TYPE || (entry.fs_type == "fuse" && entry.source == LEGACY_SOURCE)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -328,8 +342,12 @@ fn check_mount_point(path: &Path) -> Result<PathBuf, MountError> {
 
 fn fuser_config(config: &MountConfig) -> Config {
     let mut options = vec![
-        MountOption::FSName(FS_NAME.to_string()),
-        MountOption::Subtype("raidfs".to_string()),
+        MountOption::FSName(config.source.clone()),
+        // fuser hands `Subtype` only to fusermount3, and mounting directly
+        // (as root) it calls mount(2) with type `fuse` and no subtype: the
+        // mount would show as plain `fuse`. The kernel takes `subtype=` as a
+        // mount option itself, and fusermount3 understands it too.
+        MountOption::CUSTOM(format!("subtype={SUBTYPE}")),
         if config.read_only {
             MountOption::RO
         } else {
@@ -354,6 +372,36 @@ fn fuser_config(config: &MountConfig) -> Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raidfs_mounts_are_told_by_their_type_whatever_their_source() {
+        let entry = |fs_type: &str, source: &str| mounts::MountEntry {
+            mount_point: PathBuf::from("/mnt"),
+            device: "0:50".into(),
+            fs_type: fs_type.into(),
+            source: source.into(),
+        };
+        assert!(is_raidfs_mount(&entry("fuse.raidfs", "home")));
+        assert!(is_raidfs_mount(&entry(
+            "fuse.raidfs",
+            "uuid=9cf61be9-5058-4d46-b508-521058ab4f25"
+        )));
+        assert!(is_raidfs_mount(&entry("fuse", LEGACY_SOURCE)));
+        assert!(!is_raidfs_mount(&entry("fuse", "home")));
+        assert!(!is_raidfs_mount(&entry("fuse.sshfs", "raidfs")));
+        assert!(!is_raidfs_mount(&entry("ext4", "/dev/sda1")));
+    }
+
+    #[test]
+    fn the_kernel_is_given_the_subtype_and_the_source() {
+        let config = MountConfig {
+            source: "home".into(),
+            ..MountConfig::default()
+        };
+        let options = fuser_config(&config).mount_options;
+        assert!(options.contains(&MountOption::FSName("home".into())));
+        assert!(options.contains(&MountOption::CUSTOM("subtype=raidfs".into())));
+    }
 
     #[test]
     fn readahead_is_set_on_the_connections_bdi() {

@@ -16,6 +16,9 @@ use raidfs::fuse::mounts;
 
 pub const RAIDFS: &str = env!("CARGO_BIN_EXE_raidfs");
 pub const HELPER_PATH: &str = "/sbin/mount.raidfs";
+/// The same helper under the name mount(8) runs for type `fuse.raidfs`.
+pub const FUSE_HELPER_PATH: &str = "/sbin/mount.fuse.raidfs";
+const HELPER_PATHS: [&str; 2] = [HELPER_PATH, FUSE_HELPER_PATH];
 
 /// Run a command; the output comes back whatever the exit status.
 pub fn run(cmd: &mut Command) -> Output {
@@ -157,12 +160,12 @@ pub fn which(program: &str) -> Option<PathBuf> {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Holds /sbin/mount.raidfs in place for one test (tests using it run one
-/// at a time). An installed helper is left alone: the tests point every
-/// helper at the binary under test with RAIDFS_BIN. One the guard put
-/// there itself is removed again.
+/// Holds /sbin/mount.raidfs and /sbin/mount.fuse.raidfs in place for one
+/// test (tests using them run one at a time). An installed helper is left
+/// alone: the tests point every helper at the binary under test with
+/// RAIDFS_BIN. One the guard put there itself is removed again.
 pub struct HelperGuard {
-    installed_here: bool,
+    installed_here: Vec<&'static str>,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -171,13 +174,17 @@ impl HelperGuard {
         let serial = SERIAL
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let helper = Path::new(HELPER_PATH);
-        let installed_here = !helper.exists();
-        if installed_here {
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("mount-helpers/mount.raidfs");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("mount-helpers/mount.raidfs");
+        let mut installed_here = Vec::new();
+        for path in HELPER_PATHS {
+            let helper = Path::new(path);
+            if helper.exists() {
+                continue;
+            }
             let tmp = helper.with_extension("raidfs-test");
-            fs::copy(&source, &tmp).expect("copy mount.raidfs to /sbin");
-            fs::rename(&tmp, helper).expect("install /sbin/mount.raidfs");
+            fs::copy(&source, &tmp).unwrap_or_else(|e| panic!("copy the helper to {path}: {e}"));
+            fs::rename(&tmp, helper).unwrap_or_else(|e| panic!("install {path}: {e}"));
+            installed_here.push(path);
         }
         HelperGuard {
             installed_here,
@@ -195,8 +202,8 @@ impl HelperGuard {
 
 impl Drop for HelperGuard {
     fn drop(&mut self) {
-        if self.installed_here {
-            let _ = fs::remove_file(HELPER_PATH);
+        for path in &self.installed_here {
+            let _ = fs::remove_file(path);
         }
     }
 }

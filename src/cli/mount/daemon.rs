@@ -27,6 +27,10 @@ pub struct MountPlan {
     pub mount_point: PathBuf,
     pub options: MountOptions,
     pub log: PathBuf,
+    /// The source the mount shows; by default the array's identity.
+    pub source: Option<String>,
+    /// No "mounted on" line on success (notices are still relayed).
+    pub quiet: bool,
 }
 
 /// How the daemon tells the invoking process that the mount is up.
@@ -85,6 +89,9 @@ fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
             continue;
         }
         if line == "OK" {
+            if plan.quiet {
+                return 0;
+            }
             println!(
                 "raidfs: mounted on {} (log: {})",
                 plan.mount_point.display(),
@@ -260,7 +267,14 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         // asks its checksums which copy to keep (array::judge).
         array.start_background();
     }
-    let handle = match fuse::mount(fs.clone(), &plan.mount_point, &plan.options.fuse) {
+    let fuse_config = fuse::MountConfig {
+        source: plan.source.clone().unwrap_or_else(|| {
+            super::identity::Identity::of_array(&status.name, array.uuid()).source()
+        }),
+        ..plan.options.fuse.clone()
+    };
+    info!("the mount's source is {}", fuse_config.source);
+    let handle = match fuse::mount(fs.clone(), &plan.mount_point, &fuse_config) {
         Ok(handle) => handle,
         Err(e) => {
             // The adapter closed the filesystem when the failed session was dropped.

@@ -248,13 +248,7 @@ pub fn apply_vfs_flags(mount_point: &std::path::Path, flags: VfsFlags) -> Result
     let shown = mount_point.display();
     let c_path = std::ffi::CString::new(mount_point.as_os_str().as_bytes())
         .map_err(|_| format!("{shown}: NUL in path"))?;
-    // SAFETY: statvfs is plain data, filled by the call.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c_path is NUL-terminated and st is a valid out pointer.
-    if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
-        return Err(format!("{shown}: {}", std::io::Error::last_os_error()));
-    }
-    let current = mount_flags_from_statvfs(st.f_flag);
+    let current = current_mount_flags(mount_point)?;
     let wanted = flags.applied_to(current);
     if wanted == current {
         return Ok(());
@@ -276,6 +270,21 @@ pub fn apply_vfs_flags(mount_point: &std::path::Path, flags: VfsFlags) -> Result
         ));
     }
     Ok(())
+}
+
+/// The `MS_*` flags the mount at `mount_point` has now.
+pub fn current_mount_flags(mount_point: &std::path::Path) -> Result<u64, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let shown = mount_point.display();
+    let c_path = std::ffi::CString::new(mount_point.as_os_str().as_bytes())
+        .map_err(|_| format!("{shown}: NUL in path"))?;
+    // SAFETY: statvfs is plain data, filled by the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c_path is NUL-terminated and st is a valid out pointer.
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
+        return Err(format!("{shown}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(mount_flags_from_statvfs(st.f_flag))
 }
 
 /// statvfs reports the per-mount flags with their own (ST_*) values.

@@ -248,7 +248,10 @@ fn a_user_creates_mounts_writes_and_unmounts_their_own_array() {
         "the log is not in the user's state directory: {said}"
     );
     let entry = mounted(&mnt).expect("mounted");
-    assert_eq!(entry.source, "raidfs");
+    // A user's mount carries the same identity as root's: type
+    // fuse.raidfs, the array (unnamed here) as uuid=UUID.
+    assert_eq!(entry.fs_type, "fuse.raidfs");
+    assert!(entry.source.starts_with("uuid="), "{}", entry.source);
 
     // The user owns the root directory and can write to it.
     let owner = succeeded(

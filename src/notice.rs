@@ -4,12 +4,14 @@
 //! file), so it installs a sink that relays these lines to the `raidfs
 //! mount` process waiting in the foreground, which prints them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Where messages go instead of stderr.
 pub type Sink = Box<dyn FnMut(&str) + Send>;
 
 static SINK: Mutex<Option<Sink>> = Mutex::new(None);
+static QUIET: AtomicBool = AtomicBool::new(false);
 
 /// Tell the user `msg` (one line, without the `raidfs: ` prefix).
 pub fn tell(msg: &str) {
@@ -23,4 +25,21 @@ pub fn tell(msg: &str) {
 /// Send later messages to `sink` (`None`: back to stderr).
 pub fn set_sink(sink: Option<Sink>) {
     *SINK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = sink;
+}
+
+/// Tell the user about a wait under way, unless they asked for quiet (a
+/// mount helper run by mount(8), whose output scripts compare); then it
+/// goes to the log only.
+pub fn progress(msg: &str) {
+    if QUIET.load(Ordering::Acquire) {
+        log::info!("{msg}");
+    } else {
+        tell(msg);
+    }
+}
+
+/// Whether [`progress`] messages are kept from the terminal (set before a
+/// mount daemon forks, so the daemon keeps it).
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Release);
 }

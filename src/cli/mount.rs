@@ -69,6 +69,7 @@ pub struct UmountArgs {
 }
 
 pub fn run(args: MountArgs) -> i32 {
+    crate::notice::set_quiet(args.quiet);
     match prepare(&args) {
         Ok(plan) if args.foreground => daemon::run_foreground(&plan),
         Ok(plan) => daemon::run_background(&plan),

@@ -767,7 +767,7 @@ fn lock_exclusive(path: &Path, file: &File, wait: Duration) -> io::Result<()> {
                 }
                 if !told && waited >= LOCK_WAIT_NOTICE {
                     told = true;
-                    crate::notice::tell(&format!(
+                    crate::notice::progress(&format!(
                         "waiting for the previous raidfs process to release {}...",
                         path.display()
                     ));

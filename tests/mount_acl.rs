@@ -8,8 +8,7 @@
 
 mod common;
 
-use common::{fuse_available, mount_mem};
-use raidfs::fuse::MountConfig;
+use common::fuse_available;
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -88,14 +87,7 @@ fn nobody_reads(path: &Path) -> bool {
 }
 
 fn mount() -> common::MountGuard {
-    let mnt = mount_mem(&MountConfig {
-        allow_other: true,
-        ..MountConfig::default()
-    });
-    let parent = mnt.path().parent().expect("mount point has a parent");
-    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).expect("chmod parent");
-    fs::set_permissions(mnt.path(), fs::Permissions::from_mode(0o755)).expect("chmod root");
-    mnt
+    common::shared_mount()
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cli::raidfs_ok;
-use common::{detach, fuse_available, mount_mem, DaemonGuard, MountGuard};
+use common::{detach, fuse_available, mount_mem, shared_mount, DaemonGuard};
 use raidfs::fuse::MountConfig;
 
 const MIB: usize = 1 << 20;
@@ -122,18 +122,6 @@ fn sparse_file(path: &Path) -> File {
     std::os::unix::fs::FileExt::write_all_at(&f, &[2u8; 10], MIB as u64).expect("write");
     f.set_len(3 * MIB as u64).expect("set_len");
     f
-}
-
-/// A mount other users reach (allow_other, and a parent they may search).
-fn shared_mount() -> MountGuard {
-    let mnt = mount_mem(&MountConfig {
-        allow_other: true,
-        ..MountConfig::default()
-    });
-    let parent = mnt.path().parent().expect("mount point has a parent");
-    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).expect("chmod parent");
-    fs::set_permissions(mnt.path(), fs::Permissions::from_mode(0o755)).expect("chmod root");
-    mnt
 }
 
 #[test]

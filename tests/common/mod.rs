@@ -159,3 +159,18 @@ pub fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)?;
     f.sync_all()
 }
+
+/// A MemStore mount other users reach: allow_other, and the mount's parent
+/// and root searchable by all (tests that run commands as another user).
+pub fn shared_mount() -> MountGuard {
+    use std::os::unix::fs::PermissionsExt;
+    let mnt = mount_mem(&MountConfig {
+        allow_other: true,
+        ..MountConfig::default()
+    });
+    let parent = mnt.path().parent().expect("mount point has a parent");
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).expect("chmod parent");
+    std::fs::set_permissions(mnt.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod root");
+    mnt
+}

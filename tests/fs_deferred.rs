@@ -10,8 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use raidfs::fs::store::MemStore;
-use raidfs::fs::teststore::{CrashStore, HookedStore};
+use raidfs::fs::teststore::{CrashStore, HookedStore, MemStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;

@@ -6,8 +6,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use raidfs::fs::store::MemStore;
-use raidfs::fs::teststore::CrashStore;
+use raidfs::fs::teststore::{CrashStore, MemStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;

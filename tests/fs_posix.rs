@@ -4,8 +4,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use raidfs::fs::store::MemStore;
-use raidfs::fs::teststore::HookedStore;
+use raidfs::fs::teststore::{HookedStore, MemStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;

@@ -8,7 +8,7 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use raidfs::fs::store::MemStore;
+use raidfs::fs::teststore::MemStore;
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;

@@ -6,7 +6,8 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use raidfs::fs::store::{BlockStore, MemStore};
+use raidfs::fs::store::BlockStore;
+use raidfs::fs::teststore::MemStore;
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;

@@ -12,7 +12,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use raidfs::fs::{store::MemStore, FileSystem, FsOptions};
+use raidfs::fs::teststore::MemStore;
+use raidfs::fs::{FileSystem, FsOptions};
 use raidfs::fuse::{self, MountConfig, MountHandle};
 
 /// True when this machine can run FUSE mounts (root and /dev/fuse); the

@@ -160,7 +160,7 @@ fn linkat_names_a_linkable_tmpfile_once() {
 
 #[test]
 fn a_tmpfile_open_at_a_crash_is_freed_by_the_next_mount() {
-    let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024));
+    let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024).expect("crash store"));
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
     let free = free_blocks(&fs);
@@ -168,7 +168,7 @@ fn a_tmpfile_open_at_a_crash_is_freed_by_the_next_mount() {
     fs.write(t.ino, 0, &vec![1u8; 2 * MIB as usize]).unwrap();
     fs.fsync(t.ino, false).unwrap();
     assert_eq!(fs.statfs().unwrap().bfree, free - 2 * MIB / B);
-    let crashed = Arc::new(store.crash(0));
+    let crashed = Arc::new(store.crash(0).expect("crash image"));
     drop(fs);
 
     let report = fsck(crashed.clone(), false).unwrap();
@@ -289,7 +289,7 @@ fn rename_whiteout_refusals_change_nothing() {
 #[test]
 fn a_crash_keeps_a_whiteout_rename_whole() {
     for seed in 0..8 {
-        let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024));
+        let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024).expect("crash store"));
         FileSystem::format(store.clone()).unwrap();
         let fs = FileSystem::open(
             store.clone(),
@@ -312,7 +312,7 @@ fn a_crash_keeps_a_whiteout_rename_whole() {
         if committed {
             fs.fsync(ROOT_INO, false).unwrap();
         }
-        let crashed = Arc::new(store.crash(seed));
+        let crashed = Arc::new(store.crash(seed).expect("crash image"));
         drop(fs);
         let fs = FileSystem::open(crashed, FsOptions::default()).unwrap();
         let f_kind = fs.lookup(&root(), ROOT_INO, n("f")).unwrap();

@@ -1,81 +1,70 @@
-//! [`CrashStore`] keeps the writes since the last flush pending; `crash`
-//! yields the store as a power cut could leave it: everything flushed plus
-//! a random subset of the pending writes, each possibly torn at 512-byte
-//! sector granularity. A write budget makes writes start failing at a
-//! chosen point, i.e. power is lost in the middle of an operation.
+//! [`CrashStore`]: a store that can lose power, for crash-consistency tests.
+//!
+//! The groups lie one after another on a single [`FaultyMember`] over
+//! memory, and a flush is that member's sync. The member keeps every write
+//! since its last sync, so [`CrashStore::crash`] is the member's crash image
+//! (everything flushed, plus a seeded random subset of the later writes, each
+//! possibly torn at 512-byte sectors): one implementation of "what a power
+//! cut leaves" serves members and stores alike. What this store adds is the
+//! groups and a write budget, after which every write and flush fails: power
+//! lost in the middle of an operation.
+
+use std::io;
 
 use parking_lot::Mutex;
 
-use super::locate;
+use super::{locate, verified, Shape};
 use crate::fs::store::{BlockStore, GroupInfo, GroupKind, StoreError, Verify};
+use crate::member::faulty::FaultyMember;
+use crate::member::memory::MemoryMember;
+use crate::member::Member;
 
-const SECTOR: usize = 512;
-
-/// A small deterministic generator (tests need reproducible crashes, and
-/// `rand` is only a dev-dependency).
-pub struct SplitMix(u64);
-
-impl SplitMix {
-    pub fn new(seed: u64) -> SplitMix {
-        SplitMix(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
+pub struct CrashStore {
+    shape: Shape,
+    /// The groups' bytes: group `g` at offset `g * group_capacity`.
+    device: FaultyMember,
+    state: Mutex<CrashState>,
 }
 
 struct CrashState {
     infos: Vec<GroupInfo>,
-    current: Vec<Vec<u8>>,
-    durable: Vec<Vec<u8>>,
-    pending: Vec<(u64, Vec<u8>)>,
-    write_budget: Option<u64>,
+    /// Writes accepted so far.
     writes: u64,
-}
-
-pub struct CrashStore {
-    total_groups: u32,
-    group_capacity: u64,
-    stripe_bytes: u64,
-    state: Mutex<CrashState>,
-}
-
-fn copy_into(groups: &mut [Vec<u8>], addr: u64, data: &[u8]) -> Result<(), StoreError> {
-    let (g, off) = locate(addr);
-    let bytes = groups.get_mut(g).ok_or(StoreError::OutOfRange(addr))?;
-    let dst = bytes
-        .get_mut(off..off + data.len())
-        .ok_or(StoreError::OutOfRange(addr))?;
-    dst.copy_from_slice(data);
-    Ok(())
+    /// The count of accepted writes at which power is lost.
+    power_lost_at: Option<u64>,
 }
 
 impl CrashStore {
-    pub fn new(total_groups: u32, group_capacity: u64, stripe_bytes: u64) -> CrashStore {
-        CrashStore {
+    pub fn new(
+        total_groups: u32,
+        group_capacity: u64,
+        stripe_bytes: u64,
+    ) -> io::Result<CrashStore> {
+        let size = u64::from(total_groups)
+            .checked_mul(group_capacity)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{total_groups} groups of {group_capacity} bytes overflow a member"),
+                )
+            })?;
+        let device = FaultyMember::new(MemoryMember::new(size)?.with_name("crash store"));
+        let shape = Shape {
             total_groups,
             group_capacity,
             stripe_bytes,
+        };
+        Ok(CrashStore::on(device, shape, Vec::new()))
+    }
+
+    fn on(device: FaultyMember, shape: Shape, infos: Vec<GroupInfo>) -> CrashStore {
+        CrashStore {
+            shape,
+            device,
             state: Mutex::new(CrashState {
-                infos: Vec::new(),
-                current: Vec::new(),
-                durable: Vec::new(),
-                pending: Vec::new(),
-                write_budget: None,
+                infos,
                 writes: 0,
+                power_lost_at: None,
             }),
         }
     }
@@ -83,7 +72,7 @@ impl CrashStore {
     /// After `budget` more writes, every write and flush fails (power lost).
     pub fn set_write_budget(&self, budget: Option<u64>) {
         let mut st = self.state.lock();
-        st.write_budget = budget.map(|b| st.writes + b);
+        st.power_lost_at = budget.map(|b| st.writes + b);
     }
 
     /// Writes accepted so far.
@@ -91,44 +80,38 @@ impl CrashStore {
         self.state.lock().writes
     }
 
-    /// The store as a power cut now could leave it.
-    pub fn crash(&self, seed: u64) -> CrashStore {
+    /// The store as a power cut now could leave it; the same `seed` gives
+    /// the same store.
+    pub fn crash(&self, seed: u64) -> io::Result<CrashStore> {
+        // Held so that no write lands between the image and the groups.
         let st = self.state.lock();
-        let mut rng = SplitMix::new(seed);
-        let mut image = st.durable.clone();
-        for (addr, data) in &st.pending {
-            match rng.below(3) {
-                0 => {}
-                1 => {
-                    let _ = copy_into(&mut image, *addr, data);
-                }
-                _ => {
-                    for (i, sector) in data.chunks(SECTOR).enumerate() {
-                        if rng.below(2) == 0 {
-                            let _ = copy_into(&mut image, *addr + (i * SECTOR) as u64, sector);
-                        }
-                    }
-                }
-            }
-        }
-        CrashStore {
-            total_groups: self.total_groups,
-            group_capacity: self.group_capacity,
-            stripe_bytes: self.stripe_bytes,
-            state: Mutex::new(CrashState {
-                infos: st.infos.clone(),
-                current: image.clone(),
-                durable: image,
-                pending: Vec::new(),
-                write_budget: None,
-                writes: 0,
-            }),
-        }
+        let image = self.device.crash_image_random(seed)?;
+        Ok(CrashStore::on(
+            FaultyMember::new(image),
+            self.shape,
+            st.infos.clone(),
+        ))
     }
 
     fn power_lost(st: &CrashState) -> bool {
-        st.write_budget.is_some_and(|b| st.writes >= b)
+        st.power_lost_at.is_some_and(|at| st.writes >= at)
     }
+
+    /// Where `len` bytes at logical `addr` lie on the device, if inside one
+    /// allocated group.
+    fn place(&self, st: &CrashState, addr: u64, len: usize) -> Result<u64, StoreError> {
+        let (g, off) = locate(addr);
+        let end = (off as u64).checked_add(len as u64);
+        let capacity = self.shape.group_capacity;
+        if g >= st.infos.len() || end.is_none_or(|end| end > capacity) {
+            return Err(StoreError::OutOfRange(addr));
+        }
+        Ok(g as u64 * capacity + off as u64)
+    }
+}
+
+fn io_error(e: io::Error) -> StoreError {
+    StoreError::Io(e.to_string())
 }
 
 impl BlockStore for CrashStore {
@@ -138,18 +121,9 @@ impl BlockStore for CrashStore {
         buf: &mut [u8],
         verify: Option<Verify<'_>>,
     ) -> Result<(), StoreError> {
-        let st = self.state.lock();
-        let (g, off) = locate(addr);
-        let src = st
-            .current
-            .get(g)
-            .and_then(|b| b.get(off..off + buf.len()))
-            .ok_or(StoreError::OutOfRange(addr))?;
-        buf.copy_from_slice(src);
-        match verify {
-            Some(ok) if !ok(buf) => Err(StoreError::Unrecoverable(addr)),
-            _ => Ok(()),
-        }
+        let at = self.place(&self.state.lock(), addr, buf.len())?;
+        self.device.read_at(buf, at).map_err(io_error)?;
+        verified(addr, buf, verify)
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
@@ -157,22 +131,18 @@ impl BlockStore for CrashStore {
         if Self::power_lost(&st) {
             return Err(StoreError::Io("simulated power loss".into()));
         }
-        copy_into(&mut st.current, addr, data)?;
-        st.pending.push((addr, data.to_vec()));
+        let at = self.place(&st, addr, data.len())?;
+        self.device.write_at(data, at).map_err(io_error)?;
         st.writes += 1;
         Ok(())
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        let mut st = self.state.lock();
+        let st = self.state.lock();
         if Self::power_lost(&st) {
             return Err(StoreError::Io("simulated power loss".into()));
         }
-        let pending = std::mem::take(&mut st.pending);
-        for (addr, data) in pending {
-            copy_into(&mut st.durable, addr, &data)?;
-        }
-        Ok(())
+        self.device.sync().map_err(io_error)
     }
 
     fn groups(&self) -> Vec<GroupInfo> {
@@ -181,26 +151,12 @@ impl BlockStore for CrashStore {
 
     fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
         let mut st = self.state.lock();
-        if st.infos.len() as u32 >= self.total_groups {
-            return Err(StoreError::NoSpace);
-        }
-        let info = GroupInfo {
-            index: st.infos.len() as u32,
-            kind,
-            capacity: self.group_capacity,
-            stripe_bytes: self.stripe_bytes,
-        };
+        let info = self.shape.next_group(st.infos.len(), kind)?;
         st.infos.push(info);
-        st.current.push(vec![0u8; self.group_capacity as usize]);
-        st.durable.push(vec![0u8; self.group_capacity as usize]);
         Ok(info)
     }
 
     fn free_groups(&self) -> (u64, u64) {
-        let st = self.state.lock();
-        (
-            (self.total_groups as u64).saturating_sub(st.infos.len() as u64),
-            self.group_capacity,
-        )
+        self.shape.free_groups(self.state.lock().infos.len())
     }
 }

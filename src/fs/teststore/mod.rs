@@ -4,8 +4,11 @@
 //! storage through the array ([`super::ArrayStore`]) alone.
 //!
 //! - [`MemStore`]: groups held in memory; what most filesystem tests run on.
-//! - [`CrashStore`]: a store that can lose power: it keeps the writes since
-//!   the last flush and yields the image a power cut could leave.
+//! - [`CrashStore`]: a store that can lose power. Its groups live on one
+//!   fault-injecting member ([`crate::member::faulty::FaultyMember`]), which
+//!   keeps the writes since the last flush and builds the image a power cut
+//!   could leave, so a crash image has one implementation for members and
+//!   stores alike.
 //! - [`MirrorStore`]: two copies, for tests that corrupt one (or both).
 //! - [`HookedStore`]: a [`MemStore`] that calls a hook before each write.
 

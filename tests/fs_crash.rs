@@ -4,20 +4,18 @@
 //! touched since), and read every file back whole (no record kept whose data
 //! the crash lost).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::sync::Arc;
 
+use common::fs::n;
 use raidfs::fs::teststore::CrashStore;
 use raidfs::fs::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const MIB: u64 = 1 << 20;
-
-fn n(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
 
 struct Run {
     fs: FileSystem,

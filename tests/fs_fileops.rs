@@ -2,19 +2,17 @@
 //! the filesystem layer, driven directly (no FUSE): what each leaves
 //! behind, its refusals, and what a crash leaves of it.
 
-use std::ffi::OsStr;
+mod common;
+
 use std::sync::Arc;
 
+use common::fs::{n, names};
 use proptest::prelude::*;
 use raidfs::fs::teststore::{CrashStore, MemStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;
 const B: u64 = BLOCK_SIZE;
-
-fn n(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
 
 fn root() -> Caller {
     Caller::root()
@@ -29,28 +27,13 @@ fn user(uid: u32) -> Caller {
 }
 
 fn fresh() -> (Arc<MemStore>, FileSystem) {
-    let store = Arc::new(MemStore::new(8, 8 * MIB, 64 * 1024));
-    FileSystem::format(store.clone()).unwrap();
-    let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
-    (store, fs)
+    common::fs::fresh(8)
 }
 
 fn mkfile(fs: &FileSystem, parent: u64, name: &str, mode: u32) -> u64 {
     fs.mknod(&root(), parent, n(name), 0o100000 | mode, 0, 0)
         .unwrap()
         .ino
-}
-
-fn names(fs: &FileSystem, dir: u64) -> Vec<String> {
-    let mut v: Vec<String> = fs
-        .readdir(dir, 0, usize::MAX)
-        .unwrap()
-        .into_iter()
-        .map(|e| String::from_utf8(e.name).unwrap())
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    v.sort();
-    v
 }
 
 /// Free blocks once every change so far is committed (freed blocks are

@@ -7,20 +7,13 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
+use common::cli::{raidfs, stderr};
 use common::{fuse_available, DaemonGuard};
 use raidfs::cli::mount::{daemon_pid, registry};
 use raidfs::fuse::mounts;
-
-fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run raidfs")
-}
 
 fn ok(out: &Output) -> bool {
     if !out.status.success() {
@@ -31,10 +24,6 @@ fn ok(out: &Output) -> bool {
         );
     }
     out.status.success()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A RAID5 array of three 64 MiB sparse images in a temporary directory.

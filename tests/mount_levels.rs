@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::cli::{check, raidfs};
 use common::{fuse_available, DaemonGuard};
 use raidfs::cli::mount::registry;
 use rand::rngs::StdRng;
@@ -17,26 +18,8 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
-
-fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run raidfs")
-}
-
-fn check(out: Output, what: &str) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed:\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 struct Array {
     dir: tempfile::TempDir,

@@ -31,21 +31,26 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Run `raidfs ARGS` and require success; returns stdout.
-pub fn raidfs_ok<S: AsRef<OsStr>>(args: &[S], cwd: &Path) -> String {
-    let out = raidfs(args, cwd);
-    let shown: Vec<String> = args
-        .iter()
-        .map(|a| a.as_ref().to_string_lossy().into_owned())
-        .collect();
+/// Require that `out`, the output of `what`, is a success (showing what
+/// it printed when not); returns it.
+pub fn check(out: Output, what: &str) -> Output {
     assert!(
         out.status.success(),
-        "raidfs {} failed ({})\nstdout: {}\nstderr: {}",
-        shown.join(" "),
+        "{what} failed ({})\nstdout: {}\nstderr: {}",
         out.status,
         stdout(&out),
         stderr(&out)
     );
+    out
+}
+
+/// Run `raidfs ARGS` and require success; returns stdout.
+pub fn raidfs_ok<S: AsRef<OsStr>>(args: &[S], cwd: &Path) -> String {
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    let out = check(raidfs(args, cwd), &format!("raidfs {}", shown.join(" ")));
     stdout(&out)
 }
 

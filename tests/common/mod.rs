@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod fs;
 pub mod members;
 
 use std::ffi::CString;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cli::raidfs_ok;
-use common::{detach, fuse_available, mount_mem, shared_mount, DaemonGuard};
+use common::{detach, fuse_available, kill_daemon, mount_mem, shared_mount, DaemonGuard};
 use raidfs::fuse::MountConfig;
 
 const MIB: usize = 1 << 20;
@@ -604,16 +604,6 @@ fn overlayfs_copy_ups_leave_the_daemon_log_clean() {
     assert_eq!(daemon.complaints(), Vec::<String>::new());
 }
 
-/// SIGKILL the `raidfs mount` daemon serving `mnt` and wait until it is gone.
-fn kill_daemon(mnt: &Path) {
-    let record = raidfs::cli::mount::registry::read(mnt)
-        .expect("registry")
-        .expect("daemon record");
-    // SAFETY: kill with the pid of the daemon this test started.
-    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-    assert!(record.wait_for_exit(Duration::from_secs(30)));
-}
-
 #[test]
 fn a_tmpfile_open_when_the_daemon_is_killed_leaks_no_space() {
     if !fuse_available() {
@@ -629,7 +619,7 @@ fn a_tmpfile_open_when_the_daemon_is_killed_leaks_no_space() {
     let used = free_blocks(&mnt);
     assert!(used + 2000 <= baseline, "{used} of {baseline}");
 
-    kill_daemon(&mnt);
+    kill_daemon(&mnt, Duration::from_secs(30));
     detach(&mnt);
     drop(t);
     daemon.mount();

@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::cli::{raidfs, raidfs_ok, stderr, stdout};
-use common::{fuse_available, pattern, DaemonGuard};
+use common::{fuse_available, kill_daemon, pattern, DaemonGuard};
 
 /// A two-way mirror of image files in a temporary directory.
 struct Array {
@@ -68,12 +68,7 @@ impl Array {
     /// SIGKILL the daemon and wait until it is gone: nothing it held in
     /// memory reaches the members.
     fn kill_daemon(&self) {
-        let record = raidfs::cli::mount::registry::read(&self.mnt)
-            .expect("registry")
-            .expect("daemon record");
-        // SAFETY: kill with the pid of the daemon this test started.
-        assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-        assert!(record.wait_for_exit(Duration::from_secs(30)));
+        kill_daemon(&self.mnt, Duration::from_secs(30));
     }
 
     fn umount(&self) {

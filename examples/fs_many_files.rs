@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Instant;
 
-use raidfs::fs::store::MemStore;
+use raidfs::fs::teststore::MemStore;
 use raidfs::fs::{Caller, FileSystem, FsOptions, ROOT_INO};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

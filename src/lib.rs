@@ -3,7 +3,8 @@
 //! The modules are layers; each depends only on those listed above it:
 //!
 //! 0. [`notice`]: messages for the person at the terminal (relayed by a mount daemon).
-//! 1. [`member`]: member devices (image files, block devices, memory, fault injection).
+//! 1. [`member`]: member devices (image files, block devices, a simulated disk;
+//!    in-memory and fault-injecting doubles for tests, with the `testing` feature).
 //! 2. [`parity`]: XOR and RAID6 P+Q kernels, benchmarked and chosen at start.
 //! 3. [`geometry`]: where a logical byte lives on which member, for every RAID level.
 //! 4. [`superblock`]: the per-member identity and state record.

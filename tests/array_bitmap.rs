@@ -2,6 +2,9 @@
 //! resynced; a clean shutdown leaves nothing dirty; a member that was out for
 //! a while is re-added and catches up on only what changed.
 
+mod common;
+
+use common::members::named;
 use raidfs::array::{
     assemble, create, AddOutcome, Array, AssembleOptions, CreateSpec, SyncAction, GROUP_SHIFT,
 };
@@ -16,16 +19,7 @@ use std::sync::Arc;
 const MEMBER_SIZE: u64 = 96 << 20;
 
 fn faulty(n: usize) -> Vec<FaultyMember> {
-    (0..n)
-        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("b{i}")).expect("memory member"))
-        .collect()
-}
-
-fn handles(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
-    ms.iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("b{i}")))
-        .collect()
+    common::members::faulty(n, MEMBER_SIZE, "b")
 }
 
 fn spec(level: Level) -> CreateSpec {
@@ -56,7 +50,7 @@ fn groups(array: &Array, n: usize) -> Vec<u64> {
 #[test]
 fn unclean_shutdown_resyncs_only_dirty_regions() {
     let ms = faulty(4);
-    let array = Arc::new(create(handles(&ms), &spec(Level::Raid5)).expect("create"));
+    let array = Arc::new(create(named(&ms), &spec(Level::Raid5)).expect("create"));
     let bases = groups(&array, 6);
     for (i, b) in bases.iter().enumerate() {
         array.write(*b, &random(i as u64, 4 << 20)).expect("fill");
@@ -78,7 +72,7 @@ fn unclean_shutdown_resyncs_only_dirty_regions() {
     // Corrupt parity in a clean region behind the array's back: a full
     // resync would "fix" it, a bitmap resync must leave it alone (and a
     // later check finds it), which proves only dirty regions were walked.
-    let array = Arc::new(assemble(handles(&ms), AssembleOptions::default()).expect("assemble"));
+    let array = Arc::new(assemble(named(&ms), AssembleOptions::default()).expect("assemble"));
     assert_eq!(
         array.dirty_regions(),
         (dirty_regions, dirty_bytes),
@@ -117,7 +111,7 @@ fn unclean_shutdown_resyncs_only_dirty_regions() {
 #[test]
 fn a_returning_member_is_re_added_from_the_bitmap() {
     let ms = faulty(3);
-    let array = Arc::new(create(handles(&ms), &spec(Level::Raid1)).expect("create"));
+    let array = Arc::new(create(named(&ms), &spec(Level::Raid1)).expect("create"));
     array.start_background();
     let bases = groups(&array, 4);
     for (i, b) in bases.iter().enumerate() {

@@ -10,8 +10,8 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::members::{faulty, handles};
-use raidfs::array::{assemble, create, Array, AssembleOptions, CreateSpec, GROUP_SHIFT};
+use common::members::{faulty, handles, read_after_crash};
+use raidfs::array::{create, Array, CreateSpec, GROUP_SHIFT};
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
@@ -73,22 +73,6 @@ fn check_is_clean(array: &Array, what: &str) {
     assert_eq!(check.mismatches, 0, "{what}: copies or parity disagree");
 }
 
-/// Read `len` bytes at `base` from the durable images of every member
-/// but `pulled`.
-fn read_without(ms: &[FaultyMember], pulled: &[usize], base: u64, len: usize) -> Vec<u8> {
-    let survivors: Vec<(Arc<dyn Member>, String)> = (0..ms.len())
-        .filter(|m| !pulled.contains(m))
-        .map(|m| {
-            let copy = ms[m].crash_image().expect("member copy");
-            (Arc::new(copy) as Arc<dyn Member>, format!("disc{m}"))
-        })
-        .collect();
-    let degraded = assemble(survivors, AssembleOptions::default()).expect("assemble");
-    let mut back = vec![0u8; len];
-    degraded.read(base, &mut back).expect("degraded read");
-    back
-}
-
 #[test]
 fn discarded_ranges_read_as_zeros_and_every_level_stays_consistent() {
     for (i, &(level, members, chunk, copies, layout)) in configs().iter().enumerate() {
@@ -130,7 +114,7 @@ fn discarded_ranges_read_as_zeros_and_every_level_stays_consistent() {
             let mut pulled: Vec<usize> = (first..first + tolerance).map(|m| m % members).collect();
             pulled.sort_unstable();
             pulled.dedup();
-            let back = read_without(&ms, &pulled, base, SPAN);
+            let back = read_after_crash(&ms, &pulled, base, SPAN);
             assert!(back == reference, "{what}: wrong data without {pulled:?}");
         }
     }
@@ -242,7 +226,7 @@ fn a_member_refusing_part_way_leaves_a_resync_that_makes_parity_agree() {
         drop(array);
         for first in 0..ms.len() - 1 {
             let pulled: Vec<usize> = (first..first + tolerance).collect();
-            let back = read_without(&ms, &pulled, base, SPAN);
+            let back = read_after_crash(&ms, &pulled, base, SPAN);
             assert!(back == reference, "{what}: wrong data without {pulled:?}");
         }
     }

@@ -2,6 +2,9 @@
 //! writes from several threads checked against a reference buffer while
 //! members fail at random points, for every level.
 
+mod common;
+
+use common::members::{crash_images, named, read_after_crash};
 use raidfs::array::{assemble, create, Array, AssembleOptions, CreateSpec, GROUP_SHIFT};
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
@@ -15,16 +18,7 @@ use std::sync::Arc;
 const MEMBER_SIZE: u64 = 64 << 20;
 
 fn faulty_members(n: usize) -> Vec<FaultyMember> {
-    (0..n)
-        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("mem{i}")).expect("memory member"))
-        .collect()
-}
-
-fn as_members(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
-    ms.iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("mem{i}")))
-        .collect()
+    common::members::faulty(n, MEMBER_SIZE, "mem")
 }
 
 struct Config {
@@ -81,7 +75,7 @@ fn make_array(cfg: &Config, ms: &[FaultyMember]) -> Array {
         name: "t".into(),
         ppl: false,
     };
-    create(as_members(ms), &spec).expect("create")
+    create(named(ms), &spec).expect("create")
 }
 
 /// Allocate a data group; its first logical address.
@@ -99,23 +93,6 @@ fn running_with_data_group(cfg: &Config, ms: &[FaultyMember]) -> (Arc<Array>, u6
     array.start_background();
     let addr = new_data_group(&array);
     (array, addr)
-}
-
-/// Assemble the durable images (`crash_image`) of every member but
-/// `pulled` and read `len` bytes at `base` from that degraded array.
-fn durable_read_without(ms: &[FaultyMember], pulled: &[usize], base: u64, len: usize) -> Vec<u8> {
-    let survivors: Vec<(Arc<dyn Member>, String)> = (0..ms.len())
-        .filter(|m| !pulled.contains(m))
-        .map(|m| {
-            let copy = ms[m].crash_image().expect("member copy");
-            (Arc::new(copy) as Arc<dyn Member>, format!("mem{m}"))
-        })
-        .collect();
-    let degraded = assemble(survivors, AssembleOptions::default()).expect("assemble");
-    assert_eq!(degraded.failed_slots(), pulled);
-    let mut back = vec![0u8; len];
-    degraded.read(base, &mut back).expect("degraded read");
-    back
 }
 
 /// A running left-symmetric parity array of `members` in-memory members,
@@ -211,7 +188,7 @@ fn run_config(cfg: &Config, seed: u64) {
     let pulled: Vec<usize> = (0..ms.len()).filter(|&i| ms[i].is_pulled()).collect();
     assert!(pulled.len() <= tolerance);
     drop(array);
-    let survivors: Vec<(Arc<dyn Member>, String)> = as_members(&ms)
+    let survivors: Vec<(Arc<dyn Member>, String)> = named(&ms)
         .into_iter()
         .enumerate()
         .filter(|(i, _)| !pulled.contains(i))
@@ -313,7 +290,7 @@ fn failed_member_is_stale_at_next_assembly() {
     drop(array);
     ms[1].heal();
     // All three given: the failed one has an older event count and is left out.
-    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
     assert_eq!(array.failed_slots(), vec![1]);
     let mut b = vec![0u8; 8192];
     array.read(addr, &mut b).expect("read");
@@ -340,7 +317,7 @@ fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
     drop(array);
 
     set_events_behind(&ms[0], 1);
-    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
     assert!(
         array.failed_slots().is_empty(),
         "{:?}",
@@ -360,7 +337,7 @@ fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
     );
 
     set_events_behind(&ms[0], 2);
-    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
     assert_eq!(array.failed_slots(), vec![0], "two behind: stale");
 }
 
@@ -394,7 +371,7 @@ fn a_member_with_its_front_mib_zeroed_assembles_and_is_healed() {
             CopyState::Good
         ]
     );
-    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
     assert!(!array.is_degraded(), "{:?}", array.failed_slots());
     let mut b = vec![0u8; 65536];
     array.read(addr, &mut b).expect("read");
@@ -436,11 +413,11 @@ fn a_read_only_assembly_leaves_a_damaged_copy_alone() {
         read_only: true,
         ..Default::default()
     };
-    let array = assemble(as_members(&ms), read_only).expect("assemble");
+    let array = assemble(named(&ms), read_only).expect("assemble");
     assert!(!array.is_degraded());
     drop(array);
     assert_eq!(copy_states(&ms[2])[3], CopyState::BadChecksum);
-    drop(assemble(as_members(&ms), AssembleOptions::default()).expect("assemble"));
+    drop(assemble(named(&ms), AssembleOptions::default()).expect("assemble"));
     assert_eq!(copy_states(&ms[2]), [CopyState::Good; 4]);
 }
 
@@ -477,7 +454,7 @@ fn an_array_of_version_1_members_assembles_and_stays_version_1() {
             ]
         );
     }
-    let array = assemble(as_members(&ms), AssembleOptions::default()).expect("assemble v1");
+    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble v1");
     assert!(!array.is_degraded());
     let mut b = vec![0u8; 65536];
     array.read(addr, &mut b).expect("read");
@@ -504,25 +481,25 @@ fn assembly_rules() {
     drop(make_array(&cfg, &b));
     // Members of two arrays.
     let mixed = vec![
-        as_members(&a).remove(0),
-        as_members(&a).remove(1),
-        as_members(&b).remove(2),
+        named(&a).remove(0),
+        named(&a).remove(1),
+        named(&b).remove(2),
     ];
     let err = assemble(mixed, AssembleOptions::default())
         .err()
         .expect("mixed arrays refused");
     assert!(err.to_string().contains("different arrays"), "{err}");
     // Too few members.
-    let one = vec![as_members(&a).remove(0)];
+    let one = vec![named(&a).remove(0)];
     let err = assemble(one, AssembleOptions::default())
         .err()
         .expect("too few refused");
     assert!(err.to_string().contains("too few"), "{err}");
     // Dirty and degraded parity array needs force.
-    let array = assemble(as_members(&a), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&a), AssembleOptions::default()).expect("assemble");
     array.mark_dirty().expect("dirty");
     drop(array);
-    let two: Vec<_> = as_members(&a).into_iter().take(2).collect();
+    let two: Vec<_> = named(&a).into_iter().take(2).collect();
     let err = assemble(two.clone(), AssembleOptions::default())
         .err()
         .expect("dirty degraded refused");
@@ -600,14 +577,7 @@ fn flush_syncs_only_members_written_since_their_last_sync() {
     assert_eq!(written, synced);
 
     // What the flush returned for survives a power cut on every member.
-    let images: Vec<(Arc<dyn Member>, String)> = ms
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let image = m.crash_image().expect("crash image");
-            (Arc::new(image) as Arc<dyn Member>, format!("mem{i}"))
-        })
-        .collect();
+    let images = crash_images(&ms, &[]);
     drop(array);
     let array = assemble(images, AssembleOptions::default()).expect("assemble crash image");
     let mut back = vec![0u8; data.len()];
@@ -643,7 +613,7 @@ fn multi_stripe_writes_leave_consistent_parity() {
         for first in 0..members {
             let mut pulled: Vec<usize> = (first..first + tolerance).map(|m| m % members).collect();
             pulled.sort_unstable();
-            let back = durable_read_without(&ms, &pulled, base, reference.len());
+            let back = read_after_crash(&ms, &pulled, base, reference.len());
             assert!(
                 back == reference,
                 "{level:?}: wrong data without {pulled:?}"
@@ -783,7 +753,7 @@ fn stripe_cache_turns_small_sequential_writes_into_full_stripes() {
 
         // What the flush made durable, read with each member missing.
         for missing in 0..members {
-            let back = durable_read_without(&ms, &[missing], base, reference.len());
+            let back = read_after_crash(&ms, &[missing], base, reference.len());
             assert!(
                 back == reference,
                 "{level:?}: wrong durable data without member {missing}"

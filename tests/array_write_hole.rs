@@ -3,9 +3,11 @@
 //! being written. With the partial parity log it does not; without it, the
 //! same crash images show the hole (so the test can tell the difference).
 
+mod common;
+
+use common::members::{faulty, named};
 use raidfs::array::{assemble, create, AssembleOptions, CreateSpec, GROUP_SHIFT};
 use raidfs::geometry::{Layout, Level};
-use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
 use raidfs::superblock::GroupProfile;
 use rand::rngs::StdRng;
@@ -24,14 +26,8 @@ fn random(seed: u64, len: usize) -> Vec<u8> {
 /// stripe and length), lose the member of data chunk `lost_chunk` (never
 /// written), and report whether that chunk still reads back as it was.
 fn survives(ppl: bool, writes: &[(u64, usize)], lost_chunk: usize, seed: u64) -> bool {
-    let ms: Vec<FaultyMember> = (0..4)
-        .map(|i| FaultyMember::memory(24 << 20, &format!("w{i}")).expect("member"))
-        .collect();
-    let handles: Vec<(Arc<dyn Member>, String)> = ms
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("w{i}")))
-        .collect();
+    let ms = faulty(4, 24 << 20, "w");
+    let handles = named(&ms);
     let spec = CreateSpec {
         level: Level::Raid5,
         layout: Layout::LeftSymmetric,
@@ -116,14 +112,8 @@ fn without_the_log_the_same_crashes_expose_the_hole() {
 
 #[test]
 fn dirty_degraded_raid5_without_the_log_needs_force() {
-    let ms: Vec<FaultyMember> = (0..3)
-        .map(|i| FaultyMember::memory(24 << 20, &format!("d{i}")).expect("member"))
-        .collect();
-    let handles: Vec<(Arc<dyn Member>, String)> = ms
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("d{i}")))
-        .collect();
+    let ms = faulty(3, 24 << 20, "d");
+    let handles = named(&ms);
     let spec = CreateSpec {
         level: Level::Raid5,
         layout: Layout::LeftSymmetric,

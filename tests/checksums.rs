@@ -3,10 +3,13 @@
 //! returned, the bad copy is healed and counted against its member, and a
 //! scrub finds and repairs what reads did not touch.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::sync::Arc;
 
+use common::members::{faulty, named};
 use raidfs::array::{assemble, create, Array, AssembleOptions, CreateSpec, GROUP_SHIFT};
 use raidfs::fs::{
     ArrayStore, Caller, ChecksumKind, FileSystem, FormatOptions, FsError, FsOptions, ROOT_INO,
@@ -27,22 +30,13 @@ struct Rig {
     fs: FileSystem,
 }
 
-fn as_members(ms: &[FaultyMember]) -> Vec<(Arc<dyn Member>, String)> {
-    ms.iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::new(m.clone()) as Arc<dyn Member>, format!("mem{i}")))
-        .collect()
-}
-
 fn open_fs(array: &Arc<Array>) -> FileSystem {
     let store = Arc::new(ArrayStore::new(Arc::clone(array)));
     FileSystem::open(store, FsOptions::default()).expect("open filesystem")
 }
 
 fn build_with(level: Level, n: usize, chunk: u64, copies: usize, format: FormatOptions) -> Rig {
-    let members: Vec<FaultyMember> = (0..n)
-        .map(|i| FaultyMember::memory(MEMBER_SIZE, &format!("mem{i}")).expect("memory member"))
-        .collect();
+    let members = faulty(n, MEMBER_SIZE, "mem");
     let spec = CreateSpec {
         level,
         layout: Layout::LeftSymmetric,
@@ -51,7 +45,7 @@ fn build_with(level: Level, n: usize, chunk: u64, copies: usize, format: FormatO
         name: "csum".into(),
         ppl: false,
     };
-    let array = Arc::new(create(as_members(&members), &spec).expect("create array"));
+    let array = Arc::new(create(named(&members), &spec).expect("create array"));
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
     FileSystem::format_with(store, &format).expect("format");
     let fs = open_fs(&array);
@@ -73,7 +67,7 @@ impl Rig {
 
     fn start(members: Vec<FaultyMember>) -> Rig {
         let array =
-            Arc::new(assemble(as_members(&members), AssembleOptions::default()).expect("assemble"));
+            Arc::new(assemble(named(&members), AssembleOptions::default()).expect("assemble"));
         array.start_background();
         let fs = open_fs(&array);
         Rig { members, array, fs }
@@ -650,7 +644,7 @@ fn a_read_only_assembly_serves_the_good_copy_and_rewrites_nothing() {
 
     let array = Arc::new(
         assemble(
-            as_members(&ms),
+            named(&ms),
             AssembleOptions {
                 read_only: true,
                 ..AssembleOptions::default()

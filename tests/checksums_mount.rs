@@ -12,10 +12,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::cli::{check, raidfs};
 use common::{fuse_available, DaemonGuard};
 use raidfs::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use raidfs::fs::{ArrayStore, FileSystem, FsOptions};
@@ -25,23 +25,6 @@ use rand::{Rng, SeedableRng};
 const BLOCK: usize = 4096;
 const FILES: usize = 3;
 const BLOCKS_PER_FILE: usize = 40;
-
-fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run raidfs")
-}
-
-fn check(out: Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what} failed:\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Each block starts with a marker naming it, so it can be found in the images.
 fn marker(file: usize, block: usize) -> Vec<u8> {

@@ -1,20 +1,11 @@
 //! `raidfs create` and `raidfs examine` as a user runs them, including bad
 //! input: each refused with a clear message, a non-zero exit, nothing modified.
 
+mod common;
+
+use common::cli::{raidfs, stderr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run raidfs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use std::process::Command;
 
 /// Contents (or absence) of every file in `dir`, to prove nothing changed.
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {

@@ -4,20 +4,18 @@
 //! touched since), and read every file back whole (no record kept whose data
 //! the crash lost).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::sync::Arc;
 
+use common::fs::n;
 use raidfs::fs::teststore::CrashStore;
 use raidfs::fs::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const MIB: u64 = 1 << 20;
-
-fn n(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
 
 struct Run {
     fs: FileSystem,
@@ -153,7 +151,7 @@ fn format_and_open(store: &Arc<CrashStore>) -> FileSystem {
 
 fn crash_case(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let store = Arc::new(CrashStore::new(6, 2 * MIB, 64 * 1024));
+    let store = Arc::new(CrashStore::new(6, 2 * MIB, 64 * 1024).expect("crash store"));
     let fs = format_and_open(&store);
     let sub = fs
         .mkdir(&Caller::root(), ROOT_INO, n("sub"), 0o755, 0)
@@ -172,7 +170,7 @@ fn crash_case(seed: u64) {
             break;
         }
     }
-    let crashed = Arc::new(store.crash(seed));
+    let crashed = Arc::new(store.crash(seed).expect("crash image"));
     drop(run.fs);
     let report = fsck(crashed.clone(), false)
         .unwrap_or_else(|e| panic!("seed {seed}: fsck cannot load: {e}"));
@@ -218,7 +216,7 @@ fn crash_during_checkpoints_recovers() {
     // A tiny journal (the metadata group is small) forces frequent checkpoints.
     for seed in 1000..1040 {
         let mut rng = StdRng::seed_from_u64(seed);
-        let store = Arc::new(CrashStore::new(8, 512 * 1024, 4096));
+        let store = Arc::new(CrashStore::new(8, 512 * 1024, 4096).expect("crash store"));
         let fs = format_and_open(&store);
         let c = Caller::root();
         let mut synced = Vec::new();
@@ -230,7 +228,7 @@ fn crash_during_checkpoints_recovers() {
             }
             synced.push(name);
         }
-        let crashed = Arc::new(store.crash(seed));
+        let crashed = Arc::new(store.crash(seed).expect("crash image"));
         drop(fs);
         let report = fsck(crashed.clone(), false).unwrap();
         assert!(report.is_clean(), "seed {seed}: {:?}", report.problems);
@@ -249,7 +247,7 @@ fn an_overwrite_in_place_never_costs_the_last_fsync() {
     // and the overwrite reaches the disk before any further commit. Replay
     // must still keep that fsync (before: the check failed and the record,
     // with every file it carried, was left out).
-    let store = Arc::new(CrashStore::new(4, 2 * MIB, 64 * 1024));
+    let store = Arc::new(CrashStore::new(4, 2 * MIB, 64 * 1024).expect("crash store"));
     let fs = format_and_open(&store);
     let c = Caller::root();
     // f and the filler that takes every free block after it, in one batch
@@ -272,7 +270,7 @@ fn an_overwrite_in_place_never_costs_the_last_fsync() {
     fs.write(f, 0, &[4u8; 16384]).unwrap();
     assert_eq!(fs.extents(f).unwrap(), before, "overwritten in place");
     store.flush().unwrap();
-    let crashed = Arc::new(store.crash(0));
+    let crashed = Arc::new(store.crash(0).expect("crash image"));
     drop(fs);
 
     let fs = FileSystem::open(crashed, FsOptions::default()).unwrap();

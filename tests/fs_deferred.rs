@@ -10,8 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use raidfs::fs::store::MemStore;
-use raidfs::fs::teststore::{CrashStore, HookedStore};
+use raidfs::fs::teststore::{CrashStore, HookedStore, MemStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;
@@ -154,7 +153,7 @@ fn overlapping_writes_land_in_the_order_they_were_answered() {
 
 #[test]
 fn a_write_failing_after_its_answer_is_reported_by_fsync_and_by_close() {
-    let store = Arc::new(CrashStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
+    let store = Arc::new(CrashStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024).expect("crash store"));
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(store.clone(), deferring()).unwrap();
     let (a, b) = (mkfile(&fs, "a"), mkfile(&fs, "b"));

@@ -2,20 +2,17 @@
 //! the filesystem layer, driven directly (no FUSE): what each leaves
 //! behind, its refusals, and what a crash leaves of it.
 
-use std::ffi::OsStr;
+mod common;
+
 use std::sync::Arc;
 
+use common::fs::{n, names};
 use proptest::prelude::*;
-use raidfs::fs::store::MemStore;
-use raidfs::fs::teststore::CrashStore;
+use raidfs::fs::teststore::{CrashStore, MemStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;
 const B: u64 = BLOCK_SIZE;
-
-fn n(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
 
 fn root() -> Caller {
     Caller::root()
@@ -30,28 +27,13 @@ fn user(uid: u32) -> Caller {
 }
 
 fn fresh() -> (Arc<MemStore>, FileSystem) {
-    let store = Arc::new(MemStore::new(8, 8 * MIB, 64 * 1024));
-    FileSystem::format(store.clone()).unwrap();
-    let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
-    (store, fs)
+    common::fs::fresh(8)
 }
 
 fn mkfile(fs: &FileSystem, parent: u64, name: &str, mode: u32) -> u64 {
     fs.mknod(&root(), parent, n(name), 0o100000 | mode, 0, 0)
         .unwrap()
         .ino
-}
-
-fn names(fs: &FileSystem, dir: u64) -> Vec<String> {
-    let mut v: Vec<String> = fs
-        .readdir(dir, 0, usize::MAX)
-        .unwrap()
-        .into_iter()
-        .map(|e| String::from_utf8(e.name).unwrap())
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    v.sort();
-    v
 }
 
 /// Free blocks once every change so far is committed (freed blocks are
@@ -161,7 +143,7 @@ fn linkat_names_a_linkable_tmpfile_once() {
 
 #[test]
 fn a_tmpfile_open_at_a_crash_is_freed_by_the_next_mount() {
-    let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024));
+    let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024).expect("crash store"));
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
     let free = free_blocks(&fs);
@@ -169,7 +151,7 @@ fn a_tmpfile_open_at_a_crash_is_freed_by_the_next_mount() {
     fs.write(t.ino, 0, &vec![1u8; 2 * MIB as usize]).unwrap();
     fs.fsync(t.ino, false).unwrap();
     assert_eq!(fs.statfs().unwrap().bfree, free - 2 * MIB / B);
-    let crashed = Arc::new(store.crash(0));
+    let crashed = Arc::new(store.crash(0).expect("crash image"));
     drop(fs);
 
     let report = fsck(crashed.clone(), false).unwrap();
@@ -290,7 +272,7 @@ fn rename_whiteout_refusals_change_nothing() {
 #[test]
 fn a_crash_keeps_a_whiteout_rename_whole() {
     for seed in 0..8 {
-        let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024));
+        let store = Arc::new(CrashStore::new(8, 8 * MIB, 64 * 1024).expect("crash store"));
         FileSystem::format(store.clone()).unwrap();
         let fs = FileSystem::open(
             store.clone(),
@@ -313,7 +295,7 @@ fn a_crash_keeps_a_whiteout_rename_whole() {
         if committed {
             fs.fsync(ROOT_INO, false).unwrap();
         }
-        let crashed = Arc::new(store.crash(seed));
+        let crashed = Arc::new(store.crash(seed).expect("crash image"));
         drop(fs);
         let fs = FileSystem::open(crashed, FsOptions::default()).unwrap();
         let f_kind = fs.lookup(&root(), ROOT_INO, n("f")).unwrap();

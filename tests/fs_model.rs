@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use raidfs::fs::store::MemStore;
+use raidfs::fs::teststore::MemStore;
 use raidfs::fs::*;
 
 const PARENTS: [&str; 4] = ["", "d", "d/e", "e"];

@@ -1,18 +1,16 @@
 //! POSIX behaviour of the filesystem, driven directly (no FUSE).
 
+mod common;
+
 use std::ffi::OsStr;
 use std::sync::Arc;
 
+use common::fs::{fresh, n, names};
 use parking_lot::Mutex;
-use raidfs::fs::store::MemStore;
-use raidfs::fs::teststore::HookedStore;
+use raidfs::fs::teststore::{HookedStore, MemStore};
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;
-
-fn n(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
 
 fn root() -> Caller {
     Caller::root()
@@ -26,13 +24,6 @@ fn user(uid: u32, gid: u32, groups: &[u32]) -> Caller {
     }
 }
 
-fn fresh(groups: u32) -> (Arc<MemStore>, FileSystem) {
-    let store = Arc::new(MemStore::new(groups, 8 * MIB, 64 * 1024));
-    FileSystem::format(store.clone()).unwrap();
-    let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
-    (store, fs)
-}
-
 fn reopen(store: &Arc<MemStore>, fs: FileSystem) -> FileSystem {
     fs.unmount().unwrap();
     FileSystem::open(store.clone(), FsOptions::default()).unwrap()
@@ -42,18 +33,6 @@ fn mkfile(fs: &FileSystem, parent: u64, name: &str) -> u64 {
     fs.mknod(&root(), parent, n(name), 0o100644, 0, 0)
         .unwrap()
         .ino
-}
-
-fn names(fs: &FileSystem, dir: u64) -> Vec<String> {
-    let mut v: Vec<String> = fs
-        .readdir(dir, 0, usize::MAX)
-        .unwrap()
-        .into_iter()
-        .map(|e| String::from_utf8(e.name).unwrap())
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]

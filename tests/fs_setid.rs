@@ -5,18 +5,14 @@
 //! or they are not in its group; root takes nothing (fstests generic/683,
 //! 684 and 673).
 
-use std::ffi::OsStr;
-use std::sync::Arc;
+mod common;
 
-use raidfs::fs::store::MemStore;
+use std::ffi::OsStr;
+
 use raidfs::fs::*;
 
-const MIB: u64 = 1 << 20;
-
 fn fresh() -> FileSystem {
-    let store = Arc::new(MemStore::new(3, 8 * MIB, 64 << 10));
-    FileSystem::format(store.clone()).expect("format");
-    FileSystem::open(store, FsOptions::default()).expect("open")
+    common::fs::fresh(3).1
 }
 
 fn user(uid: u32, gid: u32) -> Caller {

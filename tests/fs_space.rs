@@ -3,21 +3,17 @@
 //! them with poison, so a live block discarded by mistake shows), and the
 //! statfs figures follow.
 
+mod common;
+
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use raidfs::fs::store::{BlockStore, MemStore};
+use common::fs::fresh;
+use raidfs::fs::store::BlockStore;
 use raidfs::fs::*;
 
 const MIB: u64 = 1 << 20;
 const STRIPE: u64 = 64 << 10;
-
-fn fresh(groups: u32) -> (Arc<MemStore>, FileSystem) {
-    let store = Arc::new(MemStore::new(groups, 8 * MIB, STRIPE));
-    FileSystem::format(store.clone()).expect("format");
-    let fs = FileSystem::open(store.clone(), FsOptions::default()).expect("open");
-    (store, fs)
-}
 
 fn mkfile(fs: &FileSystem, name: &str) -> u64 {
     fs.mknod(&Caller::root(), ROOT_INO, OsStr::new(name), 0o100644, 0, 0)

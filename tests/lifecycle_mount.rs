@@ -76,13 +76,7 @@ impl Mounted {
     /// SIGKILL the daemon and wait until all of it is gone (its members
     /// are free to assemble again); its pid.
     fn kill_daemon(&self) -> i32 {
-        let record = raidfs::cli::mount::registry::read(&self.mnt)
-            .expect("registry")
-            .expect("daemon record");
-        // SAFETY: kill with the pid of the daemon this test started.
-        assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-        assert!(record.wait_for_exit(Duration::from_secs(30)));
-        record.pid as i32
+        common::kill_daemon(&self.mnt, Duration::from_secs(30)).pid as i32
     }
 
     fn detail(&self) -> serde_json::Value {

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::fuse_available;
+use common::{fuse_available, set_xattr};
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -40,34 +40,9 @@ fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("path")
 }
 
-fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
-    let (p, n) = (cstr(path), CString::new(name).expect("name"));
-    // SAFETY: valid NUL-terminated strings and a buffer of the length given.
-    let rc = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
+/// The value of `name` on `path`, if it has one.
 fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
-    let (p, n) = (cstr(path), CString::new(name).expect("name"));
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: the buffer is valid for its length.
-    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (rc >= 0).then(|| {
-        buf.truncate(rc as usize);
-        buf
-    })
+    common::get_xattr(path, name).ok()
 }
 
 fn mode(path: &Path) -> u32 {

@@ -7,20 +7,13 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
-use common::{fuse_available, DaemonGuard};
+use common::cli::{raidfs, stderr};
+use common::{fuse_available, kill_daemon, DaemonGuard};
 use raidfs::cli::mount::{daemon_pid, registry};
 use raidfs::fuse::mounts;
-
-fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run raidfs")
-}
 
 fn ok(out: &Output) -> bool {
     if !out.status.success() {
@@ -31,10 +24,6 @@ fn ok(out: &Output) -> bool {
         );
     }
     out.status.success()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A RAID5 array of three 64 MiB sparse images in a temporary directory.
@@ -195,10 +184,7 @@ fn remount_after_the_daemon_is_killed() {
     f.sync_all().unwrap();
     drop(f);
 
-    let record = registry::read(&mnt).unwrap().expect("daemon record");
-    // SAFETY: the pid is the daemon this test started.
-    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-    assert!(record.wait_for_exit(Duration::from_secs(10)));
+    kill_daemon(&mnt, Duration::from_secs(10));
     // The dead mount fails every access until it is cleared.
     let dead = fs::read(mnt.join("durable")).map_err(|e| e.raw_os_error());
     assert!(
@@ -301,10 +287,7 @@ fn auto_unmount_clears_the_mount_of_a_killed_daemon() {
         setup.dir.path(),
     );
     assert!(ok(&out));
-    let record = registry::read(&mnt).unwrap().expect("daemon record");
-    // SAFETY: the pid is the daemon this test started.
-    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-    assert!(record.wait_for_exit(Duration::from_secs(10)));
+    let record = kill_daemon(&mnt, Duration::from_secs(10));
     // The watcher detaches the dead mount, then exits.
     let watcher_pid = record.watcher.expect("watcher recorded");
     let watcher = registry::DaemonRecord {

@@ -14,8 +14,8 @@ use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::cli::raidfs_ok;
-use common::{detach, fuse_available, mount_mem, shared_mount, DaemonGuard};
+use common::cli::Mirror;
+use common::{detach, fuse_available, kill_daemon, mount_mem, shared_mount, DaemonGuard};
 use raidfs::fuse::MountConfig;
 
 const MIB: usize = 1 << 20;
@@ -506,54 +506,36 @@ fn overlayfs_takes_a_raidfs_upper_layer() {
     drop(overlay);
 }
 
-/// Two member images in a temporary directory and a `raidfs mount` of them
-/// (through the binary, logging to `daemon.log` there).
+/// A [`Mirror`] of member images and a `raidfs mount` of it (through the
+/// binary).
 struct Daemon {
-    dir: tempfile::TempDir,
-    mnt: PathBuf,
+    mirror: Mirror,
     _guard: DaemonGuard,
 }
 
 impl Daemon {
     fn start() -> Daemon {
-        let dir = tempfile::tempdir().expect("temp dir");
-        raidfs_ok(&["create", "-l", "1", "-s", "64M", "m0", "m1"], dir.path());
-        let mnt = dir.path().join("mnt");
-        fs::create_dir(&mnt).expect("mount point");
-        let mnt = mnt.canonicalize().expect("mount point path");
+        let mirror = Mirror::create();
         let daemon = Daemon {
-            _guard: DaemonGuard::new(&mnt),
-            dir,
-            mnt,
+            _guard: DaemonGuard::new(&mirror.mnt),
+            mirror,
         };
         daemon.mount();
         daemon
     }
 
     fn mount(&self) {
-        let log = format!("log={}", self.dir.path().join("daemon.log").display());
-        let args = [
-            OsStr::new("mount"),
-            OsStr::new("-o"),
-            OsStr::new(&log),
-            OsStr::new("m0"),
-            OsStr::new("m1"),
-            self.mnt.as_os_str(),
-        ];
-        raidfs_ok(&args, self.dir.path());
+        common::cli::check(self.mirror.mount_with(""), "raidfs mount");
     }
 
     fn umount(&self) {
-        raidfs_ok(
-            &[OsStr::new("umount"), self.mnt.as_os_str()],
-            self.dir.path(),
-        );
+        self.mirror.umount();
     }
 
     /// The daemon log's warnings and errors.
     fn complaints(&self) -> Vec<String> {
-        fs::read_to_string(self.dir.path().join("daemon.log"))
-            .expect("daemon log")
+        self.mirror
+            .log()
             .lines()
             .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
             .map(str::to_string)
@@ -567,7 +549,7 @@ fn overlayfs_copy_ups_leave_the_daemon_log_clean() {
         return;
     }
     let daemon = Daemon::start();
-    let root = &daemon.mnt;
+    let root = &daemon.mirror.mnt;
     for d in ["lower/etc", "upper", "work", "merged"] {
         fs::create_dir_all(root.join(d)).expect("mkdir");
     }
@@ -604,23 +586,13 @@ fn overlayfs_copy_ups_leave_the_daemon_log_clean() {
     assert_eq!(daemon.complaints(), Vec::<String>::new());
 }
 
-/// SIGKILL the `raidfs mount` daemon serving `mnt` and wait until it is gone.
-fn kill_daemon(mnt: &Path) {
-    let record = raidfs::cli::mount::registry::read(mnt)
-        .expect("registry")
-        .expect("daemon record");
-    // SAFETY: kill with the pid of the daemon this test started.
-    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-    assert!(record.wait_for_exit(Duration::from_secs(30)));
-}
-
 #[test]
 fn a_tmpfile_open_when_the_daemon_is_killed_leaks_no_space() {
     if !fuse_available() {
         return;
     }
     let daemon = Daemon::start();
-    let mnt = daemon.mnt.clone();
+    let mnt = daemon.mirror.mnt.clone();
     let baseline = free_blocks(&mnt);
     let mut t = tmpfile(&mnt, 0, 0o600).expect("O_TMPFILE");
     t.write_all(&vec![5u8; 8 * MIB]).expect("write");
@@ -629,7 +601,7 @@ fn a_tmpfile_open_when_the_daemon_is_killed_leaks_no_space() {
     let used = free_blocks(&mnt);
     assert!(used + 2000 <= baseline, "{used} of {baseline}");
 
-    kill_daemon(&mnt);
+    kill_daemon(&mnt, Duration::from_secs(30));
     detach(&mnt);
     drop(t);
     daemon.mount();

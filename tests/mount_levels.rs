@@ -7,36 +7,16 @@
 
 mod common;
 
-use common::{fuse_available, DaemonGuard};
-use raidfs::cli::mount::registry;
+use common::cli::{check, raidfs};
+use common::{fuse_available, get_xattr, set_xattr, DaemonGuard};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::ffi::CString;
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
-
-fn raidfs(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidfs"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run raidfs")
-}
-
-fn check(out: Output, what: &str) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed:\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 struct Array {
     dir: tempfile::TempDir,
@@ -101,39 +81,11 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn setxattr(path: &Path, name: &str, value: &[u8]) {
-    let p = CString::new(path.as_os_str().as_bytes()).expect("path");
-    let n = CString::new(name).expect("name");
-    // SAFETY: valid NUL-terminated strings and a live buffer.
-    let rc = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "setxattr {name}: {}",
-        std::io::Error::last_os_error()
-    );
+    set_xattr(path, name, value).unwrap_or_else(|e| panic!("setxattr {name}: {e}"));
 }
 
 fn getxattr(path: &Path, name: &str) -> Vec<u8> {
-    let p = CString::new(path.as_os_str().as_bytes()).expect("path");
-    let n = CString::new(name).expect("name");
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid NUL-terminated strings and a live buffer of the given size.
-    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(
-        rc >= 0,
-        "getxattr {name}: {}",
-        std::io::Error::last_os_error()
-    );
-    buf.truncate(rc as usize);
-    buf
+    get_xattr(path, name).unwrap_or_else(|e| panic!("getxattr {name}: {e}"))
 }
 
 /// Write the test tree; `big` is the size of the one large file.
@@ -456,12 +408,7 @@ fn write_fsync_and_kill(array: &Array, name: &str, data: &[u8]) {
 
 /// `kill -9` the array's daemon and wait for it to exit.
 fn kill_daemon(array: &Array) {
-    let record = registry::read(&array.mnt())
-        .expect("registry")
-        .expect("daemon record");
-    // SAFETY: the pid is the daemon this test started.
-    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-    assert!(record.wait_for_exit(Duration::from_secs(20)));
+    common::kill_daemon(&array.mnt(), Duration::from_secs(20));
 }
 
 #[test]

@@ -13,43 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::cli::{raidfs, raidfs_ok, stderr, stdout};
-use common::{fuse_available, pattern, DaemonGuard};
+use common::cli::{raidfs, raidfs_ok, stderr, stdout, Mirror};
+use common::{fuse_available, kill_daemon, pattern, DaemonGuard};
 
-/// A two-way mirror of image files in a temporary directory.
-struct Array {
-    dir: tempfile::TempDir,
-    mnt: PathBuf,
-}
+/// The mirror the tests mount (`Array::create()`).
+type Array = Mirror;
 
-impl Array {
-    fn create() -> Array {
-        let dir = tempfile::tempdir().expect("temp dir");
-        raidfs_ok(&["create", "-l", "1", "-s", "64M", "m0", "m1"], dir.path());
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mount point");
-        let mnt = mnt.canonicalize().expect("mount point path");
-        Array { dir, mnt }
-    }
-
-    fn mount_with(&self, options: &str) -> Output {
-        let log = format!(
-            "log={},{options}",
-            self.dir.path().join("daemon.log").display()
-        );
-        raidfs(
-            &[
-                OsStr::new("mount"),
-                OsStr::new("-o"),
-                OsStr::new(&log),
-                OsStr::new("m0"),
-                OsStr::new("m1"),
-                self.mnt.as_os_str(),
-            ],
-            self.dir.path(),
-        )
-    }
-
+impl Mirror {
     fn mount(&self, options: &str) -> DaemonGuard {
         let out = self.mount_with(options);
         assert!(
@@ -68,23 +38,7 @@ impl Array {
     /// SIGKILL the daemon and wait until it is gone: nothing it held in
     /// memory reaches the members.
     fn kill_daemon(&self) {
-        let record = raidfs::cli::mount::registry::read(&self.mnt)
-            .expect("registry")
-            .expect("daemon record");
-        // SAFETY: kill with the pid of the daemon this test started.
-        assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
-        assert!(record.wait_for_exit(Duration::from_secs(30)));
-    }
-
-    fn umount(&self) {
-        raidfs_ok(
-            &[OsStr::new("umount"), self.mnt.as_os_str()],
-            self.dir.path(),
-        );
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).expect("daemon log")
+        kill_daemon(&self.mnt, Duration::from_secs(30));
     }
 }
 

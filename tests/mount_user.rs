@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::cli::{raidfs_ok, stderr, stdout};
+use common::cli::{check, raidfs_ok, stderr, stdout};
 use common::{detach, fuse_available};
 use raidfs::cli::mount::{places, registry};
 use raidfs::fuse::mounts;
@@ -110,14 +110,7 @@ fn raidfs_as(dirs: &UserDirs, session: Session, args: &[&str]) -> Output {
 
 /// Require success; returns stdout.
 fn succeeded(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({})\nstdout: {}\nstderr: {}",
-        out.status,
-        stdout(&out),
-        stderr(&out)
-    );
-    stdout(&out)
+    stdout(&check(out, what))
 }
 
 /// True when the user can run the tests at all: FUSE as root, and an

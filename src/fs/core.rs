@@ -533,7 +533,7 @@ pub fn spawn_committer(
 #[cfg(test)]
 mod tests {
     use super::super::layout::{read_header, write_header, FsHeader, OLDEST_VERSION, VERSION};
-    use super::super::store::MemStore;
+    use super::super::teststore::MemStore;
     use super::*;
 
     fn with_version(store: &MemStore, header: &FsHeader, version: u32) {

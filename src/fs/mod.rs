@@ -3,7 +3,8 @@
 //! No FUSE types here: the FUSE adapter (`crate::fuse`) translates requests
 //! into calls on [`FileSystem`], which can therefore be tested directly.
 //! Storage is reached only through [`BlockStore`], implemented by the array
-//! engine and by [`store::MemStore`] for tests.
+//! engine and, for tests (the `testing` feature), by the stores in
+//! `teststore`.
 
 pub mod acl;
 mod alloc;
@@ -26,6 +27,7 @@ mod replay;
 mod scrub;
 mod state;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
 pub mod teststore;
 pub mod upgrade;
 

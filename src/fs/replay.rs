@@ -158,8 +158,8 @@ mod tests {
     use super::super::core::{format, load, metadata_group, Inner, VERIFIED_COMMIT_MAX};
     use super::super::extent::Extent;
     use super::super::layout::{read_header, write_header, FsHeader};
-    use super::super::store::{group_addr, GroupKind, MemStore};
-    use super::super::teststore::MirrorStore;
+    use super::super::store::{group_addr, GroupKind};
+    use super::super::teststore::{MemStore, MirrorStore};
     use super::*;
 
     const KIND: ChecksumKind = ChecksumKind::Crc32c;

@@ -1,9 +1,8 @@
 //! What the filesystem needs from storage: a five-method backend trait over
-//! the array's logical space, plus an in-memory implementation for tests.
+//! the array's logical space. The array implements it ([`super::ArrayStore`]);
+//! tests use the in-memory stores of `teststore` (the `testing` feature).
 //!
 //! Logical addresses are `(group << GROUP_SHIFT) | offset_in_group`.
-
-use parking_lot::Mutex;
 
 /// Bits of a logical address that hold the offset within a group.
 pub const GROUP_SHIFT: u32 = 40;
@@ -111,131 +110,5 @@ pub trait BlockStore: Send + Sync {
     /// version of a block is right. Stores that repair nothing ignore it.
     fn set_content_judge(&self, judge: std::sync::Weak<dyn crate::array::ContentJudge>) {
         let _ = judge;
-    }
-}
-
-/// An in-memory store with a fixed number of groups, for tests.
-pub struct MemStore {
-    group_capacity: u64,
-    stripe_bytes: u64,
-    total_groups: u32,
-    state: Mutex<MemState>,
-}
-
-struct MemState {
-    groups: Vec<(GroupInfo, Vec<u8>)>,
-    discarded: u64,
-}
-
-/// What [`MemStore`] fills discarded bytes with: not zeros, so that a
-/// filesystem that reads a block it freed, or discards a block still in
-/// use, sees the damage.
-pub const DISCARD_POISON: u8 = 0xdb;
-
-impl MemStore {
-    pub fn new(total_groups: u32, group_capacity: u64, stripe_bytes: u64) -> MemStore {
-        MemStore {
-            group_capacity,
-            stripe_bytes,
-            total_groups,
-            state: Mutex::new(MemState {
-                groups: Vec::new(),
-                discarded: 0,
-            }),
-        }
-    }
-
-    /// Bytes discarded so far.
-    pub fn discarded_bytes(&self) -> u64 {
-        self.state.lock().discarded
-    }
-
-    fn locate(addr: u64) -> (usize, usize) {
-        (
-            (addr >> GROUP_SHIFT) as usize,
-            (addr & ((1u64 << GROUP_SHIFT) - 1)) as usize,
-        )
-    }
-}
-
-impl BlockStore for MemStore {
-    fn read(
-        &self,
-        addr: u64,
-        buf: &mut [u8],
-        verify: Option<Verify<'_>>,
-    ) -> Result<(), StoreError> {
-        let (g, off) = Self::locate(addr);
-        let st = self.state.lock();
-        let (_, bytes) = st.groups.get(g).ok_or(StoreError::OutOfRange(addr))?;
-        let src = bytes
-            .get(off..off + buf.len())
-            .ok_or(StoreError::OutOfRange(addr))?;
-        buf.copy_from_slice(src);
-        match verify {
-            Some(ok) if !ok(buf) => Err(StoreError::Unrecoverable(addr)),
-            _ => Ok(()),
-        }
-    }
-
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
-        let (g, off) = Self::locate(addr);
-        let mut st = self.state.lock();
-        let (_, bytes) = st.groups.get_mut(g).ok_or(StoreError::OutOfRange(addr))?;
-        let dst = bytes
-            .get_mut(off..off + data.len())
-            .ok_or(StoreError::OutOfRange(addr))?;
-        dst.copy_from_slice(data);
-        Ok(())
-    }
-
-    fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    fn discard(&self, addr: u64, len: u64) -> Result<u64, StoreError> {
-        let (g, off) = Self::locate(addr);
-        let mut st = self.state.lock();
-        let (_, bytes) = st.groups.get_mut(g).ok_or(StoreError::OutOfRange(addr))?;
-        let n = usize::try_from(len).map_err(|_| StoreError::OutOfRange(addr))?;
-        bytes
-            .get_mut(off..off + n)
-            .ok_or(StoreError::OutOfRange(addr))?
-            .fill(DISCARD_POISON);
-        st.discarded += len;
-        Ok(len)
-    }
-
-    fn groups(&self) -> Vec<GroupInfo> {
-        self.state
-            .lock()
-            .groups
-            .iter()
-            .map(|(info, _)| *info)
-            .collect()
-    }
-
-    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
-        let mut st = self.state.lock();
-        if st.groups.len() as u32 >= self.total_groups {
-            return Err(StoreError::NoSpace);
-        }
-        let info = GroupInfo {
-            index: st.groups.len() as u32,
-            kind,
-            capacity: self.group_capacity,
-            stripe_bytes: self.stripe_bytes,
-        };
-        st.groups
-            .push((info, vec![0u8; self.group_capacity as usize]));
-        Ok(info)
-    }
-
-    fn free_groups(&self) -> (u64, u64) {
-        let st = self.state.lock();
-        (
-            (self.total_groups as u64).saturating_sub(st.groups.len() as u64),
-            self.group_capacity,
-        )
     }
 }

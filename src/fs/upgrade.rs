@@ -81,7 +81,7 @@ mod tests {
     use super::*;
     use crate::fs::core::{format, Inner};
     use crate::fs::layout::OLDEST_VERSION;
-    use crate::fs::store::MemStore;
+    use crate::fs::teststore::MemStore;
     use crate::fs::{Caller, ChecksumKind};
     use std::ffi::OsStr;
 

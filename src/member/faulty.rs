@@ -11,7 +11,8 @@
 //! can rebuild what a power cut would leave on the platter: exactly the synced
 //! data, or with [`FaultyMember::crash_image_random`] the synced data plus a
 //! seeded random subset of the later writes, each possibly torn at 512-byte
-//! sector granularity.
+//! sector granularity. The filesystem's `CrashStore` keeps its groups on a
+//! `FaultyMember`, so this is the one place that decides what a crash keeps.
 
 use super::memory::MemoryMember;
 use super::Member;

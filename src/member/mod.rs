@@ -2,12 +2,16 @@
 //!
 //! Everything above this layer sees a member only through [`Member`]: positional
 //! reads and writes, a durability barrier, and a length. Implementations:
-//! [`file::FileMember`] (image files and block devices), [`memory::MemoryMember`]
-//! (tests), [`faulty::FaultyMember`] (fault and crash injection for tests),
-//! [`simulated::SimulatedDisk`] (a spinning disk's timing, for balancing benchmarks).
+//! [`file::FileMember`] (image files and block devices) and
+//! [`simulated::SimulatedDisk`] (a spinning disk's timing, for `raidfs bench
+//! balance`). The test doubles, `memory::MemoryMember` and
+//! `faulty::FaultyMember` (fault and crash injection), are built only for
+//! tests and with the `testing` feature, so the product does not carry them.
 
+#[cfg(any(test, feature = "testing"))]
 pub mod faulty;
 pub mod file;
+#[cfg(any(test, feature = "testing"))]
 pub mod memory;
 pub mod simulated;
 mod write_behind;

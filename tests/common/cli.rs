@@ -31,22 +31,75 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Run `raidfs ARGS` and require success; returns stdout.
-pub fn raidfs_ok<S: AsRef<OsStr>>(args: &[S], cwd: &Path) -> String {
-    let out = raidfs(args, cwd);
-    let shown: Vec<String> = args
-        .iter()
-        .map(|a| a.as_ref().to_string_lossy().into_owned())
-        .collect();
+/// Require that `out`, the output of `what`, is a success (showing what
+/// it printed when not); returns it.
+pub fn check(out: Output, what: &str) -> Output {
     assert!(
         out.status.success(),
-        "raidfs {} failed ({})\nstdout: {}\nstderr: {}",
-        shown.join(" "),
+        "{what} failed ({})\nstdout: {}\nstderr: {}",
         out.status,
         stdout(&out),
         stderr(&out)
     );
+    out
+}
+
+/// Run `raidfs ARGS` and require success; returns stdout.
+pub fn raidfs_ok<S: AsRef<OsStr>>(args: &[S], cwd: &Path) -> String {
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    let out = check(raidfs(args, cwd), &format!("raidfs {}", shown.join(" ")));
     stdout(&out)
+}
+
+/// A two-way mirror of 64 MiB image files `m0` and `m1` in a temporary
+/// directory, with a mount point `mnt` there; its daemons log to
+/// `daemon.log` beside the images.
+pub struct Mirror {
+    pub dir: tempfile::TempDir,
+    pub mnt: PathBuf,
+}
+
+impl Mirror {
+    pub fn create() -> Mirror {
+        let dir = tempfile::tempdir().expect("temp dir");
+        raidfs_ok(&["create", "-l", "1", "-s", "64M", "m0", "m1"], dir.path());
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).expect("mount point");
+        let mnt = mnt.canonicalize().expect("mount point path");
+        Mirror { dir, mnt }
+    }
+
+    /// `raidfs mount -o log=daemon.log[,OPTIONS] m0 m1 mnt`.
+    pub fn mount_with(&self, options: &str) -> Output {
+        let mut all = format!("log={}", self.dir.path().join("daemon.log").display());
+        if !options.is_empty() {
+            all = format!("{all},{options}");
+        }
+        let args = [
+            OsStr::new("mount"),
+            OsStr::new("-o"),
+            OsStr::new(&all),
+            OsStr::new("m0"),
+            OsStr::new("m1"),
+            self.mnt.as_os_str(),
+        ];
+        raidfs(&args, self.dir.path())
+    }
+
+    pub fn umount(&self) {
+        raidfs_ok(
+            &[OsStr::new("umount"), self.mnt.as_os_str()],
+            self.dir.path(),
+        );
+    }
+
+    /// What the daemons logged.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("daemon.log")).expect("daemon log")
+    }
 }
 
 /// `raidfs detail --json MOUNT_POINT`.

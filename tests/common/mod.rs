@@ -5,14 +5,18 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod fs;
 pub mod members;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use raidfs::fs::{store::MemStore, FileSystem, FsOptions};
+use raidfs::cli::mount::registry::{self, DaemonRecord};
+use raidfs::fs::teststore::MemStore;
+use raidfs::fs::{FileSystem, FsOptions};
 use raidfs::fuse::{self, MountConfig, MountHandle};
 
 /// True when this machine can run FUSE mounts (root and /dev/fuse); the
@@ -142,6 +146,57 @@ impl Drop for DaemonGuard {
             }
         }
     }
+}
+
+/// SIGKILL the `raidfs mount` daemon serving `mount_point` and require that
+/// it is gone within `within`; returns its record (pid, watcher).
+pub fn kill_daemon(mount_point: &Path, within: Duration) -> DaemonRecord {
+    let record = registry::read(mount_point)
+        .expect("registry")
+        .expect("daemon record");
+    // SAFETY: kill with the pid of a daemon the test started.
+    assert_eq!(unsafe { libc::kill(record.pid as i32, libc::SIGKILL) }, 0);
+    assert!(
+        record.wait_for_exit(within),
+        "daemon {} still running {within:?} after SIGKILL",
+        record.pid
+    );
+    record
+}
+
+/// setxattr(2): set extended attribute `name` of `path` to `value`.
+pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let p = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    let n = CString::new(name).expect("name without NUL");
+    // SAFETY: valid NUL-terminated strings and a buffer of the length given.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// getxattr(2): the value (up to 4 KiB) of extended attribute `name` of `path`.
+pub fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let p = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    let n = CString::new(name).expect("name without NUL");
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid NUL-terminated strings and a buffer valid for its length.
+    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(rc as usize);
+    Ok(buf)
 }
 
 /// `len` bytes that differ with `seed` and along the buffer, so a block

@@ -360,3 +360,56 @@ fn an_older_format_mounts_and_is_upgraded_in_place() {
     );
     assert_eq!(setup.member_state(), "clean");
 }
+
+/// A daemon keeps none of the descriptors of the process that ran `raidfs
+/// mount`: a file open on another mount at that moment must not keep that
+/// mount busy once its owner closes it.
+#[test]
+fn a_file_open_when_mounting_does_not_pin_another_mount() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    if !fuse_available() {
+        return;
+    }
+    let first = Setup::new();
+    let first_mnt = first.mount_dir("mnt");
+    let _first_guard = DaemonGuard::new(&first_mnt);
+    assert!(ok(&first.mount("mnt")));
+    let held = fs::File::create(first_mnt.join("held")).unwrap();
+    let fd = held.as_raw_fd();
+
+    let second = Setup::new();
+    let second_mnt = second.mount_dir("mnt");
+    let _second_guard = DaemonGuard::new(&second_mnt);
+    let mut mount = std::process::Command::new(env!("CARGO_BIN_EXE_raidfs"));
+    mount
+        .args(["mount", "-o"])
+        .arg(format!("log={}", second.path("daemon.log").display()))
+        .args(["m0", "m1", "m2", "mnt"])
+        .current_dir(second.dir.path());
+    // SAFETY: fcntl on a descriptor number, in the child between fork and
+    // exec; only this child inherits the file, as a shell's would.
+    unsafe {
+        mount.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    assert!(ok(&mount.output().unwrap()));
+    let daemon = daemon_pid(&second_mnt).expect("the second daemon is recorded");
+    let held_path = first_mnt.join("held");
+    let pinned: Vec<PathBuf> = fs::read_dir(format!("/proc/{daemon}/fd"))
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target == &held_path)
+        .collect();
+    assert!(pinned.is_empty(), "the daemon holds {pinned:?}");
+
+    drop(held);
+    // A plain (not lazy) unmount: busy if anything still holds the file.
+    assert!(ok(&first.umount("mnt")));
+    assert!(!is_mounted(&first_mnt));
+    assert!(ok(&second.umount("mnt")));
+}

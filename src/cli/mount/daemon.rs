@@ -108,6 +108,13 @@ fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
 }
 
 fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
+    // The daemon lives as long as the mount, so a descriptor it inherited
+    // from whoever ran `raidfs mount` (a shell's `exec 3>/mnt/other/f`, a
+    // script's lock file) would stay open that long: a file on another
+    // mount would keep that mount busy, a lock would stay held. Forked
+    // without an exec, the daemon must drop them itself (close-on-exec
+    // never fires); it keeps only its report pipe and stdio.
+    close_inherited_fds(write_end.as_raw_fd());
     // Shared by the report and the notice sink: notices reach the waiting
     // `raidfs mount` until the report closes the pipe, then only the log.
     let pipe = Arc::new(Mutex::new(Some(std::fs::File::from(write_end))));
@@ -522,6 +529,26 @@ fn open_fd(path: &Path, flags: i32) -> Result<OwnedFd, String> {
     }
     // SAFETY: fd was just opened and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Close every descriptor above stdio except `keep`. Runs in the forked
+/// daemon before any thread exists, so no descriptor is opened meanwhile.
+fn close_inherited_fds(keep: i32) {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        // Without /proc the daemon keeps what it inherited, as before.
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    // The directory's own descriptor is among them and closed by now; a
+    // second close of it fails harmlessly with EBADF.
+    for fd in fds.into_iter().filter(|&fd| fd > 2 && fd != keep) {
+        // SAFETY: closing a descriptor number this process owns; nothing in
+        // this single-threaded process holds it as an OwnedFd (the report
+        // pipe, the only one, is `keep`).
+        unsafe { libc::close(fd) };
+    }
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {

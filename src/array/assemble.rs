@@ -2,8 +2,8 @@
 //! older members are stale, a dirty and degraded parity array needs force,
 //! and too few members is a clear error.
 
+use super::personality::Personality;
 use super::{data_geometry, geometry_survives, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
-use crate::geometry::Level;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
 use crate::parity::Parity;
@@ -316,13 +316,19 @@ pub fn assemble(
                 other.name()
             )));
         }
-        let s = Slot::new(Some(f.member), f.name, f.sb.member_uuid);
-        if reference.slots[slot] == SlotState::Rebuilding {
-            // Resume from the checkpointed position; only what lies below it is valid.
-            s.valid_below
-                .store(f.sb.recovery_offset, std::sync::atomic::Ordering::Release);
-        }
-        slots[slot] = Some(s);
+        // A rebuilding slot resumes from its checkpointed position; only
+        // what lies below it is valid.
+        let valid_below = if reference.slots[slot] == SlotState::Rebuilding {
+            f.sb.recovery_offset
+        } else {
+            u64::MAX
+        };
+        slots[slot] = Some(Slot::new(
+            Some(f.member),
+            f.name,
+            f.sb.member_uuid,
+            valid_below,
+        ));
     }
     // Stale members whose slot nobody holds come back after the start; a
     // stale member whose slot another member holds was replaced.
@@ -348,18 +354,20 @@ pub fn assemble(
                     reference.slots[i] = SlotState::Missing;
                     changed = true;
                 }
-                Slot::new(None, format!("missing (slot {i})"), Uuid::nil())
+                Slot::new(None, format!("missing (slot {i})"), Uuid::nil(), u64::MAX)
             })
         })
         .collect();
 
     let present = slots.iter().filter(|s| s.member().is_some()).count();
     let degraded = present < total;
-    let ppl = reference.features & super::FEATURE_PPL != 0 && reference.level == Level::Raid5;
+    let personality = Personality::of(reference.level);
+    let ppl =
+        reference.features & super::FEATURE_PPL != 0 && personality.keeps_partial_parity_log();
     // With a partial parity log the write hole is closed at assembly below.
     if degraded
         && reference.state == ArrayState::Dirty
-        && matches!(reference.level, Level::Raid5 | Level::Raid6)
+        && personality.has_write_hole()
         && !opts.force
         && !ppl
     {

@@ -213,7 +213,11 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         status.events,
         status.state
     );
-    for m in status.members.iter().filter(|m| m.state != "active") {
+    for m in status
+        .members
+        .iter()
+        .filter(|m| m.state != crate::array::MemberState::Active)
+    {
         warn!(
             "array is degraded: slot {} ({}) is {}",
             m.slot, m.name, m.state

@@ -1,7 +1,8 @@
 //! Member changes on a running array: add (rebuild or hot spare), remove,
 //! replace (the old member serves until the new one is complete), and the
 //! background work they start: recovery, replacement and scrub (check /
-//! repair), with progress, speed limits and checkpoints.
+//! repair), with progress, speed limits and checkpoints. The slot state
+//! they change is `slot`'s; this module decides when.
 //!
 //! Background work walks allocated groups only, in member-offset order, in
 //! large steps under the stripe locks, so foreground writes to the same

@@ -6,6 +6,11 @@
 //! `[data_offset + g * group_size, +group_size)` on every member; its profile
 //! (recorded in every superblock) picks the geometry: metadata groups are
 //! mirrored on up to three members, data groups use the array's level.
+//!
+//! What differs by level lives in `personality` (RAID0, mirror, parity),
+//! chosen once per geometry and carried in every [`Region`]; the rest of the
+//! engine is level-blind. Slot state and its transitions are owned by
+//! `slot`; `state` writes the superblocks and reports the array.
 
 mod assemble;
 pub mod balance;

@@ -1,5 +1,6 @@
-//! Array state kept in the superblocks: event counter, clean/dirty, slot
-//! states, the group table; member failure; and the status report.
+//! Array state kept in the superblocks: writing them, clean/dirty, the
+//! group table; member failure; and the status report. Slot states and the
+//! event count change through `slot`.
 
 use super::{Array, ArrayError, ArrayResult, MemberState};
 use crate::superblock::{ArrayState, GroupProfile, Superblock};

@@ -114,12 +114,14 @@ fn os_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Assemble from paths, opening them as `policy` says.
+/// Assemble from paths, opening them as `policy` says. Returns the array
+/// and the members left out because they cannot be opened read-write
+/// (the caller tells the user; the array starts degraded without them).
 pub fn assemble_paths(
     paths: &[PathBuf],
     opts: AssembleOptions,
     policy: OpenPolicy,
-) -> ArrayResult<Array> {
+) -> ArrayResult<(Array, LeftOut)> {
     let (members, left_out) = open_members(paths, opts.read_only, policy)?;
     let named = || {
         left_out
@@ -135,14 +137,7 @@ pub fn assemble_paths(
         )));
     }
     match assemble(members, opts) {
-        Ok(array) => {
-            for (name, why) in &left_out {
-                crate::notice::tell(&format!(
-                    "{name} cannot be opened read-write ({why}); left out, the array starts degraded"
-                ));
-            }
-            Ok(array)
-        }
+        Ok(array) => Ok((array, left_out)),
         Err(e) if !left_out.is_empty() => Err(ArrayError::Refused(format!(
             "{e}; left out because they cannot be opened read-write: {}",
             named()

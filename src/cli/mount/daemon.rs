@@ -194,7 +194,10 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         leave_out_unwritable: !read_only,
     };
     let array = match assemble_paths(&plan.members, assemble_opts, policy) {
-        Ok(array) => Arc::new(array),
+        Ok((array, left_out)) => {
+            super::tell_left_out(&left_out);
+            Arc::new(array)
+        }
         Err(e) => {
             report(Err(format!("cannot assemble the array: {e}")));
             return 1;

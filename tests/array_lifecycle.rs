@@ -5,7 +5,7 @@ mod common;
 
 use common::members::handles;
 use raidfs::array::{
-    assemble, create, AddOutcome, Array, AssembleOptions, CreateSpec, GROUP_SHIFT,
+    assemble, create, AddOutcome, Array, AssembleOptions, CreateSpec, MemberState, GROUP_SHIFT,
 };
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
@@ -226,4 +226,36 @@ fn scrub_counts_and_repairs_parity_mismatches() {
     array.start_check(false).expect("check again");
     array.wait_background();
     assert_eq!(array.last_sync_result().expect("result").mismatches, 0);
+}
+
+/// Whether the array may lose a member is the engine's one rule, and the
+/// slot state a report shows follows every transition: RAID10 keeps its
+/// data with one member of each mirror set gone, never with both of one.
+#[test]
+fn raid10_may_lose_one_member_of_each_mirror_set() {
+    let ms = faulty(4, "r10");
+    let array = new_array(Level::Raid10, &ms);
+    let contents = fill(&array, 10);
+    let state = |slot| array.member_state(slot).expect("slot");
+    assert!(array.survives_losing(0));
+    array.fail(0).expect("fail");
+    assert_eq!(state(0), MemberState::Faulty);
+    assert_eq!(array.status().members[0].state, "faulty");
+    // Slots 0 and 1 hold the same chunks; 2 and 3 the others.
+    assert!(!array.survives_losing(1));
+    assert!(array.survives_losing(2));
+    assert!(array.survives_losing(3));
+    array.fail(2).expect("fail");
+    verify(&array, &contents);
+    assert!(!array.survives_losing(1));
+    assert!(!array.survives_losing(3));
+    let events = array.superblock().events;
+    array.remove("0").expect("remove");
+    assert_eq!(state(0), MemberState::Missing);
+    assert_eq!(array.superblock().events, events + 1);
+    let json = serde_json::to_value(array.status()).expect("json");
+    assert_eq!(json["members"][0]["state"], "missing");
+    assert_eq!(json["members"][2]["state"], "faulty");
+    assert_eq!(json["map"], "[_U_U]");
+    array.stop_background();
 }

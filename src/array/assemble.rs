@@ -2,8 +2,8 @@
 //! older members are stale, a dirty and degraded parity array needs force,
 //! and too few members is a clear error.
 
+use super::personality::Personality;
 use super::{data_geometry, geometry_survives, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
-use crate::geometry::Level;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
 use crate::parity::Parity;
@@ -114,12 +114,14 @@ fn os_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Assemble from paths, opening them as `policy` says.
+/// Assemble from paths, opening them as `policy` says. Returns the array
+/// and the members left out because they cannot be opened read-write
+/// (the caller tells the user; the array starts degraded without them).
 pub fn assemble_paths(
     paths: &[PathBuf],
     opts: AssembleOptions,
     policy: OpenPolicy,
-) -> ArrayResult<Array> {
+) -> ArrayResult<(Array, LeftOut)> {
     let (members, left_out) = open_members(paths, opts.read_only, policy)?;
     let named = || {
         left_out
@@ -135,14 +137,7 @@ pub fn assemble_paths(
         )));
     }
     match assemble(members, opts) {
-        Ok(array) => {
-            for (name, why) in &left_out {
-                crate::notice::tell(&format!(
-                    "{name} cannot be opened read-write ({why}); left out, the array starts degraded"
-                ));
-            }
-            Ok(array)
-        }
+        Ok(array) => Ok((array, left_out)),
         Err(e) if !left_out.is_empty() => Err(ArrayError::Refused(format!(
             "{e}; left out because they cannot be opened read-write: {}",
             named()
@@ -316,13 +311,19 @@ pub fn assemble(
                 other.name()
             )));
         }
-        let s = Slot::new(Some(f.member), f.name, f.sb.member_uuid);
-        if reference.slots[slot] == SlotState::Rebuilding {
-            // Resume from the checkpointed position; only what lies below it is valid.
-            s.valid_below
-                .store(f.sb.recovery_offset, std::sync::atomic::Ordering::Release);
-        }
-        slots[slot] = Some(s);
+        // A rebuilding slot resumes from its checkpointed position; only
+        // what lies below it is valid.
+        let valid_below = if reference.slots[slot] == SlotState::Rebuilding {
+            f.sb.recovery_offset
+        } else {
+            u64::MAX
+        };
+        slots[slot] = Some(Slot::new(
+            Some(f.member),
+            f.name,
+            f.sb.member_uuid,
+            valid_below,
+        ));
     }
     // Stale members whose slot nobody holds come back after the start; a
     // stale member whose slot another member holds was replaced.
@@ -348,18 +349,20 @@ pub fn assemble(
                     reference.slots[i] = SlotState::Missing;
                     changed = true;
                 }
-                Slot::new(None, format!("missing (slot {i})"), Uuid::nil())
+                Slot::new(None, format!("missing (slot {i})"), Uuid::nil(), u64::MAX)
             })
         })
         .collect();
 
     let present = slots.iter().filter(|s| s.member().is_some()).count();
     let degraded = present < total;
-    let ppl = reference.features & super::FEATURE_PPL != 0 && reference.level == Level::Raid5;
+    let personality = Personality::of(reference.level);
+    let ppl =
+        reference.features & super::FEATURE_PPL != 0 && personality.keeps_partial_parity_log();
     // With a partial parity log the write hole is closed at assembly below.
     if degraded
         && reference.state == ArrayState::Dirty
-        && matches!(reference.level, Level::Raid5 | Level::Raid6)
+        && personality.has_write_hole()
         && !opts.force
         && !ppl
     {

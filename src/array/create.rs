@@ -3,6 +3,7 @@
 //! takes back what it did (image files it made, blank members it wrote).
 
 use super::host_space::{shortfalls, Image};
+use super::personality::Personality;
 use super::state::now_secs;
 use super::{Array, ArrayError, ArrayResult, Slot};
 use crate::geometry::{Geometry, Layout, Level};
@@ -49,16 +50,11 @@ impl CreateSpec {
     /// Fewest members `create` accepts for the level: what gives the level
     /// its meaning (md needs --force below these too).
     pub fn min_members(&self) -> usize {
-        match self.level {
-            Level::Raid0 | Level::Raid1 => 2,
-            Level::Raid5 => 3,
-            Level::Raid6 => 4,
-            Level::Raid10 => self.copies.max(2),
-        }
+        Personality::of(self.level).min_members(self.copies)
     }
 
     fn geometry(&self, members: usize) -> ArrayResult<Geometry> {
-        if self.ppl && self.level != Level::Raid5 {
+        if self.ppl && !Personality::of(self.level).keeps_partial_parity_log() {
             return Err(ArrayError::Refused(
                 "the partial parity log (ppl) is for RAID5 only".into(),
             ));
@@ -70,16 +66,13 @@ impl CreateSpec {
                 self.min_members()
             )));
         }
-        let copies = match self.level {
-            Level::Raid1 => members,
-            Level::Raid10 => self.copies,
-            _ => 1,
-        };
+        // The geometry sets the copies the level implies (RAID1: every
+        // member; RAID0/5/6: one) and checks RAID10's.
         Ok(Geometry::new(
             self.level,
             members,
             self.chunk,
-            copies,
+            self.copies,
             self.layout,
         )?)
     }
@@ -158,7 +151,7 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
     };
     let slots = members
         .into_iter()
-        .map(|(member, name)| Slot::new(Some(member), name, Uuid::new_v4()))
+        .map(|(member, name)| Slot::new(Some(member), name, Uuid::new_v4(), u64::MAX))
         .collect();
     let array = Array::from_parts(slots, sb, Parity::global())?;
     array.write_superblocks()?;

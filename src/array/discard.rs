@@ -16,10 +16,10 @@
 //!   half way leaves a resync to make the stripes agree, and a member that
 //!   refuses part way marks the range suspect for the same resync.
 
-use super::io::{member_span, split};
+use super::io::{member_span, split, Piece};
+use super::personality::DiscardPlan;
 use super::worker::Op;
 use super::{Array, ArrayResult, Region};
-use crate::geometry::Level;
 
 /// Logical bytes discarded under one hold of the stripe locks.
 const BATCH: u64 = 64 << 20;
@@ -39,12 +39,7 @@ impl Array {
         if !self.may_discard() {
             return Ok(0);
         }
-        let g = region.geometry;
-        let unit = if has_parity(g.level) {
-            g.stripe_bytes()
-        } else {
-            1
-        };
+        let unit = region.personality.discard_unit(&region.geometry);
         let lo = offset.div_ceil(unit) * unit;
         let hi = (offset + len) / unit * unit;
         let batch = (BATCH / unit).max(1) * unit;
@@ -66,12 +61,7 @@ impl Array {
         let serving: Vec<usize> = (0..self.slots.len())
             .filter(|&s| !self.is_failed(s))
             .collect();
-        let whole = serving.iter().all(|&s| {
-            self.slots[s]
-                .valid_below
-                .load(std::sync::atomic::Ordering::Acquire)
-                == u64::MAX
-        });
+        let whole = serving.iter().all(|&s| self.slots[s].is_whole());
         let members = self.present_members();
         whole
             && serving
@@ -83,7 +73,6 @@ impl Array {
     /// parity levels) on every working member, under the stripe locks and
     /// the write-intent bitmap.
     fn discard_span(&self, region: &Region, offset: u64, len: u64) -> ArrayResult<()> {
-        let g = &region.geometry;
         let pieces = split(region, offset, len as usize);
         let (Some(first), Some(last)) = (pieces.first(), pieces.last()) else {
             return Ok(());
@@ -94,46 +83,11 @@ impl Array {
         self.write_out_cached((region.group, first)..=(region.group, last))?;
         self.write_back.wait_for(region.group, first, last);
         let _locks = self.locks.lock_all(region.group, first..=last);
-        let runs: Vec<(usize, u64, u64)> = if has_parity(g.level) {
-            // Stripe `s` sits at member offset `s * chunk` on every member.
-            (0..g.members)
-                .map(|m| {
-                    (
-                        m,
-                        region.base + first * g.chunk,
-                        (last - first + 1) * g.chunk,
-                    )
-                })
-                .collect()
-        } else {
-            let mut runs: Vec<(usize, u64, u64)> = Vec::new();
-            for p in &pieces {
-                for t in &p.map.targets {
-                    let at = region.base + t.offset;
-                    match runs
-                        .iter_mut()
-                        .rev()
-                        .find(|r| r.0 == t.member && r.1 + r.2 == at)
-                    {
-                        Some(run) => run.2 += p.len as u64,
-                        None => runs.push((t.member, at, p.len as u64)),
-                    }
-                }
-            }
-            runs
-        };
+        let (runs, (start, end)) = self.discard_plan(region, offset, len, &pieces, (first, last));
         let runs: Vec<_> = runs
             .into_iter()
             .filter(|&(slot, _, _)| !self.is_failed(slot))
             .collect();
-        let (start, end) = if has_parity(g.level) {
-            (
-                region.base + first * g.chunk,
-                region.base + (last + 1) * g.chunk,
-            )
-        } else {
-            member_span(region, offset, len as usize)
-        };
         self.with_intent(start, end, || {
             let jobs = runs
                 .iter()
@@ -168,6 +122,28 @@ impl Array {
     }
 }
 
-fn has_parity(level: Level) -> bool {
-    matches!(level, Level::Raid5 | Level::Raid6)
+/// The discard of the personalities without parity: every copy of every
+/// piece, merged where a member's pieces are contiguous, and the member
+/// span a write of the range would mark.
+pub(super) fn every_target_plan(
+    region: &Region,
+    offset: u64,
+    len: u64,
+    pieces: &[Piece],
+) -> DiscardPlan {
+    let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+    for p in pieces {
+        for t in &p.map.targets {
+            let at = region.base + t.offset;
+            match runs
+                .iter_mut()
+                .rev()
+                .find(|r| r.0 == t.member && r.1 + r.2 == at)
+            {
+                Some(run) => run.2 += p.len as u64,
+                None => runs.push((t.member, at, p.len as u64)),
+            }
+        }
+    }
+    (runs, member_span(region, offset, len as usize))
 }

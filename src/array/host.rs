@@ -310,7 +310,7 @@ impl Array {
         }
         if self.read_only {
             // Nothing is recorded on an array assembled read-only.
-            self.slots[slot].failed.store(true, Ordering::Release);
+            self.leave_out_slot(slot);
             log::error!(
                 "raidfs: member {} (slot {slot}) left out: {why}",
                 self.slots[slot].name()

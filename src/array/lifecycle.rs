@@ -1,7 +1,8 @@
 //! Member changes on a running array: add (rebuild or hot spare), remove,
 //! replace (the old member serves until the new one is complete), and the
 //! background work they start: recovery, replacement and scrub (check /
-//! repair), with progress, speed limits and checkpoints.
+//! repair), with progress, speed limits and checkpoints. The slot state
+//! they change is `slot`'s; this module decides when.
 //!
 //! Background work walks allocated groups only, in member-offset order, in
 //! large steps under the stripe locks, so foreground writes to the same
@@ -9,9 +10,9 @@
 //! `valid_below` says how far it is done: reads never use it above that
 //! point, writes always go to it.
 
-use super::{Array, ArrayError, ArrayResult, Slot, SlotDev};
+use super::{Array, ArrayError, ArrayResult, SlotDev};
 use crate::member::Member;
-use crate::superblock::{SlotState, Superblock, SPARE_SLOT};
+use crate::superblock::{Superblock, SPARE_SLOT};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -120,7 +121,6 @@ pub(crate) struct SyncState {
     /// Foreground requests so far; background work slows to the minimum
     /// speed while this moves.
     pub foreground: AtomicU64,
-    spares: Mutex<Vec<SlotDev>>,
     /// The member a running `replace` copies onto.
     pending_replacement: Mutex<Option<SlotDev>>,
     pub(crate) this: Mutex<Weak<Array>>,
@@ -143,7 +143,6 @@ impl Default for SyncState {
             speed_min: AtomicU64::new(50 << 20),
             speed_max: AtomicU64::new(0),
             foreground: AtomicU64::new(0),
-            spares: Mutex::new(Vec::new()),
             pending_replacement: Mutex::new(None),
             this: Mutex::new(Weak::new()),
             cleaner: Mutex::new(None),
@@ -202,11 +201,9 @@ impl Array {
     /// was checkpointed, then stale members coming back, then the resync
     /// of an unclean shutdown (once no member is missing).
     fn start_next_work(&self) {
-        let resuming = (0..self.slots.len()).find(|&i| {
-            !self.is_failed(i) && self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
-        });
+        let resuming = (0..self.slots.len()).find(|&i| self.slots[i].is_rebuilding());
         if let Some(slot) = resuming {
-            let at = self.slots[slot].valid_below.load(Ordering::Acquire);
+            let at = self.slots[slot].valid_below();
             log::info!("resuming recovery of slot {slot} from member offset {at}");
             if let Err(e) = self.spawn(SyncAction::Recovery, Some(slot)) {
                 log::error!("cannot resume recovery: {e}");
@@ -236,7 +233,7 @@ impl Array {
 
     /// A spare found at assembly stays a spare.
     pub(crate) fn adopt_spare(&self, member: Arc<dyn Member>, name: String, uuid: Uuid) {
-        self.sync.spares.lock().push(SlotDev {
+        self.spares.add(SlotDev {
             member: Some(member),
             name,
             uuid,
@@ -422,12 +419,7 @@ impl Array {
 
     /// Names of the hot spares.
     pub fn spares(&self) -> Vec<String> {
-        self.sync
-            .spares
-            .lock()
-            .iter()
-            .map(|d| d.name.clone())
-            .collect()
+        self.spares.names()
     }
 
     /// Find a slot by its member's name (path) or by number.
@@ -468,8 +460,7 @@ impl Array {
         if let Some((slot, uuid)) = self.re_add_slot(member.as_ref()) {
             if !self.busy() {
                 log::info!("{name} was slot {slot}: re-added; only regions written since it left are rebuilt");
-                self.install(slot, member, name)?;
-                self.slots[slot].dev.write().uuid = uuid;
+                self.install(slot, member, name, uuid)?;
                 self.sync
                     .recovery_bitmap_only
                     .store(true, Ordering::Release);
@@ -489,14 +480,14 @@ impl Array {
                 self.sync
                     .recovery_bitmap_only
                     .store(false, Ordering::Release);
-                self.install(slot, member, name)?;
+                self.install(slot, member, name, Uuid::new_v4())?;
                 self.spawn(SyncAction::Recovery, Some(slot))?;
                 Ok(AddOutcome::Rebuilding { slot })
             }
             _ => {
                 let uuid = self.write_spare_superblock(member.as_ref(), &name)?;
                 log::info!("{name} added as a hot spare");
-                self.sync.spares.lock().push(SlotDev {
+                self.spares.add(SlotDev {
                     member: Some(member),
                     name,
                     uuid,
@@ -531,37 +522,38 @@ impl Array {
         (fits && sb.events >= self.bitmap.events_cleared()).then_some((slot, sb.member_uuid))
     }
 
-    /// Put `member` into `slot` with nothing valid yet, and record it.
-    fn install(&self, slot: usize, member: Arc<dyn Member>, name: String) -> ArrayResult<()> {
+    /// Put `member` (as member `uuid`) into `slot` with nothing valid yet,
+    /// and record it.
+    fn install(
+        &self,
+        slot: usize,
+        member: Arc<dyn Member>,
+        name: String,
+        uuid: Uuid,
+    ) -> ArrayResult<()> {
         let data_offset = self.sb.lock().data_offset;
-        let s: &Slot = &self.slots[slot];
-        s.valid_below.store(data_offset, Ordering::Release);
-        *s.dev.write() = SlotDev {
+        let dev = SlotDev {
             member: Some(Arc::clone(&member)),
             name: name.clone(),
-            uuid: Uuid::new_v4(),
+            uuid,
         };
-        self.pool
-            .attach(slot, member)
-            .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))?;
-        s.failed.store(false, Ordering::Release);
-        {
-            let mut sb = self.sb.lock();
-            sb.slots[slot] = SlotState::Rebuilding;
-            sb.events += 1;
-        }
+        self.install_slot(slot, dev, data_offset, || {
+            self.pool
+                .attach(slot, member)
+                .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))
+        })?;
         log::info!("{name} takes slot {slot}; recovery starts");
         self.write_superblocks()
     }
 
     /// A member failed: a hot spare, if there is one, takes its place.
     pub(crate) fn take_spare(&self, slot: usize) {
-        let Some(dev) = self.sync.spares.lock().pop() else {
+        let Some(dev) = self.spares.take() else {
             return;
         };
         let Some(member) = dev.member else { return };
         if self.busy() {
-            self.sync.spares.lock().push(SlotDev {
+            self.spares.add(SlotDev {
                 member: Some(member),
                 name: dev.name,
                 uuid: dev.uuid,
@@ -570,7 +562,7 @@ impl Array {
         }
         log::warn!("hot spare {} replaces failed slot {slot}", dev.name);
         let result = self
-            .install(slot, member, dev.name)
+            .install(slot, member, dev.name, Uuid::new_v4())
             .and_then(|()| self.spawn(SyncAction::Recovery, Some(slot)));
         if let Err(e) = result {
             log::error!("spare takeover of slot {slot} failed: {e}");
@@ -579,13 +571,9 @@ impl Array {
 
     /// Remove a failed member (or a spare, by name) from the array.
     pub fn remove(&self, who: &str) -> ArrayResult<()> {
-        {
-            let mut spares = self.sync.spares.lock();
-            if let Some(i) = spares.iter().position(|d| d.name == who) {
-                let dev = spares.remove(i);
-                log::info!("spare {} removed", dev.name);
-                return Ok(());
-            }
+        if self.spares.remove(who) {
+            log::info!("spare {who} removed");
+            return Ok(());
         }
         let slot = self
             .slot_of(who)
@@ -597,17 +585,7 @@ impl Array {
             )));
         }
         self.pool.detach(slot);
-        let name = {
-            let mut dev = self.slots[slot].dev.write();
-            let old = std::mem::replace(&mut dev.name, format!("removed (slot {slot})"));
-            dev.member = None;
-            old
-        };
-        {
-            let mut sb = self.sb.lock();
-            sb.slots[slot] = SlotState::Missing;
-            sb.events += 1;
-        }
+        let name = self.remove_slot_member(slot);
         log::info!("{name} removed from slot {slot}");
         self.write_superblocks()
     }
@@ -666,7 +644,7 @@ impl Array {
         let (Some(slot), SyncAction::Recovery) = (slot, action) else {
             return 0;
         };
-        let valid = self.slots[slot].valid_below.load(Ordering::Acquire);
+        let valid = self.slots[slot].valid_below();
         let (group_size, data_offset) = {
             let sb = self.sb.lock();
             (sb.group_size, sb.data_offset)
@@ -833,14 +811,7 @@ impl Array {
     }
 
     fn recovery_done(&self, slot: usize) {
-        self.slots[slot]
-            .valid_below
-            .store(u64::MAX, Ordering::Release);
-        {
-            let mut sb = self.sb.lock();
-            sb.slots[slot] = SlotState::Active;
-            sb.events += 1;
-        }
+        self.complete_recovery(slot);
         self.broken.store(false, Ordering::Release);
         self.check_tolerance();
         if let Err(e) = self.write_superblocks() {
@@ -874,9 +845,8 @@ impl Array {
             log::error!("replacement of slot {slot} failed: {e}");
             return;
         }
-        *self.slots[slot].dev.write() = dev;
+        self.swap_slot_device(slot, dev);
         let _ = self.pool.set_replacement(slot, None);
-        self.sb.lock().events += 1;
         if let Err(e) = self.write_superblocks() {
             log::error!("recording the replacement: {e}");
         }

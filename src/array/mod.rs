@@ -6,27 +6,36 @@
 //! `[data_offset + g * group_size, +group_size)` on every member; its profile
 //! (recorded in every superblock) picks the geometry: metadata groups are
 //! mirrored on up to three members, data groups use the array's level.
+//!
+//! What differs by level lives in `personality` (RAID0, mirror, parity),
+//! chosen once per geometry and carried in every [`Region`]; the rest of the
+//! engine is level-blind. Slot state and its transitions are owned by
+//! `slot`; `state` writes the superblocks and reports the array.
 
 mod assemble;
 pub mod balance;
 mod bitmap;
 mod create;
 mod discard;
-mod full_stripe;
 pub mod host;
 mod host_space;
 mod io;
 pub mod judge;
 mod lifecycle;
-pub mod ppl;
+mod personality;
 mod rebuild;
 mod scrub;
+mod slot;
 mod state;
-mod stripe_cache;
 mod stripe_lock;
 mod verify;
 mod worker;
-mod write_back;
+
+/// The partial parity log, part of the parity personality.
+pub use personality::parity::ppl;
+use personality::parity::{stripe_cache, write_back};
+use personality::Personality;
+pub(crate) use slot::{Slot, SlotDev};
 
 pub use assemble::{
     assemble, assemble_paths, open_member, open_members, AssembleOptions, LeftOut, OpenPolicy,
@@ -36,6 +45,7 @@ pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
 pub use judge::ContentJudge;
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
+pub use slot::MemberState;
 pub use state::{ArrayStatus, MemberStatus};
 pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};
 
@@ -44,7 +54,7 @@ use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{GroupProfile, Superblock, SuperblockError};
 use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -102,55 +112,11 @@ pub enum ArrayError {
 
 pub type ArrayResult<T> = Result<T, ArrayError>;
 
-/// The device currently in a slot.
-pub(crate) struct SlotDev {
-    pub member: Option<Arc<dyn Member>>,
-    pub name: String,
-    pub uuid: Uuid,
-}
-
-/// Error counts of one slot, as `raidfs detail` shows them.
-#[derive(Default)]
-pub(crate) struct ErrorCounters {
-    pub read: AtomicU64,
-    pub write: AtomicU64,
-    pub checksum: AtomicU64,
-}
-
-/// One member slot of an assembled array.
-pub(crate) struct Slot {
-    pub dev: RwLock<SlotDev>,
-    /// Set once the member has failed, was removed, or was missing at assembly.
-    pub failed: AtomicBool,
-    /// Member offsets below this hold valid data: u64::MAX when in sync,
-    /// the recovery position while the slot is being rebuilt.
-    pub valid_below: AtomicU64,
-    pub errors: ErrorCounters,
-}
-
-impl Slot {
-    pub fn new(member: Option<Arc<dyn Member>>, name: String, uuid: Uuid) -> Slot {
-        let failed = member.is_none();
-        Slot {
-            dev: RwLock::new(SlotDev { member, name, uuid }),
-            failed: AtomicBool::new(failed),
-            valid_below: AtomicU64::new(u64::MAX),
-            errors: ErrorCounters::default(),
-        }
-    }
-
-    pub fn name(&self) -> String {
-        self.dev.read().name.clone()
-    }
-
-    pub fn member(&self) -> Option<Arc<dyn Member>> {
-        self.dev.read().member.clone()
-    }
-}
-
 /// An assembled, running array.
 pub struct Array {
     pub(crate) slots: Vec<Slot>,
+    /// Hot spares waiting for a slot.
+    pub(crate) spares: slot::Spares,
     /// The array-wide superblock fields (events, slot states, groups, state).
     /// Per-member fields (member uuid, slot) are filled in when written.
     pub(crate) sb: Mutex<Superblock>,
@@ -158,6 +124,9 @@ pub struct Array {
     pub(crate) sb_write: Mutex<()>,
     pub(crate) data_geometry: Geometry,
     pub(crate) meta_geometry: Geometry,
+    /// The personalities of data and metadata groups, chosen at assembly.
+    pub(crate) data_personality: Personality,
+    pub(crate) meta_personality: Personality,
     pub(crate) pool: worker::WorkerPool,
     pub(crate) locks: stripe_lock::StripeLocks,
     pub(crate) parity: &'static Parity,
@@ -197,22 +166,10 @@ pub fn data_geometry(sb: &Superblock) -> Result<Geometry, GeometryError> {
     )
 }
 
-/// Whether every stripe of `g` still has its data with `failed` slots gone
-/// (assembly asks before an array exists, the running array after failures).
+/// Whether every stripe of `g` still has its data with `failed` slots gone,
+/// as its personality judges (assembly asks before an array exists).
 pub(crate) fn geometry_survives(g: &Geometry, failed: &[usize]) -> bool {
-    match g.level {
-        Level::Raid0 | Level::Raid5 | Level::Raid6 => failed.len() <= g.tolerance(),
-        Level::Raid1 | Level::Raid10 => {
-            // Mirrors: each logical chunk needs one surviving copy. The copy
-            // pattern repeats every `members` chunks.
-            (0..g.members as u64).all(|k| {
-                g.map(k * g.chunk)
-                    .targets
-                    .iter()
-                    .any(|t| !failed.contains(&t.member))
-            })
-        }
-    }
+    Personality::of_geometry(g).survives(g, failed)
 }
 
 /// Where a logical address lands.
@@ -220,6 +177,8 @@ pub(crate) fn geometry_survives(g: &Geometry, failed: &[usize]) -> bool {
 pub(crate) struct Region {
     pub group: u32,
     pub geometry: Geometry,
+    /// How the group's level reads, writes and recovers.
+    pub personality: Personality,
     /// Member offset of the group's region.
     pub base: u64,
 }
@@ -232,28 +191,27 @@ impl Array {
     ) -> ArrayResult<Array> {
         let data_geometry = data_geometry(&sb)?;
         let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
-        let ppl = (sb.features & FEATURE_PPL != 0 && sb.level == Level::Raid5)
+        let data_personality = Personality::of_geometry(&data_geometry);
+        let ppl = (sb.features & FEATURE_PPL != 0 && data_personality.keeps_partial_parity_log())
             .then(|| ppl::Ppl::new(sb.members as usize, sb.data_offset));
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
+        let meta_personality = Personality::of_geometry(&meta_geometry);
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
-            .map(|s| {
-                if s.failed.load(Ordering::Relaxed) {
-                    None
-                } else {
-                    s.member()
-                }
-            })
+            .map(|s| if s.is_failed() { None } else { s.member() })
             .collect();
         let slots_len = slots.len();
         let pool = worker::WorkerPool::new(&members, 2)
             .map_err(|e| ArrayError::Refused(format!("cannot start member workers: {e}")))?;
         let array = Array {
             slots,
+            spares: slot::Spares::default(),
             sb: Mutex::new(sb),
             sb_write: Mutex::new(()),
             data_geometry,
             meta_geometry,
+            data_personality,
+            meta_personality,
             pool,
             locks: stripe_lock::StripeLocks::new(STRIPE_LOCK_SLOTS),
             parity,
@@ -326,21 +284,19 @@ impl Array {
     }
 
     pub(crate) fn is_failed(&self, slot: usize) -> bool {
-        self.slots[slot].failed.load(Ordering::Acquire)
+        self.slots[slot].is_failed()
     }
 
     /// Whether `slot` can serve a read at region-relative `offset` of `region`.
     pub(crate) fn readable(&self, slot: usize, region: &Region, offset: u64) -> bool {
-        !self.is_failed(slot)
-            && region.base + offset < self.slots[slot].valid_below.load(Ordering::Acquire)
+        let s = &self.slots[slot];
+        !s.is_failed() && region.base + offset < s.valid_below()
     }
 
     /// Slots that cannot serve reads everywhere (failed, missing or rebuilding).
     pub(crate) fn unreadable_slots(&self) -> Vec<usize> {
         (0..self.slots.len())
-            .filter(|&i| {
-                self.is_failed(i) || self.slots[i].valid_below.load(Ordering::Acquire) != u64::MAX
-            })
+            .filter(|&i| !self.slots[i].is_whole())
             .collect()
     }
 
@@ -367,9 +323,9 @@ impl Array {
                 .unwrap_or(GroupProfile::Unallocated);
             (profile, sb.group_size, sb.data_offset)
         };
-        let geometry = match profile {
-            GroupProfile::Metadata => self.meta_geometry,
-            GroupProfile::Data => self.data_geometry,
+        let (geometry, personality) = match profile {
+            GroupProfile::Metadata => (self.meta_geometry, self.meta_personality),
+            GroupProfile::Data => (self.data_geometry, self.data_personality),
             GroupProfile::Unallocated => return Err(ArrayError::OutOfRange(addr)),
         };
         let capacity = geometry.capacity(group_size);
@@ -384,6 +340,7 @@ impl Array {
             Region {
                 group,
                 geometry,
+                personality,
                 base,
             },
             offset,
@@ -408,8 +365,8 @@ impl Array {
     /// Whether every allocated group's geometry (data and metadata) still
     /// has all its data with `failed` slots gone.
     pub(crate) fn survives_without(&self, failed: &[usize]) -> bool {
-        geometry_survives(&self.data_geometry, failed)
-            && geometry_survives(&self.meta_geometry, failed)
+        self.data_personality.survives(&self.data_geometry, failed)
+            && self.meta_personality.survives(&self.meta_geometry, failed)
     }
 
     pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {

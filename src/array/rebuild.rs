@@ -17,9 +17,9 @@
 //! slices of whole rows), and buffers are reused from step to step.
 
 use super::lifecycle::{Pacer, SyncAction, CHECKPOINT_EVERY};
+use super::personality::RebuildFrom;
 use super::worker::{Batch, Op};
 use super::{Array, ArrayError, ArrayResult, Region};
-use crate::geometry::{Geometry, Level, Role};
 use parking_lot::MutexGuard;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +76,7 @@ enum Source {
     /// Replace: a read of the old member, still good here.
     OldMember(Batch),
     /// Mirrors: read through the engine when the step is written.
-    Mirror,
+    Copies,
 }
 
 /// A step whose reads are queued.
@@ -240,8 +240,7 @@ impl Array {
     /// of a resumed recovery.
     fn rebuild_steps(&self, action: SyncAction, slot: usize) -> impl Iterator<Item = Step> + '_ {
         let group_size = self.sb.lock().group_size;
-        let resume_at = (action == SyncAction::Recovery)
-            .then(|| self.slots[slot].valid_below.load(Ordering::Acquire));
+        let resume_at = (action == SyncAction::Recovery).then(|| self.slots[slot].valid_below());
         let sources = (self.slots.len() as u64).saturating_sub(1).max(1);
         let fits = READ_BUFFER_BUDGET / ((READ_DEPTH as u64 + 1) * sources);
         let step_bytes = (1u64 << fits.max(1).ilog2()).clamp(MIN_STEP, MAX_STEP);
@@ -271,20 +270,6 @@ impl Array {
                 }
             })
         })
-    }
-
-    /// Stripes (parity levels) or logical chunks (mirrors) held by member
-    /// rows `[row, row + n)` of `slot`.
-    fn lock_keys(geometry: &Geometry, slot: usize, row: u64, n: u64) -> Vec<u64> {
-        match geometry.level {
-            Level::Raid1 | Level::Raid10 => (row..row + n)
-                .filter_map(|r| match geometry.reverse(slot, r * geometry.chunk) {
-                    Role::Data { logical, .. } => Some(logical / geometry.chunk),
-                    _ => None,
-                })
-                .collect(),
-            _ => (row..row + n).collect(),
-        }
     }
 }
 
@@ -339,7 +324,12 @@ impl Rebuild<'_> {
                 locks: Vec::new(),
             });
         } else {
-            let keys = Array::lock_keys(&step.region.geometry, self.slot, step.row, step.n);
+            let keys = step.region.personality.lock_keys(
+                &step.region.geometry,
+                self.slot,
+                step.row,
+                step.n,
+            );
             let locks = array.locks.slots_of(step.region.group, keys);
             // With nothing in flight `take` waits, so this ends.
             while self.reading.len() >= READ_DEPTH || !self.locks.take(array, &locks) {
@@ -389,8 +379,8 @@ impl Rebuild<'_> {
             };
             return Ok(Source::OldMember(array.pool.submit(vec![(self.slot, op)])));
         }
-        match region.geometry.level {
-            Level::Raid5 | Level::Raid6 => {
+        match region.personality.rebuild_from()? {
+            RebuildFrom::Survivors => {
                 let slots: Vec<usize> = (0..array.slots.len())
                     .filter(|&m| m != self.slot && array.readable(m, region, step.last_byte()))
                     .collect();
@@ -410,10 +400,7 @@ impl Rebuild<'_> {
                 let batch = array.pool.submit(jobs);
                 Ok(Source::Survivors { slots, batch })
             }
-            Level::Raid1 | Level::Raid10 => Ok(Source::Mirror),
-            Level::Raid0 => Err(ArrayError::Refused(
-                "RAID0 has no redundancy to rebuild from".into(),
-            )),
+            RebuildFrom::Copies => Ok(Source::Copies),
         }
     }
 
@@ -483,9 +470,7 @@ impl Rebuild<'_> {
         }
         outcome.map_err(|e| self.write_failed(e))?;
         if self.action == SyncAction::Recovery {
-            self.array.slots[self.slot]
-                .valid_below
-                .store(step.valid_after, Ordering::Release);
+            self.array.advance_recovery(self.slot, step.valid_after);
         }
         if !skipped {
             self.done.fetch_add(step.len() as u64, Ordering::Relaxed);
@@ -544,102 +529,23 @@ impl Rebuild<'_> {
                         "slot {m} failed during recovery"
                     )));
                 }
-                let rebuilt = self.reconstruct(step, &mut data, content);
+                let rebuilt = array.rebuild_parity_rows(
+                    &step.region,
+                    self.slot,
+                    step.row,
+                    step.n,
+                    &mut data,
+                    content,
+                    &mut self.buffers.scratch,
+                );
                 self.buffers.reads.extend(data.into_iter().flatten());
                 rebuilt?;
             }
-            Source::Mirror => self.mirror_rows(step, content)?,
+            Source::Copies => {
+                array.rebuild_mirror_rows(&step.region, self.slot, step.row, step.n, content)?
+            }
         }
         Ok(out)
-    }
-
-    /// Parity levels: rebuild the slot's chunk of every row straight from
-    /// the survivors' buffers (`data`, by slot) into `out`.
-    fn reconstruct(
-        &mut self,
-        step: &Step,
-        data: &mut [Option<Vec<u8>>],
-        out: &mut [u8],
-    ) -> ArrayResult<()> {
-        let array = self.array;
-        let geometry = step.region.geometry;
-        let chunk = step.chunk();
-        if self.buffers.scratch.len() < chunk {
-            self.buffers.scratch.resize(chunk, 0);
-        }
-        for i in 0..step.n as usize {
-            let rows = i * chunk..(i + 1) * chunk;
-            let stripe = step.row + i as u64;
-            let members = array.stripe_slots(&step.region, stripe);
-            let target_out = &mut out[rows.clone()];
-            let Some(target) = members.iter().position(|&m| m == self.slot) else {
-                target_out.fill(0);
-                continue;
-            };
-            let missing: Vec<usize> = (0..members.len())
-                .filter(|&p| data[members[p]].is_none())
-                .collect();
-            if missing.len() > geometry.tolerance() {
-                return Err(ArrayError::Failed(format!(
-                    "stripe {stripe} cannot be rebuilt: too many members missing"
-                )));
-            }
-            match geometry.level {
-                Level::Raid5 => {
-                    let others: Vec<&[u8]> = members
-                        .iter()
-                        .filter(|&&m| m != self.slot)
-                        .filter_map(|&m| data[m].as_deref().map(|b| &b[rows.clone()]))
-                        .collect();
-                    array.parity.xor_gen(&others, target_out);
-                }
-                Level::Raid6 => {
-                    let mut by_slot: Vec<Option<&mut [u8]>> = data
-                        .iter_mut()
-                        .map(|b| b.as_deref_mut().map(|b| &mut b[rows.clone()]))
-                        .collect();
-                    let mut target_out = Some(target_out);
-                    let mut scratch = Some(&mut self.buffers.scratch[..chunk]);
-                    let mut blocks: Vec<&mut [u8]> = Vec::with_capacity(members.len());
-                    for (p, &m) in members.iter().enumerate() {
-                        let block = if p == target {
-                            target_out.take()
-                        } else if let Some(b) = by_slot[m].take() {
-                            Some(b)
-                        } else {
-                            scratch.take()
-                        };
-                        blocks.push(block.ok_or_else(|| {
-                            ArrayError::Failed(format!(
-                                "stripe {stripe} cannot be rebuilt: too many members missing"
-                            ))
-                        })?);
-                    }
-                    array.parity.raid6_recover(&mut blocks, &missing);
-                }
-                Level::Raid0 | Level::Raid1 | Level::Raid10 => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Mirrors: each row of the slot is a copy of a logical chunk; read it
-    /// from another copy through the engine.
-    fn mirror_rows(&self, step: &Step, out: &mut [u8]) -> ArrayResult<()> {
-        let array = self.array;
-        let geometry = step.region.geometry;
-        let chunk = step.chunk();
-        let capacity = geometry.capacity(array.sb.lock().group_size);
-        for i in 0..step.n {
-            let rows = &mut out[i as usize * chunk..(i as usize + 1) * chunk];
-            match geometry.reverse(self.slot, (step.row + i) * geometry.chunk) {
-                Role::Data { logical, .. } if logical < capacity => {
-                    array.read_region(&step.region, logical, rows, super::io::Choice::Any)?;
-                }
-                _ => rows.fill(0),
-            }
-        }
-        Ok(())
     }
 
     /// Start writing `out` (the step's rows) onto the slot; a replace's

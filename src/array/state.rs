@@ -1,8 +1,9 @@
-//! Array state kept in the superblocks: event counter, clean/dirty, slot
-//! states, the group table; member failure; and the status report.
+//! Array state kept in the superblocks: writing them, clean/dirty, the
+//! group table; member failure; and the status report. Slot states and the
+//! event count change through `slot`.
 
-use super::{Array, ArrayError, ArrayResult};
-use crate::superblock::{ArrayState, GroupProfile, SlotState, Superblock};
+use super::{Array, ArrayError, ArrayResult, MemberState};
+use crate::superblock::{ArrayState, GroupProfile, Superblock};
 use serde::Serialize;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -13,8 +14,7 @@ pub struct MemberStatus {
     pub slot: usize,
     pub name: String,
     pub uuid: String,
-    /// "active", "faulty", "rebuilding" or "missing".
-    pub state: String,
+    pub state: MemberState,
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
@@ -74,13 +74,13 @@ impl Array {
             let handles: Vec<_> = (0..self.slots.len())
                 .filter(|&i| !self.is_failed(i))
                 .filter_map(|i| {
-                    let dev = self.slots[i].dev.read();
+                    let dev = self.slots[i].dev();
                     let member = dev.member.clone()?;
                     let mut sb: Superblock = template.clone();
                     sb.member_uuid = dev.uuid;
                     sb.slot = i as u32;
-                    let valid_below = self.slots[i].valid_below.load(Ordering::Acquire);
-                    sb.recovery_offset = valid_below;
+                    // Rebuild progress is recorded here, from the slot.
+                    sb.recovery_offset = self.slots[i].valid_below();
                     Some((i, scope.spawn(move || sb.write_to(member.as_ref()))))
                 })
                 .collect();
@@ -99,7 +99,7 @@ impl Array {
 
     /// Write every working member's superblock again (heals a damaged copy).
     pub fn rewrite_superblocks(&self) -> ArrayResult<()> {
-        self.sb.lock().events += 1;
+        self.record_event(|_| {});
         self.write_superblocks()
     }
 
@@ -109,18 +109,13 @@ impl Array {
     /// error this is reached only through [`Array::member_error`], which
     /// first rules out the host.
     pub(crate) fn record_failure(&self, slot: usize, why: &str) {
-        if self.slots[slot].failed.swap(true, Ordering::AcqRel) {
+        if !self.fail_slot(slot) {
             return;
         }
         log::error!(
             "raidfs: member {} (slot {slot}) failed: {why}",
             self.slots[slot].name()
         );
-        {
-            let mut sb = self.sb.lock();
-            sb.slots[slot] = SlotState::Faulty;
-            sb.events += 1;
-        }
         self.check_tolerance();
         if self.broken.load(Ordering::Acquire) {
             log::error!("raidfs: too many members lost; the array no longer accepts writes");
@@ -145,13 +140,17 @@ impl Array {
     }
 
     fn set_state(&self, state: ArrayState) -> ArrayResult<()> {
-        {
-            let mut sb = self.sb.lock();
-            if sb.state == state {
-                return Ok(());
-            }
-            sb.state = state;
-            sb.events += 1;
+        let unchanged = self
+            .try_record_event(|sb| {
+                if sb.state == state {
+                    return Err(());
+                }
+                sb.state = state;
+                Ok(())
+            })
+            .is_err();
+        if unchanged {
+            return Ok(());
         }
         self.write_superblocks()?;
         if state == ArrayState::Dirty {
@@ -218,19 +217,15 @@ impl Array {
     /// Allocate the lowest unallocated group with `profile`, durably.
     pub fn allocate_group(&self, profile: GroupProfile) -> ArrayResult<u32> {
         self.ensure_writable()?;
-        let index = {
-            let mut sb = self.sb.lock();
-            let Some(i) = sb
+        let index = self.try_record_event(|sb| {
+            let i = sb
                 .groups
                 .iter()
                 .position(|p| *p == GroupProfile::Unallocated)
-            else {
-                return Err(ArrayError::NoSpace);
-            };
+                .ok_or(ArrayError::NoSpace)?;
             sb.groups[i] = profile;
-            sb.events += 1;
-            i as u32
-        };
+            Ok::<u32, ArrayError>(i as u32)
+        })?;
         self.zero_group(index)?;
         self.write_superblocks()?;
         self.ensure_writable()?;
@@ -284,20 +279,15 @@ impl Array {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let dev = s.dev.read();
+                let (name, uuid) = {
+                    let dev = s.dev();
+                    (dev.name.clone(), dev.uuid.to_string())
+                };
                 MemberStatus {
                     slot: i,
-                    name: dev.name.clone(),
-                    uuid: dev.uuid.to_string(),
-                    state: if dev.member.is_none() {
-                        "missing".into()
-                    } else if s.failed.load(Ordering::Acquire) {
-                        "faulty".into()
-                    } else if s.valid_below.load(Ordering::Acquire) != u64::MAX {
-                        "rebuilding".into()
-                    } else {
-                        "active".into()
-                    },
+                    name,
+                    uuid,
+                    state: s.state(),
                     read_errors: s.errors.read.load(Ordering::Relaxed),
                     write_errors: s.errors.write.load(Ordering::Relaxed),
                     checksum_errors: s.errors.checksum.load(Ordering::Relaxed),
@@ -306,7 +296,13 @@ impl Array {
             .collect();
         let map: String = members
             .iter()
-            .map(|m| if m.state == "active" { 'U' } else { '_' })
+            .map(|m| {
+                if m.state == MemberState::Active {
+                    'U'
+                } else {
+                    '_'
+                }
+            })
             .collect();
         ArrayStatus {
             uuid: sb.array_uuid.to_string(),
@@ -314,7 +310,7 @@ impl Array {
             level: self.data_geometry.level.to_string(),
             layout: sb.layout.to_string(),
             chunk: sb.chunk,
-            degraded: members.iter().any(|m| m.state != "active"),
+            degraded: members.iter().any(|m| m.state != MemberState::Active),
             members,
             events: sb.events,
             state: match sb.state {

@@ -1,21 +1,19 @@
 //! Verified reads and the member error accounting.
 //!
 //! A verified read is checked by the caller's test (the filesystem's block
-//! checksums). When it fails, every mirror copy is read, or on parity levels
-//! each member in turn is treated as the suspect and its chunks rebuilt from
-//! the others, until a version passes. That version is returned, the bad
+//! checksums). When it fails, the personality looks for a version that
+//! passes (every mirror copy is read; on parity levels each member in turn
+//! is treated as the suspect and its chunks rebuilt from the others). That
+//! version is returned, the bad
 //! copy is rewritten in place from it, and the member that held it gets a
 //! checksum error. A member whose read and checksum errors together pass
 //! [`MAX_CORRECTED_ERRORS`] is failed (md's `max_corr_read_errors`), unless
 //! the array cannot lose it.
 
-use super::io::{is_mirror, split, Choice, Piece};
+use super::io::{split, Choice};
 use super::worker::Op;
-use super::{Array, ArrayError, ArrayResult, Region};
-use crate::geometry::Level;
-use std::collections::BTreeSet;
+use super::{Array, ArrayError, ArrayResult};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 /// Read and checksum errors a member may accumulate before it is failed.
 pub const MAX_CORRECTED_ERRORS: u64 = 20;
@@ -68,20 +66,11 @@ impl Array {
         let (region, offset) = self.region(addr, buf.len())?;
         self.read_region(&region, offset, buf, Choice::Any)?;
         let passed = verify(buf);
-        let mirror = is_mirror(region.geometry.level);
-        if passed && !(mirror && every_copy) {
+        if passed && !(every_copy && region.personality.has_copies()) {
             return Ok(Vec::new());
         }
         let pieces = split(&region, offset, buf.len());
-        let bad = match region.geometry.level {
-            Level::Raid1 | Level::Raid10 => {
-                self.verify_mirror(&region, offset, &pieces, buf, verify, repair)?
-            }
-            Level::Raid5 | Level::Raid6 => {
-                self.verify_parity(&region, &pieces, buf, verify, repair)?
-            }
-            Level::Raid0 => None,
-        };
+        let bad = self.find_good_version(&region, offset, &pieces, buf, verify, repair)?;
         let Some(slots) = bad else {
             // Not an error by itself: the journal finds the end of its log
             // this way on every mount. Callers for which it is one say so
@@ -104,118 +93,7 @@ impl Array {
             .collect())
     }
 
-    /// Read every copy; `None` when none passes. Otherwise `buf` holds the
-    /// first that passes, and the members whose copy differs from it are
-    /// returned (and rewritten when `repair`).
-    fn verify_mirror(
-        &self,
-        region: &Region,
-        offset: u64,
-        pieces: &[Piece],
-        buf: &mut [u8],
-        verify: &dyn Fn(&[u8]) -> bool,
-        repair: bool,
-    ) -> ArrayResult<Option<Vec<usize>>> {
-        let versions: Vec<Option<Vec<u8>>> = (0..region.geometry.copies)
-            .map(|n| {
-                let mut copy = vec![0u8; buf.len()];
-                self.read_region(region, offset, &mut copy, Choice::Copy(n))
-                    .is_ok()
-                    .then_some(copy)
-            })
-            .collect();
-        let Some(good) = versions.iter().flatten().find(|v| verify(v)) else {
-            return Ok(None);
-        };
-        buf.copy_from_slice(good);
-        let mut bad = BTreeSet::new();
-        let mut writes = Vec::new();
-        let shared: Arc<[u8]> = Arc::from(&*buf);
-        for (n, version) in versions.iter().enumerate() {
-            let Some(bytes) = version else { continue };
-            for p in pieces {
-                let range = p.buf_off..p.buf_off + p.len;
-                let Some(t) = p.map.targets.get(n) else {
-                    continue;
-                };
-                if bytes[range.clone()] != buf[range.clone()] {
-                    bad.insert(t.member);
-                    writes.push((
-                        t.member,
-                        Op::Write {
-                            offset: region.base + t.offset,
-                            data: Arc::clone(&shared),
-                            range,
-                        },
-                    ));
-                }
-            }
-        }
-        if repair {
-            let _guard = self
-                .locks
-                .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
-            self.write_repairs(writes);
-        }
-        Ok(Some(bad.into_iter().collect()))
-    }
-
-    /// Try each member holding part of the range as the suspect; `None` when
-    /// no reconstruction passes. The suspect's chunks are rewritten from the
-    /// reconstruction under the stripe locks, so parity stays consistent.
-    fn verify_parity(
-        &self,
-        region: &Region,
-        pieces: &[Piece],
-        buf: &mut [u8],
-        verify: &dyn Fn(&[u8]) -> bool,
-        repair: bool,
-    ) -> ArrayResult<Option<Vec<usize>>> {
-        let holders: BTreeSet<usize> = pieces.iter().map(|p| p.map.targets[0].member).collect();
-        for suspect in holders {
-            if self.is_failed(suspect) {
-                continue;
-            }
-            let _guard = self
-                .locks
-                .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
-            let mut trial = vec![0u8; buf.len()];
-            let rebuilt = pieces.iter().try_for_each(|p| {
-                let lo = p.map.offset_in_chunk as usize;
-                let blocks =
-                    self.reconstruct_locked(region, p.map.stripe, lo, p.len, Some(suspect))?;
-                trial[p.buf_off..p.buf_off + p.len].copy_from_slice(&blocks[p.map.data_index]);
-                Ok::<(), ArrayError>(())
-            });
-            if rebuilt.is_err() || !verify(&trial) {
-                continue;
-            }
-            buf.copy_from_slice(&trial);
-            if repair {
-                let shared: Arc<[u8]> = Arc::from(trial);
-                let writes = pieces
-                    .iter()
-                    .filter(|p| p.map.targets[0].member == suspect)
-                    .map(|p| {
-                        let at = region.base + p.map.targets[0].offset;
-                        (
-                            suspect,
-                            Op::Write {
-                                offset: at,
-                                data: Arc::clone(&shared),
-                                range: p.buf_off..p.buf_off + p.len,
-                            },
-                        )
-                    })
-                    .collect();
-                self.write_repairs(writes);
-            }
-            return Ok(Some(vec![suspect]));
-        }
-        Ok(None)
-    }
-
-    fn write_repairs(&self, writes: Vec<(usize, Op)>) {
+    pub(super) fn write_repairs(&self, writes: Vec<(usize, Op)>) {
         let slots: Vec<usize> = writes.iter().map(|(s, _)| *s).collect();
         for (slot, outcome) in slots.into_iter().zip(self.pool.run(writes)) {
             if let Err(e) = outcome {
@@ -238,9 +116,7 @@ impl Array {
         if total <= MAX_CORRECTED_ERRORS || self.is_failed(slot) {
             return;
         }
-        let mut without = self.unreadable_slots();
-        without.push(slot);
-        if self.survives_without(&without) {
+        if self.survives_losing(slot) {
             self.record_failure(
                 slot,
                 &format!("{total} read and checksum errors (limit {MAX_CORRECTED_ERRORS})"),

@@ -1,5 +1,6 @@
 //! `raidfs detail`: one mounted array in full, like `mdadm --detail`.
 
+use crate::array::MemberState;
 use crate::cli::examine::utc;
 use crate::cli::status::{connect, query};
 use crate::control::ArrayReport;
@@ -51,7 +52,11 @@ fn limit(bytes_per_sec: u64) -> String {
 }
 
 pub fn detail_text(r: &ArrayReport) -> String {
-    let present = r.members.iter().filter(|m| m.state != "missing").count();
+    let present = r
+        .members
+        .iter()
+        .filter(|m| m.state != MemberState::Missing)
+        .count();
     let mut out = String::new();
     let mut line = |label: &str, value: String| {
         let _ = writeln!(out, "{label:>18} : {value}");

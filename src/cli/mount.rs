@@ -17,6 +17,7 @@ pub mod second;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::array::LeftOut;
 use crate::fuse::{is_raidfs_mount, mounts};
 use daemon::MountPlan;
 
@@ -114,6 +115,16 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         source: args.source.clone(),
         quiet: args.quiet,
     })
+}
+
+/// Tell the user about members an assembly left out because they cannot
+/// be opened read-write.
+pub(crate) fn tell_left_out(left_out: &LeftOut) {
+    for (name, why) in left_out {
+        crate::notice::tell(&format!(
+            "{name} cannot be opened read-write ({why}); left out, the array starts degraded"
+        ));
+    }
 }
 
 /// A member that a live mount still serves will not be released by

@@ -1,6 +1,7 @@
 //! `raidfs status`: every mounted array (or one), like /proc/mdstat, from
 //! the mount daemons' control sockets; and finding those sockets.
 
+use crate::array::MemberState;
 use crate::cli::mount::places::{self, Env, SYSTEM_RUN_DIR};
 use crate::cli::mount::registry;
 use crate::control::{
@@ -234,11 +235,11 @@ fn short_name(name: &str) -> &str {
 pub fn mdstat(r: &ArrayReport) -> String {
     let mut members = Vec::new();
     for m in &r.members {
-        let flag = match m.state.as_str() {
-            "missing" => continue,
-            "faulty" => "(F)",
-            "rebuilding" => "(R)",
-            _ => "",
+        let flag = match m.state {
+            MemberState::Missing => continue,
+            MemberState::Faulty => "(F)",
+            MemberState::Rebuilding => "(R)",
+            MemberState::Active => "",
         };
         members.push(format!("{}[{}]{flag}", short_name(&m.name), m.slot));
     }

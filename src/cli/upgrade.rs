@@ -32,7 +32,10 @@ pub fn run(args: UpgradeArgs) -> i32 {
         leave_out_unwritable: false,
     };
     let array = match assemble_paths(&args.members, opts, policy) {
-        Ok(a) => Arc::new(a),
+        Ok((a, left_out)) => {
+            super::mount::tell_left_out(&left_out);
+            Arc::new(a)
+        }
         Err(e) => return super::fail(format!("cannot assemble: {e}")),
     };
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));

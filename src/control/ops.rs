@@ -4,7 +4,7 @@
 //! array would not survive, an image that belongs to another array).
 
 use super::protocol::Request;
-use crate::array::{AddOutcome, Array, SyncAction};
+use crate::array::{AddOutcome, Array, MemberState, SyncAction};
 use crate::fs::FileSystem;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
@@ -163,30 +163,38 @@ fn find_slot(array: &Array, who: &str) -> Result<usize, String> {
 }
 
 /// md refuses to fail a member when the array could not go on without it;
-/// so does this: otherwise one typo stops every write.
+/// so does this (otherwise one typo stops every write), by the engine's own
+/// rule: RAID10 may lose members of different mirror sets.
 fn fail(array: &Array, who: &str) -> Result<Done, String> {
     let slot = find_slot(array, who)?;
     let status = array.status();
     let member = &status.members[slot];
-    if member.state == "faulty" || member.state == "missing" {
+    if member.state.is_out() {
         return Done::says(format!(
             "{} (slot {slot}) is already {}",
             member.name, member.state
         ));
     }
-    let unavailable = status
-        .members
-        .iter()
-        .filter(|m| m.state != "active")
-        .count();
-    let tolerance = array
-        .data_geometry()
-        .tolerance()
-        .min(array.metadata_geometry().tolerance());
-    let after = unavailable + usize::from(member.state == "active");
-    if after > tolerance {
+    if !array.survives_losing(slot) {
+        let unavailable = status
+            .members
+            .iter()
+            .filter(|m| m.state != MemberState::Active)
+            .count();
+        let after = unavailable + usize::from(member.state == MemberState::Active);
+        // The worst case the level survives, as the refusal explains it.
+        let tolerance = array
+            .data_geometry()
+            .tolerance()
+            .min(array.metadata_geometry().tolerance());
+        if after > tolerance {
+            return Err(format!(
+                "refusing to fail {} (slot {slot}): {} would then miss {after} member(s) and it survives at most {tolerance}",
+                member.name, status.level
+            ));
+        }
         return Err(format!(
-            "refusing to fail {} (slot {slot}): {} would then miss {after} member(s) and it survives at most {tolerance}",
+            "refusing to fail {} (slot {slot}): {} would then miss {after} member(s), and some of its data would have no copy left",
             member.name, status.level
         ));
     }

@@ -3,7 +3,7 @@
 //! docs/status-json.md). Built from the engine's snapshots, but owned here
 //! so engine changes do not change the documented format.
 
-use crate::array::{Array, SyncProgress};
+use crate::array::{Array, MemberState, SyncProgress};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -74,8 +74,8 @@ pub struct MemberReport {
     pub slot: usize,
     pub name: String,
     pub uuid: String,
-    /// "active", "faulty", "rebuilding" or "missing".
-    pub state: String,
+    /// `active`, `faulty`, `rebuilding` or `missing` in JSON.
+    pub state: MemberState,
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
@@ -196,7 +196,7 @@ impl ArrayReport {
                     slot: m.slot,
                     name: m.name.clone(),
                     uuid: m.uuid.clone(),
-                    state: m.state.clone(),
+                    state: m.state,
                     read_errors: m.read_errors,
                     write_errors: m.write_errors,
                     checksum_errors: m.checksum_errors,
@@ -210,11 +210,11 @@ impl ArrayReport {
                 }
             })
             .collect();
-        let active_devices = members.iter().filter(|m| m.state == "active").count();
-        let failed_devices = members
+        let active_devices = members
             .iter()
-            .filter(|m| m.state == "faulty" || m.state == "missing")
+            .filter(|m| m.state == MemberState::Active)
             .count();
+        let failed_devices = members.iter().filter(|m| m.state.is_out()).count();
         let mut state = String::from(if status.state == "clean" {
             "clean"
         } else {

@@ -201,7 +201,10 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         leave_out_unwritable: !read_only,
     };
     let array = match assemble_paths(&plan.members, assemble_opts, policy) {
-        Ok(array) => Arc::new(array),
+        Ok((array, left_out)) => {
+            super::tell_left_out(&left_out);
+            Arc::new(array)
+        }
         Err(e) => {
             report(Err(format!("cannot assemble the array: {e}")));
             return 1;
@@ -220,7 +223,11 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         status.events,
         status.state
     );
-    for m in status.members.iter().filter(|m| m.state != "active") {
+    for m in status
+        .members
+        .iter()
+        .filter(|m| m.state != crate::array::MemberState::Active)
+    {
         warn!(
             "array is degraded: slot {} ({}) is {}",
             m.slot, m.name, m.state

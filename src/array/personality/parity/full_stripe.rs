@@ -4,19 +4,20 @@
 //! computed straight from the caller's buffer, and every member gets a
 //! single vectored write of its chunks (a run of consecutive stripes lands
 //! contiguously on every member) straight from that buffer, with no copy
-//! (members that need owned buffers, for a worker, get a gathered copy). The general path (`write_stripe`) would zero a block per
-//! chunk, copy the data in, copy it again into a shared buffer, and wait
-//! for the slowest member once per stripe.
+//! (members that need owned buffers, for a worker, get a gathered copy).
+//! The general path (`write_stripe`) would zero a block per chunk, copy the
+//! data in, copy it again into a shared buffer, and wait for the slowest
+//! member once per stripe.
 
-use super::io::Piece;
-use super::stripe_lock::StripeLocks;
-use super::worker::Op;
-use super::{Array, ArrayError, ArrayResult, Region};
+use crate::array::io::Piece;
+use crate::array::stripe_lock::StripeLocks;
+use crate::array::worker::Op;
+use crate::array::{Array, ArrayError, ArrayResult, Region};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 /// Whether `pieces` (all of one stripe) cover every data chunk whole.
-pub(super) fn covers_stripe(region: &Region, pieces: &[Piece]) -> bool {
+pub(in crate::array) fn covers_stripe(region: &Region, pieces: &[Piece]) -> bool {
     let chunk = region.geometry.chunk as usize;
     pieces.len() == region.geometry.data_chunks()
         && pieces
@@ -27,7 +28,7 @@ pub(super) fn covers_stripe(region: &Region, pieces: &[Piece]) -> bool {
 impl Array {
     /// Write `stripes` (consecutive stripe numbers, each fully covered by
     /// its pieces of `data`) with their parity, one write per member.
-    pub(super) fn write_full_stripes(
+    pub(in crate::array) fn write_full_stripes(
         &self,
         region: &Region,
         stripes: &[&[Piece]],

@@ -10,7 +10,7 @@
 //! parity check or a member failure needs nothing from the cache. What must
 //! see it:
 //!
-//! * a read of its stripe writes it out first (`Array::read_striped`);
+//! * a read of its stripe writes it out first (`Array::read_parity`);
 //! * a flush writes every entry out before it syncs, so `fsync` (and every
 //!   journal commit, which flushes first) covers it;
 //! * a full-stripe write of its stripe supersedes it.
@@ -22,9 +22,9 @@
 //! Bound: [`LIMIT_BYTES`]; past it the oldest entry is written out as it
 //! is (a partial write, read-modify-write).
 
-use super::io::{split, Caching, Piece};
-use super::{Array, ArrayError, ArrayResult, Region, GROUP_SHIFT};
-use crate::geometry::Level;
+use crate::array::io::{split, Caching, Piece};
+use crate::array::personality::Personality;
+use crate::array::{Array, ArrayError, ArrayResult, Region, GROUP_SHIFT};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::{Range, RangeBounds, RangeInclusive};
@@ -303,7 +303,7 @@ impl Array {
     /// Gather `pieces` (one partial stripe of a write of `data` at region
     /// offset `offset`) in the stripe cache when it can hold them; false
     /// when the caller must write them now.
-    pub(super) fn cache_partial_stripe(
+    pub(in crate::array) fn cache_partial_stripe(
         &self,
         region: &Region,
         offset: u64,
@@ -318,7 +318,7 @@ impl Array {
         let begin = offset + first.buf_off as u64;
         let len = last.buf_off + last.len - first.buf_off;
         let cacheable = self.stripe_cache.is_enabled()
-            && matches!(geometry.level, Level::Raid5 | Level::Raid6)
+            && matches!(region.personality, Personality::Parity(_))
             && stripe_bytes <= MAX_STRIPE_BYTES
             && stripe_bytes.is_multiple_of(BLOCK)
             && begin.is_multiple_of(BLOCK as u64)
@@ -359,7 +359,10 @@ impl Array {
     /// Write out the cached entries of `keys` (`..` for all of them, a
     /// flush) and wait for those another thread is writing out, so that the
     /// members hold every completed write to those stripes.
-    pub(super) fn write_out_cached(&self, keys: impl RangeBounds<Key> + Clone) -> ArrayResult<()> {
+    pub(in crate::array) fn write_out_cached(
+        &self,
+        keys: impl RangeBounds<Key> + Clone,
+    ) -> ArrayResult<()> {
         if self.stripe_cache.is_empty() {
             return Ok(());
         }

@@ -234,12 +234,12 @@ impl Ppl {
     }
 }
 
-impl super::Array {
+impl crate::array::Array {
     /// At assembly: read every member's log, continue its epoch numbering,
     /// and (when `repair`) recompute the parity of every stripe a logged
     /// write was changing. Returns the number of stripes repaired.
-    pub(crate) fn ppl_recover(&self, repair: bool) -> super::ArrayResult<usize> {
-        use super::worker::Op;
+    pub(crate) fn ppl_recover(&self, repair: bool) -> crate::array::ArrayResult<usize> {
+        use crate::array::worker::Op;
         let Some(ppl) = &self.ppl else { return Ok(0) };
         let mut newest = 0;
         let mut logged = Vec::new();
@@ -283,7 +283,7 @@ impl super::Array {
             let mut parity = e.partial_parity.clone();
             for outcome in self.pool.run(jobs) {
                 let bytes = outcome.map_err(|err| {
-                    super::ArrayError::Refused(format!("reading a logged stripe: {err}"))
+                    crate::array::ArrayError::Refused(format!("reading a logged stripe: {err}"))
                 })?;
                 self.parity.xor_into(&mut parity, &bytes);
             }
@@ -296,7 +296,7 @@ impl super::Array {
                 },
             )];
             if let Some(Err(err)) = self.pool.run(job).pop() {
-                return Err(super::ArrayError::Refused(format!(
+                return Err(crate::array::ArrayError::Refused(format!(
                     "rewriting logged parity: {err}"
                 )));
             }

@@ -22,9 +22,9 @@
 //! The reaper is a thread started with the array's background work; an
 //! array used without it writes synchronously.
 
-use super::stripe_lock::HeldStripes;
-use super::worker::{Batch, Op};
-use super::{Array, ArrayError, ArrayResult};
+use crate::array::stripe_lock::HeldStripes;
+use crate::array::worker::{Batch, Op};
+use crate::array::{Array, ArrayError, ArrayResult};
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Weak;
@@ -176,11 +176,11 @@ impl Array {
     /// Queue a full-stripe write's member jobs and return; the stripes
     /// `first..=last` of `group` stay locked (`held`) until it is done.
     /// Without a reaper the write is collected here before returning.
-    pub(super) fn write_back(
+    pub(in crate::array) fn write_back(
         &self,
         group: u32,
         (first, last): (u64, u64),
-        jobs: Vec<(usize, super::worker::Op)>,
+        jobs: Vec<(usize, crate::array::worker::Op)>,
         held: HeldStripes,
     ) {
         let id = self.write_back.register(group, first, last);
@@ -278,7 +278,7 @@ impl Array {
     fn refused(
         &self,
         jobs: impl IntoIterator<Item = (usize, Option<Op>)>,
-        outcomes: Vec<super::worker::Outcome>,
+        outcomes: Vec<crate::array::worker::Outcome>,
     ) -> (Vec<(usize, Op)>, Option<ArrayError>) {
         let mut refused = Vec::new();
         let mut error = None;

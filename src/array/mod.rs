@@ -9,7 +9,7 @@
 
 mod assemble;
 pub mod balance;
-mod bitmap;
+pub mod bitmap;
 mod create;
 mod discard;
 mod full_stripe;
@@ -232,7 +232,8 @@ impl Array {
     ) -> ArrayResult<Array> {
         let data_geometry = data_geometry(&sb)?;
         let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
-        let ppl = (sb.features & FEATURE_PPL != 0 && sb.level == Level::Raid5)
+        let ppl = sb
+            .has_ppl()
             .then(|| ppl::Ppl::new(sb.members as usize, sb.data_offset));
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let members: Vec<Option<Arc<dyn Member>>> = slots

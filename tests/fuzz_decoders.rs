@@ -549,7 +549,7 @@ fn env_u64(name: &str) -> Option<u64> {
     }
 }
 
-const DEFAULT_SEED: u64 = 0x5eed_0a1d_f5;
+const DEFAULT_SEED: u64 = 0x005e_ed0a_1df5;
 
 #[test]
 fn decoders_survive_mutated_encodings() {

@@ -485,6 +485,9 @@ fn run(cases: u64, seed: u64) {
     assert_eq!(rec, cp, "the checkpoint holds what the record made");
     assert_eq!((cp.inodes, cp.dir_entries), (4, 3));
     assert_eq!(decode_ring(&corpus.ring).expect("sample ring").1.len(), 3);
+    // The same bytes every time, so (seed, case) replays a case.
+    let again = ondisk::samples().expect("fs samples");
+    assert!(again.record == corpus.fs.record && again.checkpoint == corpus.fs.checkpoint);
 
     // Watchdog: a case that runs too long is a hang; abort with its number.
     let started = std::sync::Arc::new(AtomicU64::new(u64::MAX));

@@ -8,7 +8,7 @@
 use super::csum::ChecksumKind;
 use super::dir::Dir;
 use super::extent::Extent;
-use super::inode::{Inode, BLOCK_SIZE};
+use super::inode::{Inode, Time, BLOCK_SIZE};
 use super::journal::{self, DataOrder};
 use super::layout::{self, decode, encode, FsHeader};
 use super::meta::{CommitRecord, DirOp, Meta, MetaImage};
@@ -101,8 +101,20 @@ pub struct Samples {
     pub checkpoint_payload: Vec<u8>,
 }
 
+/// An inode with fixed times, so the samples' bytes are the same in every
+/// run (a fuzz case is replayed from its seed alone).
+fn fixed_inode(ino: u64, kind: FileKind, perm: u16, owner: u32) -> Inode {
+    let mut inode = Inode::new(ino, 1, kind, perm, owner, owner);
+    let t = Time {
+        secs: 1_700_000_000 + ino as i64,
+        nanos: 123_456_789,
+    };
+    (inode.atime, inode.mtime, inode.ctime, inode.crtime) = (t, t, t, t);
+    inode
+}
+
 fn sample_inode(ino: u64, kind: FileKind) -> Inode {
-    let mut inode = Inode::new(ino, 1, kind, 0o644, 1000, 1000);
+    let mut inode = fixed_inode(ino, kind, 0o644, 1000);
     inode.size = 3 * BLOCK_SIZE;
     inode.xattrs.insert(b"user.k".to_vec(), b"v".to_vec());
     inode
@@ -118,19 +130,19 @@ fn sample_inode(ino: u64, kind: FileKind) -> Inode {
     inode
 }
 
-/// Build the samples (deterministic but for nothing: fixed uuid and times).
+/// Build the samples: the same bytes in every run.
 pub fn samples() -> FsResult<Samples> {
     let uuid = *b"raidfs-fuzz-uuid";
     let mut header = layout::plan(0, 64 << 20, uuid, ChecksumKind::Crc32c)?;
     header.generation = 7;
     let header_block = header.encode_block()?;
 
-    let mut root = Inode::new(ROOT_INO, 1, FileKind::Dir, 0o755, 0, 0);
+    let mut root = fixed_inode(ROOT_INO, FileKind::Dir, 0o755, 0);
     root.nlink = 3;
     root.parent = ROOT_INO;
-    let mut sub = Inode::new(ROOT_INO + 1, 1, FileKind::Dir, 0o700, 0, 0);
+    let mut sub = fixed_inode(ROOT_INO + 1, FileKind::Dir, 0o700, 0);
     sub.parent = ROOT_INO;
-    let mut link = Inode::new(ROOT_INO + 3, 1, FileKind::Symlink, 0o777, 0, 0);
+    let mut link = fixed_inode(ROOT_INO + 3, FileKind::Symlink, 0o777, 0);
     link.target = b"file".to_vec();
     let file = sample_inode(ROOT_INO + 2, FileKind::File);
     let mut csum_sets = vec![((1 << 40) + 8 * BLOCK_SIZE, vec![0x1234_5678, 0x9abc_def0])];

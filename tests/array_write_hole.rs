@@ -172,7 +172,7 @@ fn log_entries_outside_their_group_are_ignored() {
     array.write(base, &original).expect("fill");
     array.flush().expect("flush");
     array.mark_dirty().expect("dirty");
-    let geometry = array.data_geometry().clone();
+    let geometry = array.data_geometry();
     drop(array);
 
     // Stripe 3's data chunk 1 is lost; both entries name other members.

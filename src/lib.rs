@@ -2,7 +2,8 @@
 //!
 //! The modules are layers; each depends only on those listed above it:
 //!
-//! 0. [`notice`]: messages for the person at the terminal (relayed by a mount daemon).
+//! 0. [`notice`]: messages for the person at the terminal (relayed by a mount daemon);
+//!    [`features`]: the compat / ro-compat / incompat rules every on-disk header follows.
 //! 1. [`member`]: member devices (image files, block devices, a simulated disk;
 //!    in-memory and fault-injecting doubles for tests, with the `testing` feature).
 //! 2. [`parity`]: XOR and RAID6 P+Q kernels, benchmarked and chosen at start.
@@ -17,6 +18,7 @@
 pub mod array;
 pub mod cli;
 pub mod control;
+pub mod features;
 pub mod fs;
 pub mod fuse;
 pub mod geometry;

@@ -11,7 +11,16 @@
 //! end; they are read and kept as version 1 (see [`Superblock::write_to`]).
 //! Each copy is 4 KiB of fixed-width little-endian fields ending in a crc32c;
 //! `docs/format.md` documents it byte by byte.
+//!
+//! Format version 3 adds the compat and ro-compat feature words beside the
+//! incompat one (the `features` word of versions 1 and 2), with the rules of
+//! [`crate::features`]: an unknown incompat bit refuses the member, an unknown
+//! ro-compat bit lets only a read-only assembly in (the check is the array's,
+//! at assembly), unknown compat bits are kept. Versions 1 and 2 have the one
+//! word, whose only known bit (PPL) is ro-compat in the model.
 
+pub use crate::features::Features;
+use crate::features::Known;
 use crate::geometry::{Layout, Level};
 use crate::member::Member;
 use serde::Serialize;
@@ -19,7 +28,10 @@ use uuid::Uuid;
 
 pub const MAGIC: [u8; 8] = *b"RAIDFS\x00\x01";
 /// The format version this raidfs writes for new arrays.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
+/// The first format version with the three feature words (and the last
+/// version bump: later features are feature bits).
+pub const FEATURE_WORDS_VERSION: u32 = 3;
 /// The oldest format version this raidfs reads (and keeps writing as it is).
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 pub const SUPERBLOCK_SIZE: usize = 4096;
@@ -34,12 +46,25 @@ pub const DEFAULT_DATA_OFFSET: u64 = 1 << 20;
 /// plus room for later end-of-member structures, mirroring
 /// [`DEFAULT_DATA_OFFSET`] at the front.
 pub const TAIL_RESERVE: u64 = 1 << 20;
-/// Superblock feature bit: partial-parity log (closes the RAID5 write hole).
+/// Ro-compat feature bit: partial-parity log (closes the RAID5 write hole).
+/// A raidfs without it reads the array correctly but would write without
+/// logging, leaving a ring that a later recovery would replay wrongly; so it
+/// is ro-compat. Versions 1 and 2 store it as bit 1 of their one word.
 pub const FEATURE_PPL: u64 = 1 << 1;
-/// Every feature bit this raidfs knows; a superblock with any other bit set
-/// is refused, since its array may depend on something this raidfs would
-/// ignore or break.
-pub const KNOWN_FEATURES: u64 = FEATURE_PPL;
+/// The compat feature bits this raidfs knows (none yet).
+pub const KNOWN_COMPAT: u64 = 0;
+/// The ro-compat feature bits this raidfs knows.
+pub const KNOWN_RO_COMPAT: u64 = FEATURE_PPL;
+/// The incompat feature bits this raidfs knows (none yet).
+pub const KNOWN_INCOMPAT: u64 = 0;
+/// The superblock's feature bits with their names, for the rules of
+/// [`crate::features`].
+pub const SUPERBLOCK_FEATURES: Known = Known {
+    what: "superblock",
+    compat: &[],
+    ro_compat: &[(FEATURE_PPL, "ppl")],
+    incompat: &[],
+};
 /// Most member slots an array can have.
 pub const MAX_MEMBERS: usize = 255;
 /// Most allocation groups an array can have (one byte each in the table).
@@ -103,7 +128,8 @@ pub struct Superblock {
     pub state: ArrayState,
     /// How far this member has been rebuilt (u64::MAX: in sync).
     pub recovery_offset: u64,
-    pub features: u64,
+    /// Compat, ro-compat and incompat feature bits (see [`crate::features`]).
+    pub features: Features,
     /// Creation and last update time, seconds since the epoch.
     pub ctime: u64,
     pub utime: u64,
@@ -128,6 +154,9 @@ pub enum SuperblockError {
     Version { member: String, version: u32 },
     #[error("{member}: invalid superblock field: {what}")]
     Invalid { member: String, what: String },
+    /// An incompat feature this raidfs does not know.
+    #[error("{member}: {what}")]
+    Feature { member: String, what: String },
 }
 
 /// What reading one superblock copy found.
@@ -239,10 +268,14 @@ mod offsets {
     pub const GROUP_SIZE: usize = 120;
     pub const EVENTS: usize = 128;
     pub const RECOVERY_OFFSET: usize = 136;
-    pub const FEATURES: usize = 144;
+    /// `features` in versions 1 and 2.
+    pub const INCOMPAT: usize = 144;
     pub const CTIME: usize = 152;
     pub const UTIME: usize = 160;
     pub const GROUP_COUNT: usize = 168;
+    /// Version 3 on; reserved (zero, ignored) before.
+    pub const RO_COMPAT: usize = 172;
+    pub const COMPAT: usize = 180;
     pub const SLOTS: usize = 256;
     pub const GROUPS: usize = 512;
     pub const CRC: usize = super::SUPERBLOCK_SIZE - 4;
@@ -432,7 +465,7 @@ impl Superblock {
             events: 1,
             state: ArrayState::Clean,
             recovery_offset: u64::MAX,
-            features: 0,
+            features: Features::default(),
             ctime: now,
             utime: now,
             slots: vec![SlotState::Active; geometry.members],
@@ -493,7 +526,13 @@ impl Superblock {
         put_u64(&mut buf, GROUP_SIZE, self.group_size);
         put_u64(&mut buf, EVENTS, self.events);
         put_u64(&mut buf, RECOVERY_OFFSET, self.recovery_offset);
-        put_u64(&mut buf, FEATURES, self.features);
+        if self.version >= FEATURE_WORDS_VERSION {
+            put_u64(&mut buf, INCOMPAT, self.features.incompat);
+            put_u64(&mut buf, RO_COMPAT, self.features.ro_compat);
+            put_u64(&mut buf, COMPAT, self.features.compat);
+        } else {
+            put_u64(&mut buf, INCOMPAT, one_word(&self.features));
+        }
         put_u64(&mut buf, CTIME, self.ctime);
         put_u64(&mut buf, UTIME, self.utime);
         put_u32(
@@ -543,6 +582,21 @@ impl Superblock {
                 version,
             });
         }
+        let features = if version >= FEATURE_WORDS_VERSION {
+            Features {
+                compat: get_u64(buf, COMPAT),
+                ro_compat: get_u64(buf, RO_COMPAT),
+                incompat: get_u64(buf, INCOMPAT),
+            }
+        } else {
+            features_from_one_word(get_u64(buf, INCOMPAT))
+        };
+        SUPERBLOCK_FEATURES
+            .refuse_open(&features)
+            .map_err(|what| SuperblockError::Feature {
+                member: member.to_string(),
+                what,
+            })?;
         let name_bytes = &buf[NAME..NAME + NAME_LEN];
         let name_len = name_bytes.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
         if name_bytes[name_len..].iter().any(|&b| b != 0) {
@@ -614,7 +668,7 @@ impl Superblock {
             events: get_u64(buf, EVENTS),
             state,
             recovery_offset: get_u64(buf, RECOVERY_OFFSET),
-            features: get_u64(buf, FEATURES),
+            features,
             ctime: get_u64(buf, CTIME),
             utime: get_u64(buf, UTIME),
             slots,
@@ -632,10 +686,14 @@ impl Superblock {
                 self.version
             ));
         }
-        let unknown = self.features & !KNOWN_FEATURES;
-        if unknown != 0 {
+        SUPERBLOCK_FEATURES.refuse_open(&self.features)?;
+        if self.version < FEATURE_WORDS_VERSION
+            && features_from_one_word(one_word(&self.features)) != self.features
+        {
             return Err(format!(
-                "unknown feature bits {unknown:#x}; this raidfs is too old for the array"
+                "version {} keeps one feature word, which cannot hold {}",
+                self.version,
+                SUPERBLOCK_FEATURES.describe(&self.features)
             ));
         }
         if self.name.len() > offsets::NAME_LEN {
@@ -839,7 +897,7 @@ impl Superblock {
             return Ok((sb, verdict));
         }
         let rank = |e: &SuperblockError| match e {
-            SuperblockError::Version { .. } => 0,
+            SuperblockError::Version { .. } | SuperblockError::Feature { .. } => 0,
             SuperblockError::Invalid { .. } => 1,
             SuperblockError::Io(..) => 2,
             SuperblockError::Corrupt { .. } => 3,
@@ -870,6 +928,9 @@ impl Superblock {
             )
         };
         self.validate().map_err(refuse)?;
+        SUPERBLOCK_FEATURES
+            .refuse_write(&self.features)
+            .map_err(refuse)?;
         if let Some(what) = self.misfit(member.len()) {
             return Err(refuse(what));
         }
@@ -900,4 +961,27 @@ impl Superblock {
     pub fn group_count(&self) -> usize {
         self.groups.len()
     }
+
+    /// Whether the partial parity log feature is set. `create` sets it on
+    /// RAID5 only; the array engine keeps a log when its personality does.
+    pub fn has_ppl(&self) -> bool {
+        self.features.ro_compat & FEATURE_PPL != 0
+    }
+}
+
+/// The features the one `features` word of versions 1 and 2 holds: its PPL
+/// bit is the ro-compat PPL feature, any other bit an incompat one (those
+/// versions refused every bit they did not know).
+pub fn features_from_one_word(word: u64) -> Features {
+    Features {
+        compat: 0,
+        ro_compat: word & FEATURE_PPL,
+        incompat: word & !FEATURE_PPL,
+    }
+}
+
+/// The one word versions 1 and 2 store for `features`;
+/// [`Superblock::validate`] refuses features it cannot hold.
+pub fn one_word(features: &Features) -> u64 {
+    features.ro_compat & FEATURE_PPL | features.incompat
 }

@@ -130,3 +130,66 @@ fn dirty_degraded_raid5_without_the_log_needs_force() {
         .expect("refused");
     assert!(err.to_string().contains("--force"), "{err}");
 }
+
+/// A log entry is checksummed, not trusted: entries whose window is not
+/// inside one chunk of a stripe of their group (a stripe far past the
+/// group, a window running past its chunk) are ignored at recovery, and
+/// the array's data reads back as it was.
+#[test]
+fn log_entries_outside_their_group_are_ignored() {
+    use raidfs::array::ppl::{decode_ring, Ppl, PPL_OFFSET};
+    use raidfs::superblock::DEFAULT_DATA_OFFSET;
+    let ms = faulty(4, 24 << 20, "o");
+    let handles = named(&ms);
+    let spec = CreateSpec {
+        level: Level::Raid5,
+        layout: Layout::LeftSymmetric,
+        chunk: CHUNK,
+        copies: 1,
+        name: "o".into(),
+        ppl: true,
+    };
+    let array = create(handles.clone(), &spec).expect("create");
+    let group = array.allocate_group(GroupProfile::Data).expect("group");
+    let base = (group as u64) << GROUP_SHIFT;
+    let original = random(5, 1 << 20);
+    array.write(base, &original).expect("fill");
+    array.flush().expect("flush");
+    array.mark_dirty().expect("dirty");
+    let geometry = array.data_geometry();
+    drop(array);
+
+    // Stripe 3's data chunk 1 is lost; both entries name other members.
+    let lost = geometry.stripe_members(3).data[1];
+    let far = 1u64 << 50;
+    let epoch_of = |slot: usize| {
+        let mut ring = vec![0u8; 1024];
+        ms[slot].read_at(&mut ring, PPL_OFFSET).expect("ring");
+        decode_ring(&ring).expect("ring header").0
+    };
+    let entries = [
+        (far, 0u64, 512usize),
+        (3, CHUNK - 100, 512), // runs 412 bytes past its chunk
+    ];
+    let log = Ppl::new(4, DEFAULT_DATA_OFFSET);
+    for (stripe, lo, len) in entries {
+        let members = geometry.stripe_members(stripe);
+        let parity = members.p.expect("raid5 parity");
+        assert!(parity != lost && members.data[0] != lost, "stripe {stripe}");
+        log.resume(epoch_of(parity) - 1);
+        let (offset, entry) = log
+            .reserve(parity, group, stripe, lo, &[0], &vec![0xEE; len])
+            .expect("room in the ring");
+        ms[parity].write_at(&entry, offset).expect("write entry");
+    }
+    let survivors: Vec<(Arc<dyn Member>, String)> = handles
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i != lost)
+        .map(|(_, h)| h)
+        .collect();
+    let array = assemble(survivors, AssembleOptions::default()).expect("assemble degraded");
+    let mut back = vec![0u8; original.len()];
+    array.read(base, &mut back).expect("read");
+    assert!(back == original, "a bogus log entry changed the data");
+}

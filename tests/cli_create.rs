@@ -64,7 +64,7 @@ fn create_then_examine_raid5() {
     assert_eq!(v[0]["level"], "raid5");
     assert_eq!(v[0]["role"], "Active device 2");
     assert_eq!(v[0]["checksum"][1], "good");
-    assert_eq!(v[0]["version"], 2);
+    assert_eq!(v[0]["version"], raidfs::superblock::FORMAT_VERSION);
     for copy in ["front_0", "front_1", "end_0", "end_1"] {
         assert_eq!(v[0]["superblock_copies"][copy], "good", "{copy}");
     }

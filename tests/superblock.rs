@@ -32,7 +32,7 @@ fn sample(events: u64) -> Superblock {
         events,
         state: ArrayState::Clean,
         recovery_offset: u64::MAX,
-        features: 0,
+        features: Features::default(),
         ctime: 1_700_000_000,
         utime: 1_700_000_100,
         slots: vec![SlotState::Active, SlotState::Active, SlotState::Faulty],
@@ -99,7 +99,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
     let counters = (
         any::<u64>(),
         any::<u64>(),
-        prop_oneof![Just(0), Just(FEATURE_PPL)],
+        (any::<bool>(), any::<u64>(), any::<u64>()),
         any::<u64>(),
         any::<u64>(),
         0u64..=(1 << 30),
@@ -107,7 +107,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
     );
     (head, counters).prop_flat_map(move |(head, counters)| {
         let (level, layout, members, chunk_shift, group_chunks, name, au, mu, dirty) = head;
-        let version = prop_oneof![Just(OLDEST_FORMAT_VERSION), Just(FORMAT_VERSION)];
+        let version = prop_oneof![Just(OLDEST_FORMAT_VERSION), Just(2), Just(FORMAT_VERSION)];
         let copies = match level {
             Level::Raid1 => Just(members).boxed(),
             Level::Raid10 => (1..=members).boxed(),
@@ -137,6 +137,22 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
                 let (events, recovery, features, ctime, utime, offset_blocks, spare) = counters;
                 let chunk = 1u64 << chunk_shift;
                 let group_size = chunk * group_chunks;
+                // Versions 1 and 2 hold only the PPL bit; version 3 keeps
+                // any compat and ro-compat bits, known or not.
+                let (ppl, compat, ro_compat) = features;
+                let ppl = if ppl { FEATURE_PPL } else { 0 };
+                let features = if version >= FEATURE_WORDS_VERSION {
+                    Features {
+                        compat,
+                        ro_compat: ro_compat | ppl,
+                        incompat: 0,
+                    }
+                } else {
+                    Features {
+                        ro_compat: ppl,
+                        ..Features::default()
+                    }
+                };
                 Superblock {
                     version,
                     array_uuid: Uuid::from_u128(au),
@@ -246,50 +262,132 @@ fn reseal(block: &mut [u8; SUPERBLOCK_SIZE]) {
 #[test]
 fn unknown_version_is_refused_naming_it() {
     let mut block = sample(1).encode();
-    block[8..12].copy_from_slice(&3u32.to_le_bytes());
+    block[8..12].copy_from_slice(&4u32.to_le_bytes());
     reseal(&mut block);
     let result = Superblock::decode(&block, "m");
     match &result {
-        Err(SuperblockError::Version { version: 3, .. }) => {}
+        Err(SuperblockError::Version { version: 4, .. }) => {}
         other => panic!("expected Version error, got {other:?}"),
     }
     let message = result.unwrap_err().to_string();
-    assert!(message.contains("version 3"), "{message}");
-    // On a member, every copy with version 3: the error names it too.
+    assert!(message.contains("version 4"), "{message}");
+    // On a member, every copy with version 4: the error names it too.
     let m = member();
     for offset in all_offsets(&m) {
         m.write_at(&block, offset).unwrap();
     }
     let err = Superblock::read_from(&m).unwrap_err();
     assert!(
-        matches!(err, SuperblockError::Version { version: 3, .. }),
+        matches!(err, SuperblockError::Version { version: 4, .. }),
         "{err:?}"
     );
     let mut sb = sample(1);
-    sb.version = 3;
-    assert!(sb.validate().unwrap_err().contains("version 3"));
+    sb.version = 4;
+    assert!(sb.validate().unwrap_err().contains("version 4"));
+}
+
+/// `sample` with the given feature words, on a version 3 superblock.
+fn with_features(compat: u64, ro_compat: u64, incompat: u64) -> Superblock {
+    Superblock {
+        features: Features {
+            compat,
+            ro_compat,
+            incompat,
+        },
+        ..sample(1)
+    }
 }
 
 #[test]
-fn unknown_feature_bits_are_refused() {
-    let mut sb = sample(1);
-    sb.features = FEATURE_PPL | 1 << 5;
+fn unknown_incompat_feature_bits_are_refused_naming_them() {
+    let sb = with_features(0, FEATURE_PPL, 1 << 5);
     let why = sb.validate().unwrap_err();
-    assert!(why.contains("unknown feature bits 0x20"), "{why}");
+    assert!(
+        why.contains("unknown incompatible feature bit 5 (0x20)"),
+        "{why}"
+    );
     assert!(why.contains("too old"), "{why}");
     match Superblock::decode(&sb.encode(), "m") {
-        Err(SuperblockError::Invalid { what, .. }) => {
-            assert!(what.contains("unknown feature bits 0x20"), "{what}")
+        Err(SuperblockError::Feature { what, .. }) => {
+            assert!(what.contains("incompatible feature bit 5 (0x20)"), "{what}")
         }
-        other => panic!("expected Invalid, got {other:?}"),
+        other => panic!("expected Feature, got {other:?}"),
     }
+    // Every copy of a member refused: the error names the bit.
+    let m = member();
+    for offset in all_offsets(&m) {
+        m.write_at(&sb.encode(), offset).unwrap();
+    }
+    let err = Superblock::read_from(&m).unwrap_err().to_string();
+    assert!(
+        err.contains("m0: superblock has unknown incompatible feature bit 5"),
+        "{err}"
+    );
     let m = member();
     assert!(sb.write_to(&m).is_err(), "write_to refuses it");
     assert!(m.snapshot().iter().all(|&b| b == 0), "nothing written");
-    sb.features = FEATURE_PPL;
-    assert_eq!(sb.validate(), Ok(()));
+    // A version 2 superblock's one word: any bit but PPL is incompat.
+    let mut v2 = sample(1);
+    v2.version = 2;
+    let mut block = v2.encode();
+    block[144..152].copy_from_slice(&(FEATURE_PPL | 1 << 7).to_le_bytes());
+    reseal(&mut block);
+    let err = Superblock::decode(&block, "m").unwrap_err().to_string();
+    assert!(err.contains("incompatible feature bit 7 (0x80)"), "{err}");
     assert_eq!(raidfs::array::FEATURE_PPL, FEATURE_PPL);
-    assert_eq!(KNOWN_FEATURES, FEATURE_PPL);
+    assert_eq!(
+        (KNOWN_COMPAT, KNOWN_RO_COMPAT, KNOWN_INCOMPAT),
+        (0, FEATURE_PPL, 0)
+    );
+}
+
+#[test]
+fn unknown_ro_compat_bits_read_and_are_kept_but_never_written() {
+    let sb = with_features(0, FEATURE_PPL | 1 << 9, 0);
+    assert_eq!(sb.validate(), Ok(()));
+    let back = Superblock::decode(&sb.encode(), "m").expect("an unknown ro-compat bit reads");
+    assert_eq!(back.features, sb.features, "kept as read");
+    assert!(back.has_ppl(), "the known bit still counts");
+    let m = member();
+    let why = sb.write_to(&m).unwrap_err().to_string();
+    assert!(
+        why.contains("unknown read-only-compatible feature bit 9 (0x200)"),
+        "{why}"
+    );
+    assert!(m.snapshot().iter().all(|&b| b == 0), "nothing written");
+}
+
+#[test]
+fn unknown_compat_bits_are_ignored_and_preserved() {
+    let sb = with_features(1 << 3 | 1 << 62, 0, 0);
+    let m = member();
+    sb.write_to(&m)
+        .expect("unknown compat bits are written back");
+    let (back, _) = Superblock::read_from(&m).unwrap();
+    assert_eq!(back.features.compat, 1 << 3 | 1 << 62);
+    let block = back.encode();
+    assert_eq!(&block[180..188], &(1u64 << 3 | 1 << 62).to_le_bytes());
+}
+
+#[test]
+fn versions_1_and_2_keep_ppl_in_their_one_word() {
+    for version in [1, 2] {
+        let mut sb = with_features(0, FEATURE_PPL, 0);
+        sb.version = version;
+        let block = sb.encode();
+        assert_eq!(&block[144..152], &FEATURE_PPL.to_le_bytes(), "v{version}");
+        assert!(block[172..188].iter().all(|&b| b == 0), "v{version}");
+        let back = Superblock::decode(&block, "m").unwrap();
+        assert_eq!(back.features, sb.features);
+        // The words of version 3 cannot be told to a version 2 member.
+        sb.features.compat = 1;
+        let why = sb.validate().unwrap_err();
+        assert!(why.contains("one feature word"), "{why}");
+    }
+    // Version 3 puts PPL in the ro-compat word.
+    let block = with_features(0, FEATURE_PPL, 0).encode();
+    assert_eq!(&block[144..152], &[0; 8]);
+    assert_eq!(&block[172..180], &FEATURE_PPL.to_le_bytes());
 }
 
 /// A change that breaks one rule of the format.
@@ -610,7 +708,10 @@ fn version_2_data_area_over_the_end_copies_is_invalid() {
 fn sample_v1(events: u64) -> Superblock {
     Superblock {
         version: 1,
-        features: FEATURE_PPL,
+        features: Features {
+            ro_compat: FEATURE_PPL,
+            ..Features::default()
+        },
         ..sample(events)
     }
 }
@@ -773,7 +874,11 @@ fn format_md_table(heading: &str) -> Vec<Vec<String>> {
 #[test]
 fn format_md_superblock_table_matches_the_encoded_bytes() {
     let mut sb = sample(0x0102_0304_0506_0708);
-    sb.features = FEATURE_PPL;
+    sb.features = Features {
+        compat: 0x0a0b_0c0d_0e0f_1011,
+        ro_compat: FEATURE_PPL,
+        incompat: 0,
+    };
     sb.recovery_offset = 0x1111_2222_3333_4444;
     sb.state = ArrayState::Dirty;
     let block = sb.encode();
@@ -801,7 +906,9 @@ fn format_md_superblock_table_matches_the_encoded_bytes() {
             "`group_size`" => le64(sb.group_size),
             "`events`" => le64(sb.events),
             "`recovery_offset`" => le64(sb.recovery_offset),
-            "`features`" => le64(FEATURE_PPL),
+            "`incompat`" => le64(0),
+            "`ro_compat`" => le64(FEATURE_PPL),
+            "`compat`" => le64(sb.features.compat),
             "`ctime`" => le64(sb.ctime),
             "`utime`" => le64(sb.utime),
             "`group_count`" => le32(sb.groups.len() as u32),
@@ -877,14 +984,32 @@ fn format_md_member_layout_matches_the_code() {
     assert!(doc.contains(&format!(
         "The superblock format version described here is **{FORMAT_VERSION}**"
     )));
-    let features = format_md_table("### Feature bits");
-    let ppl = features
-        .iter()
-        .find(|r| r[2] == "`FEATURE_PPL`")
-        .expect("FEATURE_PPL row");
-    assert_eq!(ppl[0], FEATURE_PPL.trailing_zeros().to_string());
-    assert_eq!(ppl[1], format!("`{FEATURE_PPL:#x}`"));
-    assert!(doc.contains(&format!("`KNOWN_FEATURES = {KNOWN_FEATURES:#x}`")));
+    // Every known bit has its row (word, bit, mask, name) and no other
+    // row names a bit.
+    let features = format_md_table("### Feature words");
+    let named: Vec<&Vec<String>> = features.iter().filter(|r| r[3] != "—").collect();
+    let known = [
+        ("compat", SUPERBLOCK_FEATURES.compat),
+        ("ro_compat", SUPERBLOCK_FEATURES.ro_compat),
+        ("incompat", SUPERBLOCK_FEATURES.incompat),
+    ];
+    let mut count = 0;
+    for (word, bits) in known {
+        for (bit, name) in bits {
+            let row = named
+                .iter()
+                .find(|r| r[0] == format!("`{word}`") && r[1] == bit.trailing_zeros().to_string())
+                .unwrap_or_else(|| panic!("no row for {word} bit {bit:#x}"));
+            assert_eq!(row[2], format!("`{bit:#x}`"));
+            assert_eq!(row[3], format!("`{name}`"));
+            count += 1;
+        }
+    }
+    assert_eq!(named.len(), count, "{named:?}");
+    assert_eq!(FEATURE_PPL, 0x2);
+    assert!(doc.contains(&format!(
+        "`KNOWN_COMPAT = {KNOWN_COMPAT:#x}`, `KNOWN_RO_COMPAT = {KNOWN_RO_COMPAT:#x}`, `KNOWN_INCOMPAT = {KNOWN_INCOMPAT:#x}`"
+    )));
 }
 
 /// docs/format.md's partial parity log tables, checked against the bytes
@@ -949,4 +1074,61 @@ fn format_md_ppl_tables_match_the_log_bytes() {
         at = offset + size;
     }
     assert_eq!(at, 512);
+}
+
+/// docs/format.md's bitmap header table, checked against the bytes the
+/// bitmap writes, and its region rule against `region_size`.
+#[test]
+fn format_md_bitmap_table_matches_the_header_bytes() {
+    use raidfs::array::bitmap::{region_size, Bitmap, Header, BITMAP_OFFSET};
+    assert_eq!(BITMAP_OFFSET, 65536);
+    let data_size = 10u64 << 30;
+    let bitmap = Bitmap::new(DEFAULT_DATA_OFFSET, data_size);
+    let region = region_size(data_size);
+    assert_eq!(
+        region,
+        16 << 20,
+        "doubled from 4 MiB until at most 1024 regions"
+    );
+    let bits = data_size.div_ceil(region);
+    let block = bitmap.encode_header(0x0102_0304_0506_0708);
+    assert_eq!(
+        Header::decode(&block),
+        Ok(Header {
+            region_size: region,
+            bits,
+            events_cleared: 0x0102_0304_0506_0708,
+        })
+    );
+    let rows = format_md_table("Header (4096 bytes at member offset 65536)");
+    let mut at = 0;
+    for row in &rows {
+        let (offset, size): (usize, usize) = (row[0].parse().unwrap(), row[1].parse().unwrap());
+        assert_eq!(offset, at, "{row:?}");
+        let bytes = &block[offset..offset + size];
+        let want: Vec<u8> = match row[2].as_str() {
+            "`magic`" => b"RAIDBMP1".to_vec(),
+            "`region_size`" => region.to_le_bytes().to_vec(),
+            "`bits`" => bits.to_le_bytes().to_vec(),
+            "`events_cleared`" => 0x0102_0304_0506_0708u64.to_le_bytes().to_vec(),
+            "reserved" => vec![0; size],
+            "`crc`" => crc32c::crc32c(&block[..4092]).to_le_bytes().to_vec(),
+            other => panic!("unknown bitmap header field {other}"),
+        };
+        assert_eq!(bytes, &want[..], "{row:?}");
+        at = offset + size;
+    }
+    assert_eq!(at, 4096, "the table covers the header block");
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/format.md"))
+        .expect("docs/format.md");
+    assert!(doc.contains("Bits block (4096 bytes at member offset 69632)"));
+    // Bit b covers data_offset + b * region_size ..; bit b % 8 of byte b / 8.
+    let first = DEFAULT_DATA_OFFSET + 9 * region;
+    bitmap.begin_write(first, first + 1);
+    let (offset, block, _) = bitmap.snapshot().expect("a bit to write");
+    assert_eq!(offset, 69632);
+    assert_eq!(block.len(), 4096);
+    let mut want = vec![0u8; 4096];
+    want[1] = 1 << 1;
+    assert_eq!(block, want);
 }

@@ -209,6 +209,13 @@ pub fn assemble(
         .find(|f| f.sb.events == newest)
         .map(|f| f.sb.clone())
         .ok_or_else(|| ArrayError::Refused("no member holds the newest superblock".into()))?;
+    // Unknown incompat bits were refused when the superblocks were read;
+    // unknown ro-compat ones let a read-only assembly in, and nothing else.
+    if !opts.read_only {
+        crate::superblock::SUPERBLOCK_FEATURES
+            .refuse_write(&reference.features)
+            .map_err(ArrayError::Refused)?;
+    }
     let total = reference.members as usize;
     if let Some(f) = found.iter().find(|f| f.sb.slot as usize >= total) {
         return Err(ArrayError::Refused(format!(
@@ -357,8 +364,7 @@ pub fn assemble(
     let present = slots.iter().filter(|s| s.member().is_some()).count();
     let degraded = present < total;
     let personality = Personality::of(reference.level);
-    let ppl =
-        reference.features & super::FEATURE_PPL != 0 && personality.keeps_partial_parity_log();
+    let ppl = reference.has_ppl() && personality.keeps_partial_parity_log();
     // With a partial parity log the write hole is closed at assembly below.
     if degraded
         && reference.state == ArrayState::Dirty

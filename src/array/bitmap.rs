@@ -39,6 +39,58 @@ pub fn region_size(data_size: u64) -> u64 {
     size
 }
 
+/// The fields of a bitmap header (`docs/format.md`, "Write-intent bitmap").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub region_size: u64,
+    pub bits: u64,
+    pub events_cleared: u64,
+}
+
+impl Header {
+    /// The 4 KiB header block: magic, fields, zeros, crc32c.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut h = vec![0u8; HEADER_SIZE];
+        h[0..8].copy_from_slice(MAGIC);
+        h[8..16].copy_from_slice(&self.region_size.to_le_bytes());
+        h[16..24].copy_from_slice(&self.bits.to_le_bytes());
+        h[24..32].copy_from_slice(&self.events_cleared.to_le_bytes());
+        let crc = crc32c::crc32c(&h[..HEADER_SIZE - 4]);
+        h[HEADER_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+
+    /// Decode a header block; the error says what is wrong with it. The
+    /// fields are not judged against an array here (see [`Bitmap::load`]).
+    pub fn decode(h: &[u8]) -> Result<Header, String> {
+        let h = h
+            .get(..HEADER_SIZE)
+            .ok_or_else(|| format!("bitmap header is {} bytes, expected {HEADER_SIZE}", h.len()))?;
+        if &h[0..8] != MAGIC {
+            return Err("no bitmap header magic".into());
+        }
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&h[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let crc = u32::from_le_bytes([
+            h[HEADER_SIZE - 4],
+            h[HEADER_SIZE - 3],
+            h[HEADER_SIZE - 2],
+            h[HEADER_SIZE - 1],
+        ]);
+        if crc32c::crc32c(&h[..HEADER_SIZE - 4]) != crc {
+            return Err("bitmap header fails its checksum".into());
+        }
+        Ok(Header {
+            region_size: word(8),
+            bits: word(16),
+            events_cleared: word(24),
+        })
+    }
+}
+
 struct State {
     /// Bits as they must be on the members before their regions are written.
     bits: Vec<u64>,
@@ -138,15 +190,14 @@ impl Bitmap {
         HEADER_SIZE + self.bytes_len().div_ceil(BLOCK) * BLOCK
     }
 
-    fn encode_header(&self, events_cleared: u64) -> Vec<u8> {
-        let mut h = vec![0u8; HEADER_SIZE];
-        h[0..8].copy_from_slice(MAGIC);
-        h[8..16].copy_from_slice(&self.region.to_le_bytes());
-        h[16..24].copy_from_slice(&(self.nbits as u64).to_le_bytes());
-        h[24..32].copy_from_slice(&events_cleared.to_le_bytes());
-        let crc = crc32c::crc32c(&h[..HEADER_SIZE - 4]);
-        h[HEADER_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
-        h
+    /// The header block this bitmap writes.
+    pub fn encode_header(&self, events_cleared: u64) -> Vec<u8> {
+        Header {
+            region_size: self.region,
+            bits: self.nbits as u64,
+            events_cleared,
+        }
+        .encode()
     }
 
     fn bit_bytes(words: &[u64], nbytes: usize) -> Vec<u8> {
@@ -165,30 +216,23 @@ impl Bitmap {
                 st.header_missing = true;
                 continue;
             }
-            let h = &area[..HEADER_SIZE];
-            let crc = u32::from_le_bytes([
-                h[HEADER_SIZE - 4],
-                h[HEADER_SIZE - 3],
-                h[HEADER_SIZE - 2],
-                h[HEADER_SIZE - 1],
-            ]);
-            if &h[0..8] != MAGIC || crc32c::crc32c(&h[..HEADER_SIZE - 4]) != crc {
-                log::warn!(
-                    "{}: no valid bitmap header; written again with the next bits",
-                    m.name()
-                );
-                st.header_missing = true;
-                continue;
-            }
-            let region = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
-            let nbits = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default());
-            if region != self.region || nbits != self.nbits as u64 {
+            let header = match Header::decode(&area[..HEADER_SIZE]) {
+                Ok(h) => h,
+                Err(why) => {
+                    log::warn!(
+                        "{}: no valid bitmap header ({why}); written again with the next bits",
+                        m.name()
+                    );
+                    st.header_missing = true;
+                    continue;
+                }
+            };
+            if header.region_size != self.region || header.bits != self.nbits as u64 {
                 log::warn!("{}: bitmap geometry differs; ignored", m.name());
                 st.header_missing = true;
                 continue;
             }
-            let cleared = u64::from_le_bytes(h[24..32].try_into().unwrap_or_default());
-            st.events_cleared = st.events_cleared.max(cleared);
+            st.events_cleared = st.events_cleared.max(header.events_cleared);
             let bytes = &area[HEADER_SIZE..HEADER_SIZE + self.bytes_len()];
             for (i, chunk) in bytes.chunks(8).enumerate() {
                 let mut w = [0u8; 8];

@@ -143,7 +143,10 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
         events: 1,
         state: ArrayState::Clean,
         recovery_offset: u64::MAX,
-        features: if spec.ppl { super::FEATURE_PPL } else { 0 },
+        features: crate::superblock::Features {
+            ro_compat: if spec.ppl { super::FEATURE_PPL } else { 0 },
+            ..Default::default()
+        },
         ctime: now,
         utime: now,
         slots: vec![SlotState::Active; members.len()],

@@ -14,7 +14,7 @@
 
 mod assemble;
 pub mod balance;
-mod bitmap;
+pub mod bitmap;
 mod create;
 mod discard;
 pub mod host;
@@ -192,7 +192,7 @@ impl Array {
         let data_geometry = data_geometry(&sb)?;
         let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
         let data_personality = Personality::of_geometry(&data_geometry);
-        let ppl = (sb.features & FEATURE_PPL != 0 && data_personality.keeps_partial_parity_log())
+        let ppl = (sb.has_ppl() && data_personality.keeps_partial_parity_log())
             .then(|| ppl::Ppl::new(sb.members as usize, sb.data_offset));
         let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
         let meta_personality = Personality::of_geometry(&meta_geometry);

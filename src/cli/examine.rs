@@ -44,7 +44,11 @@ struct Examined {
     role: String,
     slots: Vec<String>,
     recovery_offset: Option<u64>,
+    /// The version 1/2 feature word (2: partial parity log), kept for scripts.
     features: u64,
+    compat_features: u64,
+    ro_compat_features: u64,
+    incompat_features: u64,
     ctime: u64,
     utime: u64,
     checksum: [String; 2],
@@ -126,7 +130,10 @@ fn describe(path: &str, sb: &Superblock, copies: [CopyState; 4]) -> Examined {
             .map(|s| format!("{s:?}").to_lowercase())
             .collect(),
         recovery_offset: (sb.recovery_offset != u64::MAX).then_some(sb.recovery_offset),
-        features: sb.features,
+        features: crate::superblock::one_word(&sb.features),
+        compat_features: sb.features.compat,
+        ro_compat_features: sb.features.ro_compat,
+        incompat_features: sb.features.incompat,
         ctime: sb.ctime,
         utime: sb.utime,
         checksum: [verdict(copies[0]), verdict(copies[1])],

@@ -14,7 +14,8 @@ use super::extent::Extent;
 use super::inode::{Inode, BLOCK_SIZE};
 use super::journal::{read_slot, DataOrder, Journal};
 use super::layout::{
-    decode, encode, older_format_note, plan, read_header, write_header, FsHeader, VERSION,
+    decode, encode, implied_features, older_format_note, plan, read_header, write_header, FsHeader,
+    FS_FEATURES, VERSION,
 };
 use super::meta::{Meta, MetaImage};
 use super::range_lock::{RangeGuard, RangeLocks};
@@ -111,6 +112,7 @@ pub fn format_owned(
     };
     let header = FsHeader {
         version,
+        features: implied_features(version),
         ..plan(
             group.index,
             group.capacity,
@@ -207,6 +209,11 @@ pub fn build_allocator(groups: &[GroupInfo], meta: &Meta) -> (Allocator, Vec<Str
 impl Inner {
     pub fn open(store: Arc<dyn BlockStore>, read_only: bool) -> FsResult<Arc<Inner>> {
         let loaded = load(store.as_ref())?;
+        if !read_only {
+            FS_FEATURES
+                .refuse_write(&loaded.journal.header.features)
+                .map_err(FsError::Feature)?;
+        }
         let (alloc, problems) = build_allocator(&store.groups(), &loaded.meta);
         if !problems.is_empty() {
             return Err(FsError::Corrupt(format!(
@@ -222,8 +229,8 @@ impl Inner {
         if version < VERSION {
             log::info!("{}", older_format_note(version));
         }
-        let unwritten_extents = loaded.journal.header.version >= 3;
-        let verified_commits = loaded.journal.header.version >= 4 && csum.enabled();
+        let unwritten_extents = loaded.journal.header.unwritten_extents();
+        let verified_commits = loaded.journal.header.verified_records() && csum.enabled();
         let state = State {
             meta: loaded.meta,
             alloc,
@@ -540,6 +547,7 @@ mod tests {
         let group = metadata_group(store).unwrap();
         let header = FsHeader {
             version,
+            features: implied_features(version),
             ..header.clone()
         };
         write_header(store, group, &header).unwrap();

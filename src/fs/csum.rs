@@ -16,8 +16,9 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::inode::BLOCK_SIZE;
 
-/// How data blocks are checksummed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How data blocks are checksummed. Persisted in the filesystem header
+/// through its fixed number in `codes` (not by variant order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ChecksumKind {
     /// No data checksums (metadata is always checksummed).
     None,
@@ -64,10 +65,36 @@ impl ChecksumKind {
 const CHUNK_BLOCKS: u64 = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "StoredChunk")]
 struct CsumChunk {
     /// Bit i: block i of the chunk has a checksum.
     present: u64,
+    /// Always [`CHUNK_BLOCKS`] entries (checked when decoded).
     crcs: Vec<u32>,
+}
+
+/// A chunk as decoded, before its length is checked.
+#[derive(Deserialize)]
+struct StoredChunk {
+    present: u64,
+    crcs: Vec<u32>,
+}
+
+impl TryFrom<StoredChunk> for CsumChunk {
+    type Error = String;
+
+    fn try_from(c: StoredChunk) -> Result<CsumChunk, String> {
+        if c.crcs.len() as u64 != CHUNK_BLOCKS {
+            return Err(format!(
+                "a checksum chunk holds {} checksums, not {CHUNK_BLOCKS}",
+                c.crcs.len()
+            ));
+        }
+        Ok(CsumChunk {
+            present: c.present,
+            crcs: c.crcs,
+        })
+    }
 }
 
 /// Logical block address → checksum.
@@ -96,7 +123,12 @@ impl CsumMap {
     /// Set the checksums of consecutive blocks starting at `addr`.
     pub fn set(&mut self, addr: u64, crcs: &[u32]) {
         for (i, crc) in crcs.iter().enumerate() {
-            let (key, bit) = locate(addr + i as u64 * BLOCK_SIZE);
+            // A run past the end of the address space (only a damaged
+            // record has one) stops there.
+            let Some(block_addr) = addr.checked_add(i as u64 * BLOCK_SIZE) else {
+                break;
+            };
+            let (key, bit) = locate(block_addr);
             let chunk = self.chunks.entry(key).or_insert_with(|| CsumChunk {
                 present: 0,
                 crcs: vec![0; CHUNK_BLOCKS as usize],
@@ -119,10 +151,30 @@ impl CsumMap {
             .collect()
     }
 
-    /// Forget the checksums of `[addr, addr + len)`.
+    /// Forget the checksums of `[addr, addr + len)`. Costs the smaller of
+    /// the range's blocks and the map's chunks, so a huge extent (or a
+    /// damaged one) does not walk every block of it.
     pub fn remove(&mut self, addr: u64, len: u64) {
-        for i in 0..len / BLOCK_SIZE {
-            let (key, bit) = locate(addr + i * BLOCK_SIZE);
+        let blocks = len / BLOCK_SIZE;
+        if blocks > self.chunks.len() as u64 * CHUNK_BLOCKS {
+            let first = addr / BLOCK_SIZE;
+            let end = first.saturating_add(blocks);
+            self.chunks.retain(|&key, chunk| {
+                for bit in 0..CHUNK_BLOCKS {
+                    let block = key * CHUNK_BLOCKS + bit;
+                    if (first..end).contains(&block) {
+                        chunk.present &= !(1 << bit);
+                    }
+                }
+                chunk.present != 0
+            });
+            return;
+        }
+        for i in 0..blocks {
+            let Some(block_addr) = addr.checked_add(i * BLOCK_SIZE) else {
+                break;
+            };
+            let (key, bit) = locate(block_addr);
             if let Some(chunk) = self.chunks.get_mut(&key) {
                 chunk.present &= !(1 << bit);
                 if chunk.present == 0 {

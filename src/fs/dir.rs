@@ -50,6 +50,10 @@ impl Dir {
         self.entries.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Insert (or replace) `name` with a fresh cookie; returns the cookie.
     pub fn insert(&mut self, name: &[u8], ino: u64) -> u64 {
         let cookie = self.next_cookie;
@@ -63,7 +67,7 @@ impl Dir {
             self.by_cookie.remove(&old.cookie);
         }
         self.by_cookie.insert(cookie, name.to_vec());
-        self.next_cookie = self.next_cookie.max(cookie + 1);
+        self.next_cookie = self.next_cookie.max(cookie.saturating_add(1));
     }
 
     pub fn remove(&mut self, name: &[u8]) -> Option<Slot> {

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use super::core::{build_allocator, load};
 use super::dir::Dir;
 use super::inode::{Inode, Time};
-use super::layout::{encode, write_header};
+use super::layout::{encode, write_header, FS_FEATURES};
 use super::meta::Meta;
 use super::store::BlockStore;
-use super::{FileKind, FsResult, ROOT_INO};
+use super::{FileKind, FsError, FsResult, ROOT_INO};
 
 #[derive(Debug, Default, Clone)]
 pub struct FsckReport {
@@ -42,6 +42,11 @@ impl FsckReport {
 
 pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
     let loaded = load(store.as_ref())?;
+    if repair {
+        FS_FEATURES
+            .refuse_write(&loaded.journal.header.features)
+            .map_err(FsError::Feature)?;
+    }
     let mut report = FsckReport {
         journal_records: loaded.replayed,
         ..Default::default()

@@ -62,6 +62,7 @@ impl Time {
 pub struct Inode {
     pub ino: u64,
     pub generation: u64,
+    #[serde(with = "super::codes::file_kind")]
     pub kind: FileKind,
     /// mode & 0o7777
     pub perm: u16,

@@ -98,7 +98,12 @@ pub struct StoredRecord {
     pub order: DataOrder,
 }
 
-fn encode_record(uuid: &[u8; 16], seq: u64, payload: &[u8], order: DataOrder) -> Vec<u8> {
+pub(super) fn encode_record(
+    uuid: &[u8; 16],
+    seq: u64,
+    payload: &[u8],
+    order: DataOrder,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(record_bytes(payload.len()) as usize);
     out.extend_from_slice(&order.magic().to_le_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -129,7 +134,7 @@ fn parse_record_header(
     (record_bytes(len) <= max_len).then_some((len, u32_at(b, 16), order))
 }
 
-fn encode_checkpoint_header(uuid: &[u8; 16], seq: u64, payload: &[u8]) -> Vec<u8> {
+pub(super) fn encode_checkpoint_header(uuid: &[u8; 16], seq: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(BLOCK_SIZE as usize);
     out.extend_from_slice(&CHECKPOINT_MAGIC.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
@@ -151,7 +156,57 @@ fn parse_checkpoint_header(uuid: &[u8; 16], b: &[u8], slot_len: u64) -> Option<(
         return None;
     }
     let len = u64_at(b, 16);
-    (len + BLOCK_SIZE <= slot_len).then_some((u64_at(b, 8), len as usize, u32_at(b, 24)))
+    (len.saturating_add(BLOCK_SIZE) <= slot_len).then_some((
+        u64_at(b, 8),
+        len as usize,
+        u32_at(b, 24),
+    ))
+}
+
+/// The payload of the record with sequence `seq` at the start of `bytes`,
+/// judged as [`read_record`] judges one (`room`: bytes left in the log).
+pub(super) fn decode_record<'a>(
+    uuid: &[u8; 16],
+    bytes: &'a [u8],
+    seq: u64,
+    room: u64,
+) -> FsResult<&'a [u8]> {
+    let (len, crc, _) = parse_record_header(uuid, bytes, seq, room).ok_or_else(|| {
+        FsError::Corrupt(format!(
+            "no whole journal record {seq} here (magic, sequence, header checksum or length)"
+        ))
+    })?;
+    let payload = bytes
+        .get(RECORD_HEADER..RECORD_HEADER + len)
+        .ok_or_else(|| FsError::Corrupt(format!("journal record {seq} is cut short")))?;
+    if seeded_crc(uuid, &[payload]) != crc {
+        return Err(FsError::Corrupt(format!(
+            "journal record {seq} payload fails its checksum"
+        )));
+    }
+    Ok(payload)
+}
+
+/// The payload of the checkpoint at the start of `bytes` (a slot of
+/// `slot_len` bytes), judged as [`read_slot`] judges one.
+pub(super) fn decode_checkpoint<'a>(
+    uuid: &[u8; 16],
+    bytes: &'a [u8],
+    slot_len: u64,
+) -> FsResult<&'a [u8]> {
+    let (_, len, crc) = parse_checkpoint_header(uuid, bytes, slot_len).ok_or_else(|| {
+        FsError::Corrupt("no whole checkpoint header here (magic, checksum or length)".into())
+    })?;
+    let start = BLOCK_SIZE as usize;
+    let payload = bytes
+        .get(start..start.saturating_add(len))
+        .ok_or_else(|| FsError::Corrupt("checkpoint is cut short".into()))?;
+    if seeded_crc(uuid, &[payload]) != crc {
+        return Err(FsError::Corrupt(
+            "checkpoint payload fails its checksum".into(),
+        ));
+    }
+    Ok(payload)
 }
 
 /// Read with a checksum test; `None` when no copy passes it.

@@ -10,6 +10,7 @@ pub mod acl;
 mod alloc;
 pub mod array_store;
 pub mod atime;
+mod codes;
 mod core;
 pub mod csum;
 mod deferred;
@@ -20,6 +21,7 @@ mod inode;
 mod journal;
 mod layout;
 mod meta;
+pub mod ondisk;
 mod ops;
 mod perm;
 mod range_lock;
@@ -95,6 +97,10 @@ pub enum FsError {
     PastEnd,
     #[error("metadata corrupt: {0}")]
     Corrupt(String),
+    /// The filesystem uses a feature this raidfs does not know (the
+    /// message names its bits and what may still be done).
+    #[error("{0}")]
+    Feature(String),
     #[error("storage error: {0}")]
     Store(#[from] StoreError),
 }
@@ -109,7 +115,9 @@ pub const ROOT_INO: u64 = 1;
 /// xattrs and extent maps that grow.
 pub const INODE_COST: u64 = 1024;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// The kind of a file. Persisted through its fixed numbers in `codes`
+/// (not by variant order), so it derives no serde.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileKind {
     File,
     Dir,

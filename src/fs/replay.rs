@@ -342,6 +342,7 @@ mod tests {
             group,
             &FsHeader {
                 version: 3,
+                features: crate::fs::layout::implied_features(3),
                 ..header
             },
         )

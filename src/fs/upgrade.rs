@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use super::core::metadata_group;
-use super::layout::{read_header, write_header, VERSION};
+use super::layout::{implied_features, read_header, write_header, VERSION};
 use super::{FileSystem, FsOptions, FsResult};
 use crate::fs::BlockStore;
 
@@ -50,6 +50,11 @@ pub fn plan(store: &dyn BlockStore) -> FsResult<Upgrade> {
             "format 4: nothing on this filesystem (one-flush commits need data checksums, which it was made without)".into()
         });
     }
+    if header.version < 5 {
+        gains.push(
+            "format 5: feature words, so later features need no new format (a raidfs that does not know one refuses it, or mounts read-only, by its bit)".into(),
+        );
+    }
     Ok(Upgrade {
         from: header.version,
         to: header.version.max(VERSION),
@@ -71,6 +76,7 @@ pub fn upgrade(store: Arc<dyn BlockStore>) -> FsResult<Upgrade> {
     let group = metadata_group(store.as_ref())?;
     let (mut header, _) = read_header(store.as_ref(), group)?;
     header.version = planned.to;
+    header.features = implied_features(planned.to);
     header.generation += 1;
     write_header(store.as_ref(), group, &header)?;
     Ok(planned)
@@ -102,7 +108,7 @@ mod tests {
 
         let planned = plan(store.as_ref()).unwrap();
         assert_eq!((planned.from, planned.to), (OLDEST_VERSION, VERSION));
-        assert_eq!(planned.gains.len(), 2, "{:?}", planned.gains);
+        assert_eq!(planned.gains.len(), 3, "{:?}", planned.gains);
         let done = upgrade(store.clone()).unwrap();
         assert_eq!(done, planned);
 

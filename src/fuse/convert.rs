@@ -31,6 +31,9 @@ pub fn errno_of(err: &FsError) -> Errno {
         FsError::PastEnd => libc::ENXIO,
         // ext4 and XFS report detected corruption as EUCLEAN ("structure needs cleaning").
         FsError::Corrupt(_) => libc::EUCLEAN,
+        // Only opening a filesystem reports it (never an operation): one
+        // with a feature this raidfs does not implement.
+        FsError::Feature(_) => libc::EOPNOTSUPP,
         FsError::Store(store) => match store {
             StoreError::Io(_) => libc::EIO,
             StoreError::OutOfRange(_) => libc::EIO,

@@ -83,9 +83,13 @@ impl Ppl {
         }
     }
 
-    /// Bytes an entry of `len` payload bytes takes.
+    /// Bytes an entry of `len` payload bytes takes (saturating: a length
+    /// read from disk may be anything).
     fn entry_size(len: usize) -> u64 {
-        (SECTOR + len.div_ceil(SECTOR) * SECTOR) as u64
+        (len as u64)
+            .div_ceil(SECTOR as u64)
+            .saturating_mul(SECTOR as u64)
+            .saturating_add(SECTOR as u64)
     }
 
     /// Whether an entry of `len` bytes can ever fit in the ring.
@@ -184,44 +188,7 @@ impl Ppl {
     pub fn read_ring(&self, member: &dyn Member) -> Option<(u64, Vec<Entry>)> {
         let mut ring = vec![0u8; SECTOR + self.ring_len as usize];
         member.read_at(&mut ring, PPL_OFFSET).ok()?;
-        let h = &ring[..SECTOR];
-        if &h[0..8] != RING_MAGIC || crc_le(&h[..SECTOR - 4]) != h[SECTOR - 4..] {
-            return None;
-        }
-        let epoch = get_u64(h, 8);
-        let mut entries = Vec::new();
-        let mut at = SECTOR;
-        while at + SECTOR <= ring.len() {
-            let e = &ring[at..at + SECTOR];
-            if &e[0..8] != ENTRY_MAGIC || get_u64(e, 8) != epoch {
-                break;
-            }
-            let len = get_u64(e, 48) as usize;
-            let size = Self::entry_size(len) as usize;
-            if at + size > ring.len() {
-                break;
-            }
-            let pp = &ring[at + SECTOR..at + SECTOR + len];
-            let mut covered = e[..SECTOR - 4].to_vec();
-            covered.extend_from_slice(pp);
-            if crc_le(&covered) != e[SECTOR - 4..] {
-                break; // A torn entry: its write never started.
-            }
-            let mask = &e[64..64 + MASK_BYTES];
-            entries.push(Entry {
-                epoch,
-                seq: get_u64(e, 16),
-                group: u32::from_le_bytes([e[24], e[25], e[26], e[27]]),
-                stripe: get_u64(e, 32),
-                lo: get_u64(e, 40),
-                modified: (0..MASK_BYTES * 8)
-                    .filter(|&i| mask[i / 8] & (1 << (i % 8)) != 0)
-                    .collect(),
-                partial_parity: pp.to_vec(),
-            });
-            at += size;
-        }
-        Some((epoch, entries))
+        decode_ring(&ring).ok()
     }
 
     /// Write an empty ring (header of the current epoch) to every member.
@@ -232,6 +199,58 @@ impl Ppl {
         }
         Ok(())
     }
+}
+
+/// Decode a ring (header then entries, as read from `PPL_OFFSET`): its
+/// epoch and the entries of that epoch, up to the first that is not one
+/// (another magic or epoch, a length past the ring, a failing checksum: a
+/// torn or never written entry ends the ring). The error says why the ring
+/// has no valid header.
+pub fn decode_ring(ring: &[u8]) -> Result<(u64, Vec<Entry>), String> {
+    let h = ring
+        .get(..SECTOR)
+        .ok_or_else(|| format!("PPL ring is {} bytes, shorter than its header", ring.len()))?;
+    if &h[0..8] != RING_MAGIC {
+        return Err("no PPL ring header magic".into());
+    }
+    if crc_le(&h[..SECTOR - 4]) != h[SECTOR - 4..] {
+        return Err("PPL ring header fails its checksum".into());
+    }
+    let epoch = get_u64(h, 8);
+    let mut entries = Vec::new();
+    let mut at = SECTOR;
+    while let Some(e) = ring.get(at..at + SECTOR) {
+        if &e[0..8] != ENTRY_MAGIC || get_u64(e, 8) != epoch {
+            break;
+        }
+        let len = get_u64(e, 48);
+        let room = (ring.len() - at) as u64;
+        if Ppl::entry_size(usize::try_from(len).unwrap_or(usize::MAX)) > room {
+            break;
+        }
+        // Both fit in usize: they are within the ring.
+        let (len, size) = (len as usize, Ppl::entry_size(len as usize) as usize);
+        let pp = &ring[at + SECTOR..at + SECTOR + len];
+        let mut covered = e[..SECTOR - 4].to_vec();
+        covered.extend_from_slice(pp);
+        if crc_le(&covered) != e[SECTOR - 4..] {
+            break; // A torn entry: its write never started.
+        }
+        let mask = &e[64..64 + MASK_BYTES];
+        entries.push(Entry {
+            epoch,
+            seq: get_u64(e, 16),
+            group: u32::from_le_bytes([e[24], e[25], e[26], e[27]]),
+            stripe: get_u64(e, 32),
+            lo: get_u64(e, 40),
+            modified: (0..MASK_BYTES * 8)
+                .filter(|&i| mask[i / 8] & (1 << (i % 8)) != 0)
+                .collect(),
+            partial_parity: pp.to_vec(),
+        });
+        at += size;
+    }
+    Ok((epoch, entries))
 }
 
 impl crate::array::Array {
@@ -256,6 +275,7 @@ impl crate::array::Array {
         logged.retain(|(_, e)| e.epoch == newest);
         logged.sort_by_key(|(_, e)| e.seq);
         let mut repaired = 0;
+        let group_size = self.sb.lock().group_size;
         for (parity_slot, e) in logged {
             let Some(region) = self.group_region(e.group) else {
                 continue;
@@ -273,8 +293,23 @@ impl crate::array::Array {
             {
                 continue;
             }
-            let at = region.base + e.stripe * region.geometry.chunk + e.lo;
             let len = e.partial_parity.len();
+            // An entry is checksummed, not trusted: its window must lie in
+            // one chunk of a stripe inside the group.
+            let chunk = region.geometry.chunk;
+            let stripe_start = e.stripe.checked_mul(chunk);
+            if e.lo.saturating_add(len as u64) > chunk
+                || stripe_start.is_none_or(|s| s.saturating_add(chunk) > group_size)
+            {
+                log::warn!(
+                    "PPL entry {} (group {} stripe {}) lies outside its group; ignored",
+                    e.seq,
+                    e.group,
+                    e.stripe
+                );
+                continue;
+            }
+            let at = region.base + e.stripe * chunk + e.lo;
             let jobs = e
                 .modified
                 .iter()

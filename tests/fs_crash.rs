@@ -7,10 +7,11 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::fs::n;
-use raidfs::fs::teststore::CrashStore;
+use raidfs::fs::teststore::{CrashStore, MemStore};
 use raidfs::fs::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -280,4 +281,100 @@ fn an_overwrite_in_place_never_costs_the_last_fsync() {
     assert_eq!(attr.size, size);
     assert!(fs.read(attr.ino, 0, size as usize).unwrap() == vec![2u8; size as usize]);
     assert_eq!(fs.lookup(&c, ROOT_INO, n("f")).expect("f").size, 16384);
+}
+
+/// A store whose writes fail while `failing` is set, with an error that is
+/// not the host's (not retryable): the filesystem cannot keep the changes
+/// for a later commit and turns read-only.
+struct FailingWrites {
+    inner: MemStore,
+    failing: AtomicBool,
+}
+
+impl BlockStore for FailingWrites {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        verify: Option<&dyn Fn(&[u8]) -> bool>,
+    ) -> Result<(), StoreError> {
+        self.inner.read(addr, buf, verify)
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
+        if self.failing.load(Ordering::Acquire) {
+            return Err(StoreError::Io(format!(
+                "injected write failure at {addr:#x}"
+            )));
+        }
+        self.inner.write(addr, data)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+
+    fn groups(&self) -> Vec<GroupInfo> {
+        self.inner.groups()
+    }
+
+    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
+        self.inner.allocate_group(kind)
+    }
+
+    fn free_groups(&self) -> (u64, u64) {
+        self.inner.free_groups()
+    }
+}
+
+#[test]
+fn after_a_failed_commit_fsync_and_unmount_keep_failing() {
+    // A commit that fails for good leaves the changes it carried only in
+    // memory. A later fsync of a file among them found the filesystem
+    // read-only, flushed the store (which worked again) and returned OK
+    // for a file that was never written to the journal.
+    let store = Arc::new(FailingWrites {
+        inner: MemStore::new(8, 8 * MIB, 64 * 1024),
+        failing: AtomicBool::new(false),
+    });
+    FileSystem::format(store.clone()).unwrap();
+    let fs = FileSystem::open(
+        store.clone(),
+        FsOptions {
+            commit_interval_secs: 3600,
+            ..FsOptions::default()
+        },
+    )
+    .unwrap();
+    let c = Caller::root();
+    let kept = fs
+        .mknod(&c, ROOT_INO, n("kept"), 0o100644, 0, 0)
+        .unwrap()
+        .ino;
+    fs.write(kept, 0, &[1u8; 8192]).unwrap();
+    fs.fsync(kept, false).unwrap();
+    let lost = fs
+        .mknod(&c, ROOT_INO, n("lost"), 0o100644, 0, 0)
+        .unwrap()
+        .ino;
+    fs.write(lost, 0, &[2u8; 8192]).unwrap();
+    store.failing.store(true, Ordering::Release);
+    assert!(fs.fsync(lost, false).is_err(), "the commit failed");
+    store.failing.store(false, Ordering::Release);
+    assert!(fs.is_read_only());
+    let again = fs.fsync(lost, false);
+    assert!(
+        matches!(again, Err(FsError::Store(StoreError::Io(_)))),
+        "{again:?}"
+    );
+    assert!(fs.sync_all().is_err(), "sync(2) after the failed commit");
+    assert!(fs.unmount().is_err(), "unmount after the failed commit");
+    drop(fs);
+
+    let fs = FileSystem::open(store, FsOptions::default()).unwrap();
+    assert_eq!(fs.lookup(&c, ROOT_INO, n("kept")).unwrap().size, 8192);
+    assert!(matches!(
+        fs.lookup(&c, ROOT_INO, n("lost")),
+        Err(FsError::NotFound)
+    ));
 }

@@ -191,6 +191,15 @@ fn a_host_gone_read_only_fails_no_member_and_keeps_every_fsynced_file() {
     let writer = Writer::start(&mnt.join("w"));
     writer.wait_for_more(30);
     let device = ext4_device(&host).expect("the host's loop device");
+    // The promise covers what was fsync'd before the host failed. An fsync
+    // that returns while ext4 is failing is only as good as ext4's own
+    // fdatasync answers then, and ext4 (seen on Linux 6.18) returns 0 for
+    // some that complete between its journal abort and its switch to
+    // read-only, then loses that data: after e2fsck it reads as a hole.
+    // Plain pwrite + fdatasync on image files, without raidfs, lose their
+    // last acknowledged block the same way. So the files the writer syncs
+    // from here on, racing the error, are left out of the check.
+    let synced = writer.synced();
     fs::write(
         format!("/sys/fs/ext4/{device}/trigger_fs_error"),
         "raidfs test",
@@ -204,7 +213,7 @@ fn a_host_gone_read_only_fails_no_member_and_keeps_every_fsynced_file() {
         matches!(err.raw_os_error(), Some(libc::EROFS) | Some(libc::EIO)),
         "{err}"
     );
-    let synced = writer.finish_after_crash();
+    writer.finish_after_crash();
     // The writer stopped on the host's error; no member was failed for it.
     members_active(&mnt);
     let report = detail_json(&mnt);

@@ -21,7 +21,7 @@ use super::meta::{Meta, MetaImage};
 use super::range_lock::{RangeGuard, RangeLocks};
 use super::replay::{left_out_note, replay};
 use super::state::State;
-use super::store::{BlockStore, GroupInfo, GroupKind};
+use super::store::{BlockStore, GroupInfo, GroupKind, StoreError};
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 
 /// A batch this large is committed right away instead of waiting for the timer.
@@ -62,6 +62,9 @@ pub struct Inner {
     /// While set, the next commit is a checkpoint, whose image covers
     /// the changes the refused record held.
     refused: Mutex<Option<Vec<Extent>>>,
+    /// Why a commit failed for good (not the host's refusal): the changes
+    /// it carried, and every change since, exist only in memory.
+    failed_commit: Mutex<Option<String>>,
     /// Freed space on its way back to the host.
     discards: Discards,
     file_locks: RangeLocks,
@@ -246,6 +249,7 @@ impl Inner {
             verified_commits,
             in_place_overwrites: AtomicBool::new(false),
             refused: Mutex::new(None),
+            failed_commit: Mutex::new(None),
             discards: Discards::default(),
             file_locks: RangeLocks::default(),
         });
@@ -297,6 +301,18 @@ impl Inner {
 
     pub fn is_read_only(&self) -> bool {
         self.read_only.load(Ordering::Acquire)
+    }
+
+    /// An error once a commit has failed for good: what it carried never
+    /// reached the store, so no later sync may report the filesystem's
+    /// changes durable (a flush of the store would succeed and say so).
+    pub fn check_commits(&self) -> FsResult<()> {
+        match self.failed_commit.lock().as_ref() {
+            None => Ok(()),
+            Some(why) => Err(FsError::Store(StoreError::Io(format!(
+                "a journal commit failed ({why}); changes since the last durable commit are not on the store"
+            )))),
+        }
     }
 
     /// Hold the whole file (truncate, fallocate, heal, scrub).
@@ -412,6 +428,9 @@ impl Inner {
                 // The in-memory state is now ahead of what can be made
                 // durable; refuse further changes rather than diverge.
                 log::error!("journal commit failed, filesystem is now read-only: {e}");
+                self.failed_commit
+                    .lock()
+                    .get_or_insert_with(|| e.to_string());
                 self.read_only.store(true, Ordering::Release);
                 Err(e)
             }

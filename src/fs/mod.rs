@@ -389,7 +389,7 @@ impl FileSystem {
         self.deferred.settle_all();
         self.stop_committer.lock().take();
         if self.inner.is_read_only() {
-            return Ok(());
+            return self.inner.check_commits();
         }
         let result = self.inner.commit(true).map(|_| ());
         self.inner.discard_freed();
@@ -408,6 +408,7 @@ impl FileSystem {
     }
 
     fn sync_store(&self) -> FsResult<()> {
+        self.inner.check_commits()?;
         // A journal record ends with a flush of its own, covering every
         // data write that completed before it.
         if !self.inner.is_read_only() && self.inner.commit(false)? {

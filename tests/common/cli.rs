@@ -196,6 +196,12 @@ impl Writer {
         }
     }
 
+    /// How many files are written and synced so far (files `0..n`): each
+    /// of them had its fsync return before this call.
+    pub fn synced(&self) -> usize {
+        self.written.load(Ordering::Acquire)
+    }
+
     /// Stop and return how many files were written; panics on a write error.
     pub fn finish(mut self) -> usize {
         self.stop.store(true, Ordering::Release);

@@ -11,9 +11,10 @@
 //! 4. [`superblock`]: the per-member identity and state record.
 //! 5. [`array`]: the engine (groups, reads, writes, degraded mode, assembly).
 //! 6. [`fs`]: the POSIX filesystem on the array's logical space (inodes, journal).
-//! 7. [`fuse`]: the only module that speaks FUSE.
-//! 8. [`control`]: the control socket of a running mount (status, member changes).
-//! 9. [`cli`]: the `raidfs` command.
+//! 7. [`volume`]: an array with its filesystem open, started and stopped in order.
+//! 8. [`fuse`]: the only module that speaks FUSE.
+//! 9. [`control`]: the control socket of a running mount (status, member changes).
+//! 10. [`cli`]: the `raidfs` command.
 
 pub mod array;
 pub mod cli;
@@ -26,3 +27,4 @@ pub mod member;
 pub mod notice;
 pub mod parity;
 pub mod superblock;
+pub mod volume;

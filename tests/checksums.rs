@@ -18,21 +18,22 @@ use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::FaultyMember;
 use raidfs::member::Member;
 use raidfs::superblock::GroupProfile;
+use raidfs::volume::Volume;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const MEMBER_SIZE: u64 = 64 << 20;
 const BLOCK: u64 = 4096;
 
+/// Members and the volume on them, opened as a mount opens it (marked
+/// dirty, filesystem open, then background work).
 struct Rig {
     members: Vec<FaultyMember>,
-    array: Arc<Array>,
-    fs: FileSystem,
+    volume: Volume,
 }
 
-fn open_fs(array: &Arc<Array>) -> FileSystem {
-    let store = Arc::new(ArrayStore::new(Arc::clone(array)));
-    FileSystem::open(store, FsOptions::default()).expect("open filesystem")
+fn open_volume(array: Arc<Array>) -> Volume {
+    Volume::open(array, FsOptions::default()).expect("open volume")
 }
 
 fn build_with(level: Level, n: usize, chunk: u64, copies: usize, format: FormatOptions) -> Rig {
@@ -48,8 +49,8 @@ fn build_with(level: Level, n: usize, chunk: u64, copies: usize, format: FormatO
     let array = Arc::new(create(named(&members), &spec).expect("create array"));
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
     FileSystem::format_with(store, &format).expect("format");
-    let fs = open_fs(&array);
-    Rig { members, array, fs }
+    let volume = open_volume(array);
+    Rig { members, volume }
 }
 
 fn build(level: Level, n: usize, chunk: u64, copies: usize) -> Rig {
@@ -57,31 +58,36 @@ fn build(level: Level, n: usize, chunk: u64, copies: usize) -> Rig {
 }
 
 impl Rig {
-    /// Unmount and drop the array, as a power-off between sessions.
+    fn fs(&self) -> &FileSystem {
+        self.volume.fs()
+    }
+
+    fn array(&self) -> &Arc<Array> {
+        self.volume.array()
+    }
+
+    /// Close the volume and drop the array, as a clean shutdown between sessions.
     fn stop(self) -> Vec<FaultyMember> {
-        self.fs.unmount().expect("unmount");
-        drop(self.fs);
-        drop(self.array);
+        self.volume.close().expect("close volume");
         self.members
     }
 
     fn start(members: Vec<FaultyMember>) -> Rig {
         let array =
             Arc::new(assemble(named(&members), AssembleOptions::default()).expect("assemble"));
-        array.start_background();
-        let fs = open_fs(&array);
-        Rig { members, array, fs }
+        let volume = open_volume(array);
+        Rig { members, volume }
     }
 
     fn write_file(&self, name: &str, data: &[u8]) -> u64 {
         let ino = self
-            .fs
+            .fs()
             .mknod(&Caller::root(), ROOT_INO, OsStr::new(name), 0o100644, 0, 0)
             .expect("create file")
             .ino;
         // Several writes, so files get several extents and partial blocks.
         for (i, piece) in data.chunks(300_000).enumerate() {
-            self.fs
+            self.fs()
                 .write(ino, (i * 300_000) as u64, piece)
                 .expect("write file");
         }
@@ -89,18 +95,18 @@ impl Rig {
     }
 
     fn ino(&self, name: &str) -> u64 {
-        self.fs
+        self.fs()
             .lookup(&Caller::root(), ROOT_INO, OsStr::new(name))
             .expect("lookup")
             .ino
     }
 
     fn read_all(&self, ino: u64) -> Result<Vec<u8>, FsError> {
-        let size = self.fs.getattr(ino)?.size;
+        let size = self.fs().getattr(ino)?.size;
         let mut out = Vec::new();
         let mut off = 0;
         while off < size {
-            let chunk = self.fs.read(ino, off, 128 << 10)?;
+            let chunk = self.fs().read(ino, off, 128 << 10)?;
             off += chunk.len() as u64;
             out.extend(chunk);
         }
@@ -109,7 +115,7 @@ impl Rig {
 
     /// Logical address of the block holding file offset `off`.
     fn block_addr(&self, ino: u64, off: u64) -> u64 {
-        let extents = self.fs.extents(ino).expect("extents");
+        let extents = self.fs().extents(ino).expect("extents");
         let (start, addr, _) = extents
             .into_iter()
             .find(|&(start, _, len)| off >= start && off < start + len)
@@ -120,19 +126,19 @@ impl Rig {
     /// (slot, member offset) of every copy of logical `addr` (for parity
     /// levels: the data chunk only).
     fn copies(&self, addr: u64) -> Vec<(usize, u64)> {
-        let sb = self.array.superblock();
+        let sb = self.array().superblock();
         let group = addr >> GROUP_SHIFT;
         let offset = addr & ((1 << GROUP_SHIFT) - 1);
         let profile = self
-            .array
+            .array()
             .groups()
             .into_iter()
             .find(|(g, _)| *g as u64 == group)
             .map(|(_, p)| p)
             .expect("allocated group");
         let geometry = match profile {
-            GroupProfile::Metadata => self.array.metadata_geometry(),
-            _ => self.array.data_geometry(),
+            GroupProfile::Metadata => self.array().metadata_geometry(),
+            _ => self.array().data_geometry(),
         };
         let base = sb.data_offset + group * sb.group_size;
         geometry
@@ -145,8 +151,8 @@ impl Rig {
 
     /// (member offset, length) of every allocated group.
     fn group_regions(&self) -> Vec<(u64, u64)> {
-        let sb = self.array.superblock();
-        self.array
+        let sb = self.array().superblock();
+        self.array()
             .groups()
             .into_iter()
             .map(|(g, _)| (sb.data_offset + g as u64 * sb.group_size, sb.group_size))
@@ -154,7 +160,7 @@ impl Rig {
     }
 
     fn checksum_errors(&self) -> Vec<u64> {
-        self.array
+        self.array()
             .status()
             .members
             .iter()
@@ -164,9 +170,9 @@ impl Rig {
 
     /// The array's own check (parity / mirror consistency): mismatched bytes.
     fn array_check(&self, repair: bool) -> u64 {
-        self.array.start_check(repair).expect("start check");
-        self.array.wait_background();
-        let result = self.array.last_sync_result().expect("check result");
+        self.array().start_check(repair).expect("start check");
+        self.array().wait_background();
+        let result = self.array().last_sync_result().expect("check result");
         assert!(result.completed, "{}", result.message);
         result.mismatches
     }
@@ -227,7 +233,7 @@ fn raid5_flipped_data_and_metadata_read_correctly_and_are_counted() {
     let parity_of = {
         let ino = rig.ino("f2");
         let addr = rig.block_addr(ino, 2 * BLOCK);
-        let g = rig.array.data_geometry();
+        let g = rig.array().data_geometry();
         let map = g.map(addr & ((1 << GROUP_SHIFT) - 1));
         let p = g.stripe_members(map.stripe).p.expect("parity member");
         (p, rig.copies(addr)[0].1)
@@ -244,7 +250,7 @@ fn raid5_flipped_data_and_metadata_read_correctly_and_are_counted() {
         assert_eq!(&rig.read_all(rig.ino(name)).expect("read"), data, "{name}");
     }
     assert_eq!(rig.checksum_errors(), expected);
-    let status = rig.array.status();
+    let status = rig.array().status();
     assert!(status
         .members
         .iter()
@@ -257,12 +263,12 @@ fn raid5_flipped_data_and_metadata_read_correctly_and_are_counted() {
         );
     }
     // Reads healed the data; the parity block is the array check's business.
-    let scrub = rig.fs.scrub(true).expect("scrub");
+    let scrub = rig.fs().scrub(true).expect("scrub");
     assert!(scrub.is_clean(), "{scrub:?}");
     assert!(scrub.data_bytes >= files.iter().map(|f| f.1.len() as u64).sum::<u64>());
     assert!(rig.array_check(true) > 0, "the flipped parity is found");
     assert_eq!(rig.array_check(false), 0);
-    let again = rig.fs.scrub(false).expect("scrub");
+    let again = rig.fs().scrub(false).expect("scrub");
     assert!(again.is_clean(), "{again:?}");
     assert_eq!(rig.checksum_errors(), expected, "nothing counted twice");
 }
@@ -334,10 +340,10 @@ fn random_flips_on_every_redundant_level_are_healed_and_scrubbed_clean() {
             let got = rig.read_all(rig.ino(name)).expect("read");
             assert!(&got == data, "{level:?}: {name} reads back wrong");
         }
-        let scrub = rig.fs.scrub(true).expect("scrub");
+        let scrub = rig.fs().scrub(true).expect("scrub");
         assert!(scrub.lost.is_empty(), "{level:?}: {scrub:?}");
         rig.array_check(true);
-        let again = rig.fs.scrub(false).expect("scrub");
+        let again = rig.fs().scrub(false).expect("scrub");
         assert!(again.is_clean(), "{level:?}: {again:?}");
         assert_eq!(rig.array_check(false), 0, "{level:?}");
         for (slot, errors) in rig.checksum_errors().into_iter().enumerate() {
@@ -370,7 +376,7 @@ fn array_check_of_a_fresh_array_is_clean_and_repair_keeps_data() {
     assert_eq!(rig.array_check(false), 0);
     assert_eq!(rig.array_check(true), 0);
     assert_eq!(rig.read_all(rig.ino("f")).expect("read"), data);
-    assert!(rig.fs.scrub(false).expect("scrub").is_clean());
+    assert!(rig.fs().scrub(false).expect("scrub").is_clean());
 }
 
 #[test]
@@ -402,7 +408,7 @@ fn two_bad_members_in_one_raid5_stripe_give_eio_there_only() {
     let rig = Rig::start(ms);
     let ino = rig.ino("f");
     for off in (0..data.len() as u64).step_by(BLOCK as usize) {
-        let got = rig.fs.read(ino, off, BLOCK as usize);
+        let got = rig.fs().read(ino, off, BLOCK as usize);
         if bad.contains(&off) {
             let e = got.expect_err("a block with no good version");
             assert_eq!(raidfs::fuse::errno_of(&e).code(), libc::EIO, "{e}");
@@ -416,12 +422,12 @@ fn two_bad_members_in_one_raid5_stripe_give_eio_there_only() {
         }
     }
     // A read spanning a bad block fails as a whole; scrub names both blocks.
-    assert!(rig.fs.read(ino, start, 64 << 10).is_err());
-    let scrub = rig.fs.scrub(true).expect("scrub");
+    assert!(rig.fs().read(ino, start, 64 << 10).is_err());
+    let scrub = rig.fs().scrub(true).expect("scrub");
     let lost: Vec<u64> = scrub.lost.iter().map(|l| l.file_off).collect();
     assert_eq!(lost, bad.to_vec());
     assert!(rig
-        .array
+        .array()
         .status()
         .members
         .iter()
@@ -458,11 +464,11 @@ fn raid1_copies_that_differ_are_settled_by_the_checksum() {
     // Block B's bad copy is not on the read path: scrub finds and repairs it.
     let (slot_b, at_b) = copies_b[1];
     assert_ne!(raw(&rig.members[slot_b], at_b, BLOCK as usize), good_b);
-    let scrub = rig.fs.scrub(true).expect("scrub");
+    let scrub = rig.fs().scrub(true).expect("scrub");
     let named: Vec<&str> = scrub.bad_copies.iter().map(|b| b.member.as_str()).collect();
     assert_eq!(named, vec![format!("mem{slot_b}")]);
     assert_eq!(raw(&rig.members[slot_b], at_b, BLOCK as usize), good_b);
-    assert!(rig.fs.scrub(false).expect("scrub").is_clean());
+    assert!(rig.fs().scrub(false).expect("scrub").is_clean());
     assert_eq!(rig.array_check(false), 0, "copies agree again");
 }
 
@@ -489,7 +495,7 @@ fn a_member_with_too_many_corrected_errors_is_failed() {
     }
     let rig = Rig::start(ms);
     assert_eq!(rig.read_all(rig.ino("f")).expect("read"), data);
-    let status = rig.array.status();
+    let status = rig.array().status();
     let m = &status.members[victim];
     assert_eq!(m.state, "faulty");
     assert_eq!(m.checksum_errors, raidfs::array::MAX_CORRECTED_ERRORS + 1);
@@ -513,11 +519,11 @@ fn read_and_write_errors_are_counted_against_their_member() {
     assert_eq!(rig.read_all(ino).expect("degraded read"), data);
     rig.members[2].fail_writes_after(0);
     let more = random_bytes(&mut rng, 10_000);
-    rig.fs
+    rig.fs()
         .write(ino, 0, &more)
         .expect("write with one more member failing");
-    rig.fs.sync_all().expect("sync");
-    let status = rig.array.status();
+    rig.fs().sync_all().expect("sync");
+    let status = rig.array().status();
     assert!(
         status.members[1].read_errors >= 1,
         "{:?}",
@@ -545,16 +551,16 @@ fn overwrites_are_copy_on_write_and_in_place_only_when_full() {
     let rig = build(Level::Raid1, 2, 64 << 10, 2);
     let data = random_bytes(&mut rng, 64 << 10);
     let ino = rig.write_file("f", &data);
-    let before = rig.fs.extents(ino).expect("extents");
-    rig.fs.write(ino, 5000, b"new bytes").expect("overwrite");
-    let after = rig.fs.extents(ino).expect("extents");
+    let before = rig.fs().extents(ino).expect("extents");
+    rig.fs().write(ino, 5000, b"new bytes").expect("overwrite");
+    let after = rig.fs().extents(ino).expect("extents");
     assert_ne!(before, after, "the overwritten block moved");
     let mut want = data.clone();
     want[5000..5009].copy_from_slice(b"new bytes");
     assert_eq!(rig.read_all(ino).expect("read"), want);
     // Fill the filesystem, then overwrite: it still succeeds, in place.
     let filler = rig
-        .fs
+        .fs()
         .mknod(
             &Caller::root(),
             ROOT_INO,
@@ -566,25 +572,29 @@ fn overwrites_are_copy_on_write_and_in_place_only_when_full() {
         .expect("create")
         .ino;
     // The commit returns blocks freed by copy-on-write to the allocator.
-    rig.fs.sync_all().expect("sync");
+    rig.fs().sync_all().expect("sync");
     let chunk = vec![1u8; 1 << 20];
     let mut off = 0;
-    while rig.fs.write(filler, off, &chunk).is_ok() {
+    while rig.fs().write(filler, off, &chunk).is_ok() {
         off += chunk.len() as u64;
     }
-    while rig.fs.write(filler, off, &chunk[..BLOCK as usize]).is_ok() {
+    while rig
+        .fs()
+        .write(filler, off, &chunk[..BLOCK as usize])
+        .is_ok()
+    {
         off += BLOCK;
     }
-    let placed = rig.fs.extents(ino).expect("extents");
-    rig.fs
+    let placed = rig.fs().extents(ino).expect("extents");
+    rig.fs()
         .write(ino, 0, &[9u8; 3 * BLOCK as usize])
         .expect("overwrite when full");
-    assert_eq!(rig.fs.extents(ino).expect("extents"), placed, "in place");
+    assert_eq!(rig.fs().extents(ino).expect("extents"), placed, "in place");
     want[..3 * BLOCK as usize].fill(9);
     assert_eq!(rig.read_all(ino).expect("read"), want);
     let rig = Rig::start(rig.stop());
     assert_eq!(rig.read_all(rig.ino("f")).expect("read"), want);
-    assert!(rig.fs.scrub(false).expect("scrub").is_clean());
+    assert!(rig.fs().scrub(false).expect("scrub").is_clean());
 }
 
 #[test]
@@ -595,16 +605,16 @@ fn without_checksums_nothing_is_checked_and_overwrites_stay_in_place() {
         ..Default::default()
     };
     let rig = build_with(Level::Raid1, 2, 64 << 10, 2, off);
-    assert_eq!(rig.fs.data_checksum(), ChecksumKind::None);
+    assert_eq!(rig.fs().data_checksum(), ChecksumKind::None);
     let data = random_bytes(&mut rng, 100_000);
     let ino = rig.write_file("f", &data);
-    let before = rig.fs.extents(ino).expect("extents");
-    rig.fs.write(ino, 0, &data[..5000]).expect("overwrite");
-    assert_eq!(rig.fs.extents(ino).expect("extents"), before);
-    let scrub = rig.fs.scrub(false).expect("scrub");
+    let before = rig.fs().extents(ino).expect("extents");
+    rig.fs().write(ino, 0, &data[..5000]).expect("overwrite");
+    assert_eq!(rig.fs().extents(ino).expect("extents"), before);
+    let scrub = rig.fs().scrub(false).expect("scrub");
     assert_eq!(scrub.unchecked_blocks, scrub.data_bytes / BLOCK);
     let rig = Rig::start(rig.stop());
-    assert_eq!(rig.fs.data_checksum(), ChecksumKind::None);
+    assert_eq!(rig.fs().data_checksum(), ChecksumKind::None);
     assert_eq!(rig.read_all(rig.ino("f")).expect("read"), data);
 }
 
@@ -617,11 +627,10 @@ fn checksums_are_replayed_from_the_journal() {
     let rig = build(Level::Raid5, 3, 16 << 10, 1);
     let data = random_bytes(&mut rng, 200_000);
     let ino = rig.write_file("f", &data);
-    rig.fs.sync_all().expect("sync");
+    rig.fs().sync_all().expect("sync");
     let (slot, at) = rig.copies(rig.block_addr(ino, 7 * BLOCK))[0];
-    let Rig { members, array, fs } = rig;
-    drop(fs);
-    drop(array);
+    let Rig { members, volume } = rig;
+    volume.abandon();
     flip(&members[slot], at + 33, 4);
     let rig = Rig::start(members);
     assert_eq!(rig.read_all(rig.ino("f")).expect("read"), data);
@@ -652,15 +661,15 @@ fn a_read_only_assembly_serves_the_good_copy_and_rewrites_nothing() {
         )
         .expect("assemble read-only"),
     );
-    let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
-    let fs = FileSystem::open(
-        store,
+    let volume = Volume::open(
+        array,
         FsOptions {
             read_only: true,
             ..FsOptions::default()
         },
     )
     .expect("open read-only");
+    let fs = volume.fs();
     let ino = fs
         .lookup(&Caller::root(), ROOT_INO, OsStr::new("f"))
         .expect("lookup")
@@ -670,7 +679,13 @@ fn a_read_only_assembly_serves_the_good_copy_and_rewrites_nothing() {
         raw(&ms[slot], at, BLOCK as usize) == damaged,
         "left as it was"
     );
+    let array = volume.array();
     assert!(array.status().members.iter().all(|m| m.state == "active"));
+    volume.close().expect("close read-only");
+    assert!(
+        raw(&ms[slot], at, BLOCK as usize) == damaged,
+        "still as it was after closing"
+    );
 }
 
 /// Run the array's repair after the lowest member's copy of block `block`

@@ -17,9 +17,10 @@ use log::{error, info, warn};
 use super::options::MountOptions;
 use super::registry::{self, DaemonRecord};
 use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
-use crate::fs::{ArrayStore, FileSystem, FsOptions};
+use crate::fs::{FileSystem, FsOptions};
 use crate::fuse::{self, Unmounter};
 use crate::parity::Parity;
+use crate::volume::Volume;
 
 /// What to mount where, settled before forking.
 pub struct MountPlan {
@@ -234,12 +235,8 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         );
     }
     if !read_only {
-        if let Err(e) = array.mark_dirty() {
-            report(Err(format!("cannot mark the array in use: {e}")));
-            return 1;
-        }
         // A daemon that died mid-rebuild left its speed limits behind: the
-        // resumed rebuild keeps to them.
+        // resumed rebuild keeps to them (loaded before the volume starts it).
         let socket = crate::cli::status::socket_path(&plan.mount_point);
         crate::control::load_saved_limits(&array, &crate::control::saved_limits_path(&socket));
     }
@@ -268,19 +265,15 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             ),
         }
     }
-    let fs = match FileSystem::open(Arc::new(ArrayStore::new(array.clone())), fs_opts) {
-        Ok(fs) => Arc::new(fs),
+    // Marks the array dirty, opens the filesystem, then starts the
+    // background work, in that order (see crate::volume).
+    let volume = match Volume::open(array.clone(), fs_opts) {
+        Ok(volume) => volume,
         Err(e) => {
-            report(Err(format!("cannot open the filesystem: {e}")));
+            report(Err(e.to_string()));
             return 1;
         }
     };
-    if !read_only {
-        // After the filesystem is open: its journal replay has checked and
-        // healed the last commit's data, and a resync of dirty regions then
-        // asks its checksums which copy to keep (array::judge).
-        array.start_background();
-    }
     let fuse_config = fuse::MountConfig {
         source: plan.source.clone().unwrap_or_else(|| {
             super::identity::Identity::of_array(&status.name, array.uuid()).source()
@@ -288,12 +281,14 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         ..plan.options.fuse.clone()
     };
     info!("the mount's source is {}", fuse_config.source);
-    let handle = match fuse::mount(fs.clone(), &plan.mount_point, &fuse_config) {
+    let handle = match fuse::mount(volume.fs().clone(), &plan.mount_point, &fuse_config) {
         Ok(handle) => handle,
         Err(e) => {
-            // The adapter closed the filesystem when the failed session was dropped.
-            if let Err(msg) = mark_clean(&array, read_only) {
-                warn!("{msg}");
+            // A failed session that got as far as serving closed the
+            // filesystem when dropped; closing the volume then only marks
+            // the array clean.
+            if let Err(e) = volume.close() {
+                warn!("{e}");
             }
             report(Err(e.to_string()));
             return 1;
@@ -304,7 +299,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         if let Err(e) = handle.unmount() {
             warn!("{e}");
         }
-        if let Err(e) = mark_clean(&array, read_only) {
+        if let Err(e) = volume.close() {
             warn!("{e}");
         }
         report(Err(msg));
@@ -318,7 +313,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     if let Err(e) = registry::write(&record) {
         warn!("cannot record the daemon's state ({e}); `raidfs umount` will not wait for it");
     }
-    let control = start_control(plan, &array, &fs, read_only);
+    let control = start_control(plan, volume.array(), volume.fs(), read_only);
     stop.arm(handle.unmounter());
     report(Ok(array.assembly_notes()));
     info!(
@@ -332,8 +327,14 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         server.stop();
     }
     let closed = match outcome {
-        Ok(()) => mark_clean(&array, read_only),
-        Err(e) => Err(e.to_string()),
+        // The session has closed the filesystem; the volume marks the array clean.
+        Ok(()) => volume.close().map_err(|e| e.to_string()),
+        Err(e) => {
+            // The filesystem did not close cleanly: the array stays dirty
+            // so that its next assembly resyncs it.
+            volume.abandon();
+            Err(e.to_string())
+        }
     };
     match closed {
         Ok(()) => {
@@ -381,15 +382,6 @@ fn start_control(
             None
         }
     }
-}
-
-fn mark_clean(array: &crate::array::Array, read_only: bool) -> Result<(), String> {
-    if read_only {
-        return Ok(());
-    }
-    array
-        .mark_clean()
-        .map_err(|e| format!("cannot mark the array clean: {e}"))
 }
 
 /// SIGTERM/SIGINT/SIGHUP unmount the filesystem (the session then ends and

@@ -724,12 +724,10 @@ impl Superblock {
                 self.slot
             ));
         }
-        let copies_ok = match self.level {
-            Level::Raid0 | Level::Raid5 | Level::Raid6 => self.copies == 1,
-            Level::Raid1 => self.copies == self.members,
-            Level::Raid10 => self.copies >= 1 && self.copies <= self.members,
-        };
-        if !copies_ok {
+        if !self
+            .level
+            .copies_fit(u64::from(self.copies), u64::from(self.members))
+        {
             return Err(format!(
                 "{} copies is not valid for {:?} with {members} members",
                 self.copies, self.level

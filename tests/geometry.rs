@@ -514,3 +514,28 @@ fn reverse_of_a_member_outside_the_geometry_is_unused() {
         Geometry::new(Level::Raid5, 4, 4096, 1, Layout::DEFAULT).expect("valid geometry");
     assert_eq!(geometry.reverse(4, 0), Role::Unused);
 }
+
+/// The copy counts a superblock may record are exactly those the geometry
+/// keeps for that level and member count.
+#[test]
+fn copies_fit_is_what_the_geometry_keeps() {
+    for level in [
+        Level::Raid0,
+        Level::Raid1,
+        Level::Raid5,
+        Level::Raid6,
+        Level::Raid10,
+    ] {
+        for members in 4..=8usize {
+            for copies in 0..=9usize {
+                let kept = Geometry::new(level, members, 65536, copies, Layout::LeftSymmetric)
+                    .is_ok_and(|g| g.copies == copies);
+                assert_eq!(
+                    level.copies_fit(copies as u64, members as u64),
+                    kept,
+                    "{level:?}, {members} members, {copies} copies"
+                );
+            }
+        }
+    }
+}

@@ -32,6 +32,19 @@ pub enum Level {
     Raid10,
 }
 
+impl Level {
+    /// Whether `copies` is the copy count this level records for `members`
+    /// members: RAID1 keeps one on every member, RAID10 1 to `members`,
+    /// the others exactly one (what [`Geometry::new`] would choose).
+    pub fn copies_fit(self, copies: u64, members: u64) -> bool {
+        match self {
+            Level::Raid0 | Level::Raid5 | Level::Raid6 => copies == 1,
+            Level::Raid1 => copies == members,
+            Level::Raid10 => (1..=members).contains(&copies),
+        }
+    }
+}
+
 /// Parity placement for RAID5/6, as md names them. RAID0/1/10 use `LeftSymmetric`
 /// as a placeholder that has no effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -165,24 +165,56 @@ fn read_only_mount_reads(setup: &Setup) {
     setup.umount();
 }
 
-#[test]
-fn unknown_superblock_ro_compat_bit_mounts_read_only_only() {
-    if !fuse_available() {
-        return;
+/// Which on-disk header a test gives an unknown feature bit.
+#[derive(Clone, Copy)]
+enum Header {
+    Superblock,
+    FsHeader,
+}
+
+impl Header {
+    /// How raidfs names it in its refusals.
+    fn label(self) -> &'static str {
+        match self {
+            Header::Superblock => "superblock",
+            Header::FsHeader => "filesystem header",
+        }
     }
+
+    fn edit(self, setup: &Setup, edit: impl Fn(&mut Features)) {
+        match self {
+            Header::Superblock => setup.edit_superblocks(edit),
+            Header::FsHeader => setup.edit_fs_header(edit),
+        }
+    }
+
+    fn features(self, setup: &Setup) -> Features {
+        match self {
+            Header::Superblock => setup.superblock().features,
+            Header::FsHeader => setup.fs_header_features(),
+        }
+    }
+}
+
+/// An unknown ro-compat `bit` in `header`: a read-write mount is refused
+/// naming the bit and `-o ro`, a read-only mount and a checking fsck work,
+/// a repairing fsck is refused, and the bit stays on disk.
+fn ro_compat_bit_mounts_read_only_only(header: Header, bit: u32) {
     let setup = Setup::new();
     let mnt = setup.mount_dir();
     let _guard = DaemonGuard::new(&mnt);
-    setup.edit_superblocks(|f| f.ro_compat |= 1 << 9);
+    let before = header.features(&setup).ro_compat;
+    header.edit(&setup, |f| f.ro_compat |= 1 << bit);
 
     let out = setup.mount(&[]);
     assert!(!out.status.success());
     let why = stderr(&out);
-    assert!(
-        why.contains("superblock has unknown read-only-compatible feature bit 9 (0x200)")
-            && why.contains("-o ro"),
-        "{why}"
+    let named = format!(
+        "{} has unknown read-only-compatible feature bit {bit} ({:#x})",
+        header.label(),
+        1u64 << bit
     );
+    assert!(why.contains(&named) && why.contains("-o ro"), "{why}");
     assert!(!is_mounted(&mnt));
 
     read_only_mount_reads(&setup);
@@ -191,15 +223,49 @@ fn unknown_superblock_ro_compat_bit_mounts_read_only_only() {
     let out = setup.fsck(true);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("read-only-compatible feature bit 9"),
+        stderr(&out).contains(&format!("read-only-compatible feature bit {bit}")),
         "{}",
         stderr(&out)
     );
-    assert_eq!(
-        setup.superblock().features.ro_compat & 1 << 9,
-        1 << 9,
-        "kept"
-    );
+    assert_eq!(header.features(&setup).ro_compat, before | 1 << bit, "kept");
+}
+
+/// An unknown incompat `bit` in `header` refuses read-write and read-only
+/// mounts alike, naming the bit. Returns the setup for further checks.
+fn incompat_bit_refuses_every_mount(header: Header, bit: u32) -> Setup {
+    let setup = Setup::new();
+    let mnt = setup.mount_dir();
+    header.edit(&setup, |f| f.incompat |= 1 << bit);
+    {
+        let _guard = DaemonGuard::new(&mnt);
+        for options in [&[][..], &["ro"][..]] {
+            let out = setup.mount(options);
+            assert!(!out.status.success(), "{options:?}");
+            let why = stderr(&out);
+            let named = format!(
+                "{} has unknown incompatible feature bit {bit} ({:#x})",
+                header.label(),
+                1u64 << bit
+            );
+            assert!(why.contains(&named), "{options:?}: {why}");
+            assert!(!is_mounted(&mnt));
+        }
+    }
+    setup
+}
+
+#[test]
+fn unknown_superblock_ro_compat_bit_mounts_read_only_only() {
+    if fuse_available() {
+        ro_compat_bit_mounts_read_only_only(Header::Superblock, 9);
+    }
+}
+
+#[test]
+fn unknown_fs_header_ro_compat_bit_mounts_read_only_only() {
+    if fuse_available() {
+        ro_compat_bit_mounts_read_only_only(Header::FsHeader, 3);
+    }
 }
 
 #[test]
@@ -207,20 +273,7 @@ fn unknown_superblock_incompat_bit_refuses_every_mount() {
     if !fuse_available() {
         return;
     }
-    let setup = Setup::new();
-    let mnt = setup.mount_dir();
-    let _guard = DaemonGuard::new(&mnt);
-    setup.edit_superblocks(|f| f.incompat |= 1 << 5);
-    for options in [&[][..], &["ro"][..]] {
-        let out = setup.mount(options);
-        assert!(!out.status.success(), "{options:?}");
-        let why = stderr(&out);
-        assert!(
-            why.contains("superblock has unknown incompatible feature bit 5 (0x20)"),
-            "{options:?}: {why}"
-        );
-        assert!(!is_mounted(&mnt));
-    }
+    let setup = incompat_bit_refuses_every_mount(Header::Superblock, 5);
     let out = setup.fsck(false);
     assert!(!out.status.success());
     assert!(
@@ -231,56 +284,9 @@ fn unknown_superblock_incompat_bit_refuses_every_mount() {
 }
 
 #[test]
-fn unknown_fs_header_ro_compat_bit_mounts_read_only_only() {
-    if !fuse_available() {
-        return;
-    }
-    let setup = Setup::new();
-    let mnt = setup.mount_dir();
-    let _guard = DaemonGuard::new(&mnt);
-    setup.edit_fs_header(|f| f.ro_compat |= 1 << 3);
-
-    let out = setup.mount(&[]);
-    assert!(!out.status.success());
-    let why = stderr(&out);
-    assert!(
-        why.contains("filesystem header has unknown read-only-compatible feature bit 3 (0x8)")
-            && why.contains("-o ro"),
-        "{why}"
-    );
-    assert!(!is_mounted(&mnt));
-
-    read_only_mount_reads(&setup);
-    let out = setup.fsck(false);
-    assert_eq!(out.status.code(), Some(0), "fsck: {}", stderr(&out));
-    let out = setup.fsck(true);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("read-only-compatible feature bit 3"),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(setup.fs_header_features().ro_compat, 1 << 3, "kept");
-}
-
-#[test]
 fn unknown_fs_header_incompat_bit_refuses_every_mount() {
-    if !fuse_available() {
-        return;
-    }
-    let setup = Setup::new();
-    let mnt = setup.mount_dir();
-    let _guard = DaemonGuard::new(&mnt);
-    setup.edit_fs_header(|f| f.incompat |= 1 << 17);
-    for options in [&[][..], &["ro"][..]] {
-        let out = setup.mount(options);
-        assert!(!out.status.success(), "{options:?}");
-        let why = stderr(&out);
-        assert!(
-            why.contains("filesystem header has unknown incompatible feature bit 17 (0x20000)"),
-            "{options:?}: {why}"
-        );
-        assert!(!is_mounted(&mnt));
+    if fuse_available() {
+        incompat_bit_refuses_every_mount(Header::FsHeader, 17);
     }
 }
 

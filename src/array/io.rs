@@ -200,6 +200,50 @@ impl Array {
             .collect()
     }
 
+    /// Read each piece from its chunk's member where that member can serve
+    /// it, neighbours coalesced into one request per member. Returns the
+    /// pieces left unread (member out of service, or its read failed and
+    /// the error failed no member), for the personality to recover; a
+    /// fault that is the host's ends the read with its error.
+    pub(super) fn read_pieces_direct(
+        &self,
+        region: &Region,
+        pieces: &[Piece],
+        buf: &mut [u8],
+    ) -> ArrayResult<Vec<usize>> {
+        let mut unread = Vec::new();
+        let mut direct = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            let t = p.map.targets[0];
+            if self.readable(t.member, region, t.offset) {
+                direct.push(i);
+            } else {
+                unread.push(i);
+            }
+        }
+        let runs = coalesce(direct.iter().map(|&i| {
+            let p = &pieces[i];
+            (
+                p.map.targets[0].member,
+                region.base + p.map.targets[0].offset,
+                p.buf_off,
+                p.len,
+            )
+        }));
+        let outcomes = self.read_runs_into(&runs, buf);
+        for (run, outcome) in runs.iter().zip(outcomes) {
+            if let Err(e) = outcome {
+                if let Some(host) = self.read_failed(run.slot, &e, "read") {
+                    return Err(host);
+                }
+                for &(_, buf_off, _) in &run.parts {
+                    unread.extend(pieces.iter().position(|p| p.buf_off == buf_off));
+                }
+            }
+        }
+        Ok(unread)
+    }
+
     /// Read every run into its part of `buf`, members in parallel. A lone
     /// run (every 4 KiB random read) is read in place on this thread.
     pub(super) fn read_runs_into(&self, runs: &[Run], buf: &mut [u8]) -> Vec<std::io::Result<()>> {

@@ -3,7 +3,7 @@
 //! nothing can be reconstructed, verified against another version,
 //! scrubbed or rebuilt, and the array survives no lost member.
 
-use super::super::io::{coalesce, split};
+use super::super::io::split;
 use super::super::{Array, ArrayError, ArrayResult, Region};
 
 impl Array {
@@ -14,36 +14,7 @@ impl Array {
         buf: &mut [u8],
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
-        let mut lost = Vec::new();
-        let mut direct = Vec::new();
-        for (i, p) in pieces.iter().enumerate() {
-            let t = p.map.targets[0];
-            if self.readable(t.member, region, t.offset) {
-                direct.push(i);
-            } else {
-                lost.push(i);
-            }
-        }
-        let runs = coalesce(direct.iter().map(|&i| {
-            let p = &pieces[i];
-            (
-                p.map.targets[0].member,
-                region.base + p.map.targets[0].offset,
-                p.buf_off,
-                p.len,
-            )
-        }));
-        let outcomes = self.read_runs_into(&runs, buf);
-        for (run, outcome) in runs.iter().zip(outcomes) {
-            if let Err(e) = outcome {
-                if let Some(host) = self.read_failed(run.slot, &e, "read") {
-                    return Err(host);
-                }
-                for &(_, buf_off, _) in &run.parts {
-                    lost.extend(pieces.iter().position(|p| p.buf_off == buf_off));
-                }
-            }
-        }
+        let lost = self.read_pieces_direct(region, &pieces, buf)?;
         // A piece whose read failed is read once more if its member is
         // still in service (the error did not fail it); there is no other
         // copy to turn to.

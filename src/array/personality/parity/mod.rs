@@ -13,7 +13,7 @@ pub mod ppl;
 pub(crate) mod stripe_cache;
 pub(crate) mod write_back;
 
-use super::super::io::{coalesce, split, Piece};
+use super::super::io::{split, Piece};
 use super::super::judge::ContentJudge;
 use super::super::scrub::diff_bytes;
 use super::super::worker::Op;
@@ -40,38 +40,9 @@ impl Array {
             self.write_back
                 .wait_for(region.group, first.map.stripe, last.map.stripe);
         }
+        let degraded = self.read_pieces_direct(region, &pieces, buf)?;
         // A parity suspect is tried under the stripe locks by `verify_parity`.
         let suspect = None;
-        let mut direct = Vec::new();
-        let mut degraded = Vec::new();
-        for (i, p) in pieces.iter().enumerate() {
-            let t = p.map.targets[0];
-            if !self.readable(t.member, region, t.offset) || Some(t.member) == suspect {
-                degraded.push(i);
-            } else {
-                direct.push(i);
-            }
-        }
-        let runs = coalesce(direct.iter().map(|&i| {
-            let p = &pieces[i];
-            (
-                p.map.targets[0].member,
-                region.base + p.map.targets[0].offset,
-                p.buf_off,
-                p.len,
-            )
-        }));
-        let outcomes = self.read_runs_into(&runs, buf);
-        for (run, outcome) in runs.iter().zip(outcomes) {
-            if let Err(e) = outcome {
-                if let Some(host) = self.read_failed(run.slot, &e, "read") {
-                    return Err(host);
-                }
-                for &(_, buf_off, _) in &run.parts {
-                    degraded.extend(pieces.iter().position(|p| p.buf_off == buf_off));
-                }
-            }
-        }
         for i in degraded {
             let p = &pieces[i];
             let lo = p.map.offset_in_chunk as usize;

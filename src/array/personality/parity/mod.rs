@@ -52,6 +52,41 @@ impl Array {
         Ok(())
     }
 
+    /// Read `len` bytes at member offset `at` from the stripe's members
+    /// `wanted` (indexes into `members`), in parallel. The blocks are
+    /// indexed like `members`, empty where not wanted; `None` when a read
+    /// failed without being the host's fault (the member may now be failed:
+    /// the caller looks again), the host's fault as its error.
+    fn read_blocks(
+        &self,
+        members: &[usize],
+        wanted: &[usize],
+        at: u64,
+        len: usize,
+        what: &str,
+    ) -> ArrayResult<Option<Vec<Vec<u8>>>> {
+        let outcomes = self.pool.run(
+            wanted
+                .iter()
+                .map(|&i| (members[i], Op::Read { offset: at, len }))
+                .collect(),
+        );
+        let mut blocks = vec![Vec::new(); members.len()];
+        let mut failed = false;
+        for (&i, outcome) in wanted.iter().zip(outcomes) {
+            match outcome {
+                Ok(bytes) => blocks[i] = bytes,
+                Err(e) => {
+                    if let Some(host) = self.read_failed(members[i], &e, what) {
+                        return Err(host);
+                    }
+                    failed = true;
+                }
+            }
+        }
+        Ok((!failed).then_some(blocks))
+    }
+
     /// Read every block (data, then P, then Q) of `stripe` over
     /// `[lo, lo + len)` within the chunk, rebuilding those on failed members
     /// (and on `suspect`) from the others.
@@ -101,28 +136,9 @@ impl Array {
             let present: Vec<usize> = (0..members.len())
                 .filter(|i| !missing.contains(i))
                 .collect();
-            let outcomes = self.pool.run(
-                present
-                    .iter()
-                    .map(|&i| (members[i], Op::Read { offset: at, len }))
-                    .collect(),
-            );
-            let mut blocks: Vec<Vec<u8>> = vec![Vec::new(); members.len()];
-            let mut retry = false;
-            for (&i, outcome) in present.iter().zip(outcomes) {
-                match outcome {
-                    Ok(bytes) => blocks[i] = bytes,
-                    Err(e) => {
-                        if let Some(host) = self.read_failed(members[i], &e, "read") {
-                            return Err(host);
-                        }
-                        retry = true;
-                    }
-                }
-            }
-            if retry {
+            let Some(mut blocks) = self.read_blocks(&members, &present, at, len, "read")? else {
                 continue;
-            }
+            };
             for &i in &missing {
                 blocks[i] = vec![0u8; len];
             }
@@ -313,37 +329,11 @@ impl Array {
                 .filter(|&i| new[i].is_some())
                 .chain(k..members.len())
                 .collect();
-            let outcomes = self.pool.run(
-                wanted
-                    .iter()
-                    .map(|&i| {
-                        (
-                            members[i],
-                            Op::Read {
-                                offset: at,
-                                len: width,
-                            },
-                        )
-                    })
-                    .collect(),
-            );
-            blocks = vec![Vec::new(); members.len()];
-            let mut failed = false;
-            for (&i, outcome) in wanted.iter().zip(outcomes) {
-                match outcome {
-                    Ok(b) => blocks[i] = b,
-                    Err(e) => {
-                        if let Some(host) = self.read_failed(members[i], &e, "read") {
-                            return Err(host);
-                        }
-                        failed = true;
-                    }
-                }
-            }
-            if failed {
+            let Some(read) = self.read_blocks(&members, &wanted, at, width, "read")? else {
                 drop(_guard);
                 return self.write_stripe(region, pieces, data);
-            }
+            };
+            blocks = read;
             if self.ppl.is_some() && full < k {
                 // Partial parity: old P without the chunks being modified.
                 let mut pp = blocks[k].clone();
@@ -525,32 +515,12 @@ impl Array {
             return Ok(0); // Degraded: nothing to compare against.
         }
         let at = region.base + stripe * g.chunk;
-        let outcomes = self.pool.run(
-            members
-                .iter()
-                .map(|&m| {
-                    (
-                        m,
-                        Op::Read {
-                            offset: at,
-                            len: chunk,
-                        },
-                    )
-                })
-                .collect(),
-        );
-        let mut blocks = Vec::with_capacity(members.len());
-        for (&m, outcome) in members.iter().zip(outcomes) {
-            match outcome {
-                Ok(b) => blocks.push(b),
-                Err(e) => {
-                    if let Some(host) = self.read_failed(m, &e, "read during scrub") {
-                        return Err(host);
-                    }
-                    return Ok(0);
-                }
-            }
-        }
+        let every: Vec<usize> = (0..members.len()).collect();
+        let Some(mut blocks) =
+            self.read_blocks(&members, &every, at, chunk, "read during scrub")?
+        else {
+            return Ok(0);
+        };
         let k = g.data_chunks();
         let mut parity = self.parity_of(&blocks[..k], members.len() - k, chunk);
         let mut bad = 0;

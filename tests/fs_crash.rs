@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::fs::n;
-use raidfs::fs::teststore::{CrashStore, MemStore};
+use raidfs::fs::teststore::{CrashStore, HookedStore, MemStore};
 use raidfs::fs::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -283,59 +283,26 @@ fn an_overwrite_in_place_never_costs_the_last_fsync() {
     assert_eq!(fs.lookup(&c, ROOT_INO, n("f")).expect("f").size, 16384);
 }
 
-/// A store whose writes fail while `failing` is set, with an error that is
-/// not the host's (not retryable): the filesystem cannot keep the changes
-/// for a later commit and turns read-only.
-struct FailingWrites {
-    inner: MemStore,
-    failing: AtomicBool,
-}
-
-impl BlockStore for FailingWrites {
-    fn read(
-        &self,
-        addr: u64,
-        buf: &mut [u8],
-        verify: Option<&dyn Fn(&[u8]) -> bool>,
-    ) -> Result<(), StoreError> {
-        self.inner.read(addr, buf, verify)
-    }
-
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
-        if self.failing.load(Ordering::Acquire) {
-            return Err(StoreError::Io(format!(
-                "injected write failure at {addr:#x}"
-            )));
-        }
-        self.inner.write(addr, data)
-    }
-
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-
-    fn groups(&self) -> Vec<GroupInfo> {
-        self.inner.groups()
-    }
-
-    fn allocate_group(&self, kind: GroupKind) -> Result<GroupInfo, StoreError> {
-        self.inner.allocate_group(kind)
-    }
-
-    fn free_groups(&self) -> (u64, u64) {
-        self.inner.free_groups()
-    }
-}
-
 #[test]
 fn after_a_failed_commit_fsync_and_unmount_keep_failing() {
     // A commit that fails for good leaves the changes it carried only in
     // memory. A later fsync of a file among them found the filesystem
     // read-only, flushed the store (which worked again) and returned OK
     // for a file that was never written to the journal.
-    let store = Arc::new(FailingWrites {
-        inner: MemStore::new(8, 8 * MIB, 64 * 1024),
-        failing: AtomicBool::new(false),
+    // Writes fail while `failing` is set, with an error that is not the
+    // host's (not retryable): the filesystem cannot keep the changes for a
+    // later commit and turns read-only.
+    let failing = Arc::new(AtomicBool::new(false));
+    let store = Arc::new({
+        let failing = failing.clone();
+        HookedStore::fallible(MemStore::new(8, 8 * MIB, 64 * 1024), move |addr, _| {
+            if failing.load(Ordering::Acquire) {
+                return Err(StoreError::Io(format!(
+                    "injected write failure at {addr:#x}"
+                )));
+            }
+            Ok(())
+        })
     });
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(
@@ -358,9 +325,9 @@ fn after_a_failed_commit_fsync_and_unmount_keep_failing() {
         .unwrap()
         .ino;
     fs.write(lost, 0, &[2u8; 8192]).unwrap();
-    store.failing.store(true, Ordering::Release);
+    failing.store(true, Ordering::Release);
     assert!(fs.fsync(lost, false).is_err(), "the commit failed");
-    store.failing.store(false, Ordering::Release);
+    failing.store(false, Ordering::Release);
     assert!(fs.is_read_only());
     let again = fs.fsync(lost, false);
     assert!(

@@ -10,7 +10,7 @@
 //!   could leave, so a crash image has one implementation for members and
 //!   stores alike.
 //! - [`MirrorStore`]: two copies, for tests that corrupt one (or both).
-//! - [`HookedStore`]: a [`MemStore`] that calls a hook before each write.
+//! - [`HookedStore`]: a [`MemStore`] that calls a hook before each write (which may fail it).
 
 mod crash;
 mod mem;

@@ -79,11 +79,12 @@ impl BlockStore for MirrorStore {
     }
 }
 
-/// Called with the address and bytes of each write before it is done.
-type WriteHook = Box<dyn Fn(u64, &[u8]) + Send + Sync>;
+/// Called with the address and bytes of each write before it is done; an
+/// error fails that write instead.
+type WriteHook = Box<dyn Fn(u64, &[u8]) -> Result<(), StoreError> + Send + Sync>;
 
 /// A [`MemStore`] that calls a hook before every write: to record the
-/// writes, or to hold them until a test lets them go.
+/// writes, to hold them until a test lets them go, or to fail them.
 pub struct HookedStore {
     inner: MemStore,
     before_write: WriteHook,
@@ -91,6 +92,17 @@ pub struct HookedStore {
 
 impl HookedStore {
     pub fn new(inner: MemStore, before_write: impl Fn(u64, &[u8]) + Send + Sync + 'static) -> Self {
+        HookedStore::fallible(inner, move |addr, data| {
+            before_write(addr, data);
+            Ok(())
+        })
+    }
+
+    /// As [`HookedStore::new`], with a hook that may fail the write.
+    pub fn fallible(
+        inner: MemStore,
+        before_write: impl Fn(u64, &[u8]) -> Result<(), StoreError> + Send + Sync + 'static,
+    ) -> Self {
         HookedStore {
             inner,
             before_write: Box::new(before_write),
@@ -109,7 +121,7 @@ impl BlockStore for HookedStore {
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), StoreError> {
-        (self.before_write)(addr, data);
+        (self.before_write)(addr, data)?;
         self.inner.write(addr, data)
     }
 

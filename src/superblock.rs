@@ -55,15 +55,20 @@ pub const FEATURE_PPL: u64 = 1 << 1;
 pub const KNOWN_COMPAT: u64 = 0;
 /// The ro-compat feature bits this raidfs knows.
 pub const KNOWN_RO_COMPAT: u64 = FEATURE_PPL;
-/// The incompat feature bits this raidfs knows (none yet).
-pub const KNOWN_INCOMPAT: u64 = 0;
+/// Incompat feature bit: a reshape is under way and the superblock carries
+/// its record ([`Reshape`]): some groups are still in the old geometry, one
+/// may be in force at a staging slice. A raidfs without it would read those
+/// groups with the new geometry, so it must refuse the array.
+pub const FEATURE_RESHAPE: u64 = 1 << 0;
+/// The incompat feature bits this raidfs knows.
+pub const KNOWN_INCOMPAT: u64 = FEATURE_RESHAPE;
 /// The superblock's feature bits with their names, for the rules of
 /// [`crate::features`].
 pub const SUPERBLOCK_FEATURES: Known = Known {
     what: "superblock",
     compat: &[],
     ro_compat: &[(FEATURE_PPL, "ppl")],
-    incompat: &[],
+    incompat: &[(FEATURE_RESHAPE, "reshape")],
 };
 /// Most member slots an array can have.
 pub const MAX_MEMBERS: usize = 255;
@@ -137,6 +142,50 @@ pub struct Superblock {
     pub slots: Vec<SlotState>,
     /// Profile of each allocation group, `data_size / group_size` entries.
     pub groups: Vec<GroupProfile>,
+    /// The reshape under way, when there is one (incompat feature
+    /// [`FEATURE_RESHAPE`] set with it, version 3 on).
+    pub reshape: Option<Reshape>,
+}
+
+/// A geometry as the superblock records it: the fields of the array-wide
+/// geometry, for the groups a reshape has not reached yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct GeometrySpec {
+    pub level: Level,
+    pub layout: Layout,
+    pub chunk: u64,
+    pub members: u32,
+    pub copies: u32,
+}
+
+/// A reshape under way (md's reshape_position, per group): the superblock's
+/// own geometry fields already describe the target; `from` is the geometry
+/// of every group in `pending`. A group moves from one to the other in two
+/// copies, each switched in by one superblock commit: first to the
+/// `staging` slice in the old geometry (`staged` names it while that copy
+/// is the one in force), then home in the new geometry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reshape {
+    pub from: GeometrySpec,
+    /// Groups still in the `from` geometry (bit `g` for group `g`).
+    pub pending: Vec<bool>,
+    /// The unallocated slice a group is copied to before it is rewritten
+    /// at home; kept from allocation while the reshape runs.
+    pub staging: u32,
+    /// The group whose copy at `staging` is in force, if any.
+    pub staged: Option<u32>,
+}
+
+impl Reshape {
+    /// Whether group `g` is still in the old geometry.
+    pub fn is_pending(&self, g: u32) -> bool {
+        self.pending.get(g as usize).copied().unwrap_or(false)
+    }
+
+    /// Groups still to move.
+    pub fn pending_count(&self) -> usize {
+        self.pending.iter().filter(|&&p| p).count()
+    }
 }
 
 /// Why a superblock could not be read.
@@ -278,6 +327,17 @@ mod offsets {
     pub const COMPAT: usize = 180;
     pub const SLOTS: usize = 256;
     pub const GROUPS: usize = 512;
+    /// The reshape record (incompat `reshape` set; zero otherwise).
+    pub const RESHAPE: usize = GROUPS + super::MAX_GROUPS;
+    pub const RESHAPE_FROM_LEVEL: usize = RESHAPE;
+    pub const RESHAPE_FROM_LAYOUT: usize = RESHAPE + 1;
+    pub const RESHAPE_FROM_MEMBERS: usize = RESHAPE + 4;
+    pub const RESHAPE_FROM_CHUNK: usize = RESHAPE + 8;
+    pub const RESHAPE_FROM_COPIES: usize = RESHAPE + 16;
+    pub const RESHAPE_STAGING: usize = RESHAPE + 20;
+    pub const RESHAPE_STAGED: usize = RESHAPE + 24;
+    pub const RESHAPE_PENDING: usize = RESHAPE + 32;
+    pub const RESHAPE_END: usize = RESHAPE_PENDING + super::MAX_GROUPS / 8;
     pub const CRC: usize = super::SUPERBLOCK_SIZE - 4;
 }
 
@@ -380,6 +440,54 @@ fn group_from_code(code: u8) -> Option<GroupProfile> {
     })
 }
 
+/// The reshape record of a copy whose feature bit says it has one.
+fn decode_reshape(buf: &[u8], group_count: usize) -> Result<Reshape, String> {
+    use offsets::*;
+    let level = level_from_code(buf[RESHAPE_FROM_LEVEL]).ok_or_else(|| {
+        format!(
+            "reshape from unknown level code {}",
+            buf[RESHAPE_FROM_LEVEL]
+        )
+    })?;
+    let layout = layout_from_code(buf[RESHAPE_FROM_LAYOUT]).ok_or_else(|| {
+        format!(
+            "reshape from unknown layout code {}",
+            buf[RESHAPE_FROM_LAYOUT]
+        )
+    })?;
+    if buf[RESHAPE + 2..RESHAPE_FROM_MEMBERS]
+        .iter()
+        .any(|&b| b != 0)
+        || buf[RESHAPE_STAGED + 4..RESHAPE_PENDING]
+            .iter()
+            .any(|&b| b != 0)
+    {
+        return Err("reserved bytes of the reshape record are not zero".into());
+    }
+    let pending: Vec<bool> = (0..MAX_GROUPS)
+        .map(|g| buf[RESHAPE_PENDING + g / 8] & (1 << (g % 8)) != 0)
+        .collect();
+    if let Some(g) = pending[group_count..].iter().position(|&p| p) {
+        return Err(format!(
+            "reshape marks group {} but the array has {group_count} groups",
+            group_count + g
+        ));
+    }
+    let staged = get_u32(buf, RESHAPE_STAGED);
+    Ok(Reshape {
+        from: GeometrySpec {
+            level,
+            layout,
+            chunk: get_u64(buf, RESHAPE_FROM_CHUNK),
+            members: get_u32(buf, RESHAPE_FROM_MEMBERS),
+            copies: get_u32(buf, RESHAPE_FROM_COPIES),
+        },
+        pending: pending[..group_count].to_vec(),
+        staging: get_u32(buf, RESHAPE_STAGING),
+        staged: (staged != u32::MAX).then_some(staged),
+    })
+}
+
 fn put_u32(buf: &mut [u8], at: usize, value: u32) {
     buf[at..at + 4].copy_from_slice(&value.to_le_bytes());
 }
@@ -470,6 +578,7 @@ impl Superblock {
             utime: now,
             slots: vec![SlotState::Active; geometry.members],
             groups: vec![GroupProfile::Unallocated; group_count as usize],
+            reshape: None,
         };
         sb.validate().map_err(invalid)?;
         Ok(sb)
@@ -545,6 +654,24 @@ impl Superblock {
         }
         for (i, group) in self.groups.iter().take(MAX_GROUPS).enumerate() {
             buf[GROUPS + i] = group_to_code(*group);
+        }
+        if let Some(r) = &self.reshape {
+            buf[RESHAPE_FROM_LEVEL] = level_to_code(r.from.level);
+            buf[RESHAPE_FROM_LAYOUT] = layout_to_code(r.from.layout);
+            put_u32(&mut buf, RESHAPE_FROM_MEMBERS, r.from.members);
+            put_u64(&mut buf, RESHAPE_FROM_CHUNK, r.from.chunk);
+            put_u32(&mut buf, RESHAPE_FROM_COPIES, r.from.copies);
+            put_u32(&mut buf, RESHAPE_STAGING, r.staging);
+            put_u32(&mut buf, RESHAPE_STAGED, r.staged.unwrap_or(u32::MAX));
+            for (g, _) in r
+                .pending
+                .iter()
+                .take(MAX_GROUPS)
+                .enumerate()
+                .filter(|(_, p)| **p)
+            {
+                buf[RESHAPE_PENDING + g / 8] |= 1 << (g % 8);
+            }
         }
         let crc = crc32c::crc32c(&buf[..CRC]);
         put_u32(&mut buf, CRC, crc);
@@ -651,6 +778,15 @@ impl Superblock {
                 )));
             }
         }
+        let reshape = if features.incompat & FEATURE_RESHAPE != 0 {
+            Some(decode_reshape(buf, group_count).map_err(invalid)?)
+        } else if buf[RESHAPE..RESHAPE_END].iter().any(|&b| b != 0) {
+            return Err(invalid(
+                "the reshape record is set but the reshape feature is not".into(),
+            ));
+        } else {
+            None
+        };
         let sb = Superblock {
             version,
             array_uuid: get_uuid(buf, ARRAY_UUID),
@@ -673,6 +809,7 @@ impl Superblock {
             utime: get_u64(buf, UTIME),
             slots,
             groups,
+            reshape,
         };
         sb.validate().map_err(invalid)?;
         Ok(sb)
@@ -775,6 +912,82 @@ impl Superblock {
                 "group table has {} entries but data size / group size is {expected_groups}",
                 self.groups.len()
             ));
+        }
+        self.validate_reshape()
+    }
+
+    /// The reshape record agrees with the feature bit, the group table and
+    /// the array's geometry.
+    fn validate_reshape(&self) -> Result<(), String> {
+        let flagged = self.features.incompat & FEATURE_RESHAPE != 0;
+        let Some(r) = &self.reshape else {
+            return match flagged {
+                true => Err("the reshape feature is set without a reshape record".into()),
+                false => Ok(()),
+            };
+        };
+        if !flagged {
+            return Err("a reshape record without the reshape feature".into());
+        }
+        if self.version < FEATURE_WORDS_VERSION {
+            return Err(format!(
+                "version {} has no room for a reshape record",
+                self.version
+            ));
+        }
+        let from = &r.from;
+        if from.members == 0 || from.members > self.members {
+            return Err(format!(
+                "reshape from {} members, but the array has {} slots",
+                from.members, self.members
+            ));
+        }
+        if !from
+            .level
+            .copies_fit(u64::from(from.copies), u64::from(from.members))
+        {
+            return Err(format!(
+                "reshape from {} copies is not valid for {:?} with {} members",
+                from.copies, from.level, from.members
+            ));
+        }
+        if !from.chunk.is_power_of_two()
+            || !(MIN_CHUNK..=MAX_CHUNK).contains(&from.chunk)
+            || !self.group_size.is_multiple_of(from.chunk)
+        {
+            return Err(format!(
+                "reshape from chunk size {} does not fit group size {}",
+                from.chunk, self.group_size
+            ));
+        }
+        if r.pending.len() != self.groups.len() {
+            return Err(format!(
+                "reshape marks {} groups, the table has {}",
+                r.pending.len(),
+                self.groups.len()
+            ));
+        }
+        if let Some(g) = r
+            .pending
+            .iter()
+            .enumerate()
+            .position(|(g, &p)| p && self.groups[g] == GroupProfile::Unallocated)
+        {
+            return Err(format!("reshape marks unallocated group {g} as pending"));
+        }
+        match self.groups.get(r.staging as usize) {
+            Some(GroupProfile::Unallocated) => {}
+            _ => {
+                return Err(format!(
+                    "reshape staging slice {} is not an unallocated group",
+                    r.staging
+                ))
+            }
+        }
+        if let Some(g) = r.staged {
+            if !r.is_pending(g) {
+                return Err(format!("reshape has group {g} staged but not pending"));
+            }
         }
         Ok(())
     }

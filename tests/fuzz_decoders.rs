@@ -225,6 +225,7 @@ fn superblock(version: u32, level: Level, features: Features) -> Superblock {
             GroupProfile::Data,
             GroupProfile::Unallocated,
         ],
+        reshape: None,
     }
 }
 
@@ -255,6 +256,24 @@ fn corpus() -> Corpus {
         assert_eq!(sb.validate(), Ok(()), "corpus superblock v{version}");
         superblocks.push(sb.encode().to_vec());
     }
+    // A reshape under way: RAID5 from RAID1 of the same three members,
+    // groups 1 and 3 still pending, group 3 staged in slice 2.
+    let mut reshaping = superblock(3, Level::Raid5, Features::default());
+    reshaping.features.incompat |= FEATURE_RESHAPE;
+    reshaping.reshape = Some(Reshape {
+        from: GeometrySpec {
+            level: Level::Raid1,
+            layout: reshaping.layout,
+            chunk: reshaping.chunk,
+            members: reshaping.members,
+            copies: reshaping.members,
+        },
+        pending: vec![false, true, false, true, false, false],
+        staging: 2,
+        staged: Some(3),
+    });
+    assert_eq!(reshaping.validate(), Ok(()), "corpus reshape superblock");
+    superblocks.push(reshaping.encode().to_vec());
     let bitmap = BitmapHeader {
         region_size: 4 << 20,
         bits: 100,

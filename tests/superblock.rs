@@ -42,6 +42,7 @@ fn sample(events: u64) -> Superblock {
             GroupProfile::Unallocated,
             GroupProfile::Data,
         ],
+        reshape: None,
     }
 }
 

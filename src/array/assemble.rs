@@ -3,7 +3,7 @@
 //! and too few members is a clear error.
 
 use super::personality::Personality;
-use super::{data_geometry, geometry_survives, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
+use super::{data_geometry, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
 use crate::parity::Parity;
@@ -252,10 +252,11 @@ pub fn assemble(
     stale.sort_by_key(|f| std::cmp::Reverse(f.sb.events));
 
     let geometry = data_geometry(&reference)?;
-    let meta = crate::geometry::Geometry::metadata(total, reference.chunk)?;
+    // Every shape in force, the old one too while a reshape is under way.
+    let shapes = super::shape::Shapes::of(&reference)?;
     let serves = |slots: &[usize]| {
         let missing: Vec<usize> = (0..total).filter(|s| !slots.contains(s)).collect();
-        geometry_survives(&geometry, &missing) && geometry_survives(&meta, &missing)
+        shapes.survive(&missing)
     };
     let slots_of = |set: &[Found]| set.iter().map(|f| f.sb.slot as usize).collect::<Vec<_>>();
     if !serves(&slots_of(&current)) && opts.force {

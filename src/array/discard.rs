@@ -35,6 +35,7 @@ impl Array {
             return Ok(0);
         }
         let span = usize::try_from(len).map_err(|_| super::ArrayError::OutOfRange(addr))?;
+        let _pass = self.reshape_gate.enter((addr >> super::GROUP_SHIFT) as u32);
         let (region, offset) = self.region(addr, span)?;
         if !self.may_discard() {
             return Ok(0);

@@ -109,6 +109,8 @@ impl Array {
     /// Write `data` at logical `addr` to every copy, or with parity.
     pub fn write(&self, addr: u64, data: &[u8]) -> ArrayResult<()> {
         self.sync.foreground.fetch_add(1, Ordering::Relaxed);
+        // Resolved inside the gate: a reshape may move the group meanwhile.
+        let _pass = self.reshape_gate.enter((addr >> super::GROUP_SHIFT) as u32);
         let (region, offset) = self.region(addr, data.len())?;
         self.write_region(&region, offset, data)
     }

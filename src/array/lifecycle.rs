@@ -43,6 +43,8 @@ pub enum SyncAction {
     Check,
     /// Like check, rewriting redundancy where it disagrees.
     Repair,
+    /// Moving groups to a new geometry (`raidfs grow`).
+    Reshape,
 }
 
 impl std::fmt::Display for SyncAction {
@@ -53,6 +55,7 @@ impl std::fmt::Display for SyncAction {
             SyncAction::Replace => "replace",
             SyncAction::Check => "check",
             SyncAction::Repair => "repair",
+            SyncAction::Reshape => "reshape",
         })
     }
 }
@@ -219,7 +222,38 @@ impl Array {
             if let Err(e) = self.spawn(SyncAction::Resync, None) {
                 log::error!("cannot start resync: {e}");
             }
+        } else if !self.is_degraded() && self.reshape_counts().is_some() {
+            log::info!("resuming the reshape");
+            if let Err(e) = self.spawn(SyncAction::Reshape, None) {
+                log::error!("cannot resume the reshape: {e}");
+            }
         }
+    }
+
+    /// Change the array's geometry to `to` while it runs: recorded at once,
+    /// then moved group by group in the background.
+    pub fn start_reshape(&self, to: crate::geometry::Geometry) -> ArrayResult<()> {
+        if self.busy() {
+            return Err(ArrayError::Refused(format!(
+                "{} is running; a reshape starts once it is done",
+                self.sync_progress()
+                    .map_or_else(|| "background work".to_string(), |p| p.action.to_string())
+            )));
+        }
+        self.begin_reshape(to)?;
+        self.spawn(SyncAction::Reshape, None)
+    }
+
+    /// Go on with a reshape that was stopped (`raidfs grow --stop`) or
+    /// could not run (a degraded array, now rebuilt).
+    pub fn resume_reshape(&self) -> ArrayResult<()> {
+        if self.reshape_counts().is_none() {
+            return Err(ArrayError::Refused("no reshape is under way".into()));
+        }
+        if self.busy() {
+            return Err(ArrayError::Refused("background work is running".into()));
+        }
+        self.spawn(SyncAction::Reshape, None)
     }
 
     /// A stale member given at assembly, to come back once the array runs.
@@ -641,6 +675,12 @@ impl Array {
 
     /// Member bytes a resumed recovery has already covered.
     fn already_done(&self, action: SyncAction, slot: Option<usize>) -> u64 {
+        if action == SyncAction::Reshape {
+            let group_size = self.sb.lock().group_size;
+            return self
+                .reshape_counts()
+                .map_or(0, |(pending, all)| (all - pending) as u64 * group_size);
+        }
         let (Some(slot), SyncAction::Recovery) = (slot, action) else {
             return 0;
         };
@@ -865,6 +905,9 @@ impl Array {
         if matches!(action, SyncAction::Recovery | SyncAction::Replace) {
             let slot = slot.ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
             return self.run_rebuild(action, slot, done, &mut pacer);
+        }
+        if action == SyncAction::Reshape {
+            return self.run_reshape(done, &mut pacer);
         }
         let group_size = self.sb.lock().group_size;
         for (group, _) in self.groups() {

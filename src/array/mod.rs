@@ -24,7 +24,9 @@ pub mod judge;
 mod lifecycle;
 mod personality;
 mod rebuild;
+mod reshape;
 mod scrub;
+mod shape;
 mod slot;
 mod state;
 mod stripe_lock;
@@ -122,11 +124,11 @@ pub struct Array {
     pub(crate) sb: Mutex<Superblock>,
     /// Serialises superblock writes so an older state never lands after a newer one.
     pub(crate) sb_write: Mutex<()>,
-    pub(crate) data_geometry: Geometry,
-    pub(crate) meta_geometry: Geometry,
-    /// The personalities of data and metadata groups, chosen at assembly.
-    pub(crate) data_personality: Personality,
-    pub(crate) meta_personality: Personality,
+    /// The geometries in force (two during a reshape), with their
+    /// personalities; changed only with the superblock's record of them.
+    pub(crate) shapes: RwLock<shape::Shapes>,
+    /// Holds writes away from the group a reshape is moving.
+    pub(crate) reshape_gate: reshape::Gate,
     pub(crate) pool: worker::WorkerPool,
     pub(crate) locks: stripe_lock::StripeLocks,
     pub(crate) parity: &'static Parity,
@@ -166,12 +168,6 @@ pub fn data_geometry(sb: &Superblock) -> Result<Geometry, GeometryError> {
     )
 }
 
-/// Whether every stripe of `g` still has its data with `failed` slots gone,
-/// as its personality judges (assembly asks before an array exists).
-pub(crate) fn geometry_survives(g: &Geometry, failed: &[usize]) -> bool {
-    Personality::of_geometry(g).survives(g, failed)
-}
-
 /// Where a logical address lands.
 #[derive(Clone, Copy)]
 pub(crate) struct Region {
@@ -189,13 +185,10 @@ impl Array {
         sb: Superblock,
         parity: &'static Parity,
     ) -> ArrayResult<Array> {
-        let data_geometry = data_geometry(&sb)?;
+        let shapes = shape::Shapes::of(&sb)?;
         let (sb_data_offset, sb_data_size) = (sb.data_offset, sb.data_size);
-        let data_personality = Personality::of_geometry(&data_geometry);
-        let ppl = (sb.has_ppl() && data_personality.keeps_partial_parity_log())
+        let ppl = (sb.has_ppl() && shapes.current.data_personality.keeps_partial_parity_log())
             .then(|| ppl::Ppl::new(sb.members as usize, sb.data_offset));
-        let meta_geometry = Geometry::metadata(sb.members as usize, sb.chunk)?;
-        let meta_personality = Personality::of_geometry(&meta_geometry);
         let members: Vec<Option<Arc<dyn Member>>> = slots
             .iter()
             .map(|s| if s.is_failed() { None } else { s.member() })
@@ -208,10 +201,8 @@ impl Array {
             spares: slot::Spares::default(),
             sb: Mutex::new(sb),
             sb_write: Mutex::new(()),
-            data_geometry,
-            meta_geometry,
-            data_personality,
-            meta_personality,
+            shapes: RwLock::new(shapes),
+            reshape_gate: reshape::Gate::default(),
             pool,
             locks: stripe_lock::StripeLocks::new(STRIPE_LOCK_SLOTS),
             parity,
@@ -254,16 +245,31 @@ impl Array {
         self.sb.lock().array_uuid
     }
 
+    /// The array's level (the target level during a reshape).
     pub fn level(&self) -> Level {
-        self.data_geometry.level
+        self.shapes.read().current.data.level
     }
 
+    /// The geometry of new data groups (the target during a reshape).
     pub fn data_geometry(&self) -> Geometry {
-        self.data_geometry
+        self.shapes.read().current.data
     }
 
+    /// The geometry of new metadata groups.
     pub fn metadata_geometry(&self) -> Geometry {
-        self.meta_geometry
+        self.shapes.read().current.meta
+    }
+
+    /// The geometry group `group` has now (None when unallocated).
+    pub fn group_geometry(&self, group: u32) -> Option<Geometry> {
+        let sb = self.sb.lock();
+        self.shapes.read().place(&sb, group).map(|(_, g, _)| g)
+    }
+
+    /// Whether new groups and old ones may have different geometries
+    /// (a reshape is under way).
+    pub fn is_reshaping(&self) -> bool {
+        self.shapes.read().from.is_some()
     }
 
     pub fn member_count(&self) -> usize {
@@ -300,33 +306,38 @@ impl Array {
             .collect()
     }
 
-    /// Capacity in logical bytes of a group with `profile`.
+    /// Capacity in logical bytes of a new group with `profile`.
     pub fn group_capacity(&self, profile: GroupProfile) -> u64 {
         let group_size = self.sb.lock().group_size;
-        match profile {
-            GroupProfile::Metadata => self.meta_geometry.capacity(group_size),
-            GroupProfile::Data => self.data_geometry.capacity(group_size),
-            GroupProfile::Unallocated => 0,
-        }
+        self.shapes
+            .read()
+            .current
+            .of(profile)
+            .map_or(0, |(g, _)| g.capacity(group_size))
+    }
+
+    /// Capacity in logical bytes of allocated group `group` as it is now
+    /// (0 when unallocated).
+    pub fn allocated_group_capacity(&self, group: u32) -> u64 {
+        let sb = self.sb.lock();
+        self.shapes
+            .read()
+            .place(&sb, group)
+            .map_or(0, |(_, g, _)| g.capacity(sb.group_size))
     }
 
     /// Resolve a logical address (and the length that follows it) to its group.
     pub(crate) fn region(&self, addr: u64, len: usize) -> ArrayResult<(Region, u64)> {
         let group = (addr >> GROUP_SHIFT) as u32;
         let offset = addr & ((1u64 << GROUP_SHIFT) - 1);
-        let (profile, group_size, data_offset) = {
+        let (slice, geometry, personality, group_size, data_offset) = {
             let sb = self.sb.lock();
-            let profile = sb
-                .groups
-                .get(group as usize)
-                .copied()
-                .unwrap_or(GroupProfile::Unallocated);
-            (profile, sb.group_size, sb.data_offset)
-        };
-        let (geometry, personality) = match profile {
-            GroupProfile::Metadata => (self.meta_geometry, self.meta_personality),
-            GroupProfile::Data => (self.data_geometry, self.data_personality),
-            GroupProfile::Unallocated => return Err(ArrayError::OutOfRange(addr)),
+            let (slice, geometry, personality) = self
+                .shapes
+                .read()
+                .place(&sb, group)
+                .ok_or(ArrayError::OutOfRange(addr))?;
+            (slice, geometry, personality, sb.group_size, sb.data_offset)
         };
         let capacity = geometry.capacity(group_size);
         if offset
@@ -335,7 +346,7 @@ impl Array {
         {
             return Err(ArrayError::OutOfRange(addr));
         }
-        let base = data_offset + group as u64 * group_size;
+        let base = data_offset + slice as u64 * group_size;
         Ok((
             Region {
                 group,
@@ -365,8 +376,7 @@ impl Array {
     /// Whether every allocated group's geometry (data and metadata) still
     /// has all its data with `failed` slots gone.
     pub(crate) fn survives_without(&self, failed: &[usize]) -> bool {
-        self.data_personality.survives(&self.data_geometry, failed)
-            && self.meta_personality.survives(&self.meta_geometry, failed)
+        self.shapes.read().survive(failed)
     }
 
     pub(crate) fn ensure_writable(&self) -> ArrayResult<()> {

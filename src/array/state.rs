@@ -204,13 +204,14 @@ impl Array {
             .collect()
     }
 
-    /// Groups not yet allocated.
+    /// Groups not yet allocated (a reshape's staging slice is not free).
     pub fn free_group_count(&self) -> usize {
-        self.sb
-            .lock()
-            .groups
+        let sb = self.sb.lock();
+        let staging = sb.reshape.as_ref().map(|r| r.staging as usize);
+        sb.groups
             .iter()
-            .filter(|p| **p == GroupProfile::Unallocated)
+            .enumerate()
+            .filter(|&(i, p)| *p == GroupProfile::Unallocated && Some(i) != staging)
             .count()
     }
 
@@ -218,10 +219,13 @@ impl Array {
     pub fn allocate_group(&self, profile: GroupProfile) -> ArrayResult<u32> {
         self.ensure_writable()?;
         let index = self.try_record_event(|sb| {
+            // A reshape moves groups through its staging slice.
+            let staging = sb.reshape.as_ref().map(|r| r.staging as usize);
             let i = sb
                 .groups
                 .iter()
-                .position(|p| *p == GroupProfile::Unallocated)
+                .enumerate()
+                .position(|(i, p)| *p == GroupProfile::Unallocated && Some(i) != staging)
                 .ok_or(ArrayError::NoSpace)?;
             sb.groups[i] = profile;
             Ok::<u32, ArrayError>(i as u32)
@@ -239,7 +243,7 @@ impl Array {
 
     /// Make a newly allocated group read as zeros on every member, so its
     /// parity is consistent from the start whatever the members held before.
-    fn zero_group(&self, group: u32) -> ArrayResult<()> {
+    pub(super) fn zero_group(&self, group: u32) -> ArrayResult<()> {
         let (base, size) = {
             let sb = self.sb.lock();
             (sb.data_offset + group as u64 * sb.group_size, sb.group_size)
@@ -307,7 +311,7 @@ impl Array {
         ArrayStatus {
             uuid: sb.array_uuid.to_string(),
             name: sb.name.clone(),
-            level: self.data_geometry.level.to_string(),
+            level: self.level().to_string(),
             layout: sb.layout.to_string(),
             chunk: sb.chunk,
             degraded: members.iter().any(|m| m.state != MemberState::Active),

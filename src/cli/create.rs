@@ -51,7 +51,7 @@ pub struct CreateArgs {
     pub members: Vec<PathBuf>,
 }
 
-fn parse_level(s: &str) -> Result<Level, String> {
+pub(crate) fn parse_level(s: &str) -> Result<Level, String> {
     Level::parse(s).map_err(|e| e.to_string())
 }
 

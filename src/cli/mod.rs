@@ -8,6 +8,7 @@ pub mod create;
 pub mod detail;
 pub mod examine;
 pub mod fsck;
+pub mod grow;
 pub mod manage;
 pub mod mount;
 pub mod mount_helper;
@@ -61,6 +62,8 @@ enum Command {
     Check(scrub::CheckArgs),
     /// Scrub a mounted array, rewriting redundancy that disagrees.
     Repair(scrub::RepairArgs),
+    /// Change a mounted array's RAID level while it runs (md's --grow).
+    Grow(grow::GrowArgs),
     /// Show or set a mounted array's background speed limits.
     SpeedLimit(scrub::SpeedLimitArgs),
     /// Commit a mounted array's journal and flush every member now.
@@ -91,6 +94,7 @@ pub fn main() -> i32 {
         Command::Replace(a) => manage::run_replace(a),
         Command::Check(a) => scrub::run_check(a),
         Command::Repair(a) => scrub::run_repair(a),
+        Command::Grow(a) => grow::run(a),
         Command::SpeedLimit(a) => scrub::run_speed_limit(a),
         Command::Sync(a) => sync::run(a),
         Command::Config(a) => config::run(a),

@@ -6,6 +6,7 @@
 use super::protocol::Request;
 use crate::array::{AddOutcome, Array, MemberState, SyncAction};
 use crate::fs::FileSystem;
+use crate::geometry::{Geometry, Level};
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
 use crate::superblock::Superblock;
@@ -61,6 +62,7 @@ pub(crate) fn execute(
                 if *repair { "repair" } else { "check" }
             ))
         }
+        Request::Grow { level } => grow(array, *level),
         Request::Stop => {
             let running = array
                 .sync_progress()
@@ -73,6 +75,7 @@ pub(crate) fn execute(
                 SyncAction::Replace => "; the old member stays in its slot",
                 SyncAction::Resync => "; it resumes when the array is next mounted",
                 SyncAction::Check | SyncAction::Repair => "",
+                SyncAction::Reshape => "; `raidfs grow` goes on with it, and the next mount does",
             };
             Done::says(format!("{} stopped{resumes}", running.action))
         }
@@ -84,6 +87,24 @@ pub(crate) fn execute(
         Request::Sync => sync(fs, mount_read_only),
         Request::Remount { read_only } => remount(fs, *read_only),
     }
+}
+
+/// `raidfs grow`: start a level change, or go on with one that stopped.
+fn grow(array: &Array, level: Option<Level>) -> Result<Done, String> {
+    let Some(level) = level else {
+        array.resume_reshape().map_err(|e| e.to_string())?;
+        return Done::says("reshape resumed".into());
+    };
+    let now = array.data_geometry();
+    let copies = match level {
+        Level::Raid1 => now.members,
+        Level::Raid10 => now.copies.max(2).min(now.members),
+        Level::Raid0 | Level::Raid5 | Level::Raid6 => 1,
+    };
+    let to = Geometry::new(level, now.members, now.chunk, copies, now.layout)
+        .map_err(|e| format!("cannot reshape to {level}: {e}"))?;
+    array.start_reshape(to).map_err(|e| e.to_string())?;
+    Done::says(format!("reshape from {} to {level} started", now.level))
 }
 
 /// `raidfs sync`: commit the journal and flush every member, returning once

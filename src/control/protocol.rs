@@ -34,6 +34,12 @@ pub enum Request {
     },
     /// Start a scrub; `repair` rewrites redundancy that disagrees.
     Check { repair: bool },
+    /// Reshape to `level` (`raidfs grow --level`), or, without one, go on
+    /// with a reshape that was stopped.
+    Grow {
+        #[serde(default)]
+        level: Option<crate::geometry::Level>,
+    },
     /// Stop the running background work (it checkpoints first).
     Stop,
     /// Set md's speed_limit_min / speed_limit_max, bytes per second (0 = none).

@@ -98,6 +98,35 @@ impl Allocator {
         self.groups.insert(group.info.index, group);
     }
 
+    /// Take in a group that grew (a reshape moved it to a geometry that
+    /// holds more): the space past its old end is free, and its stripe may
+    /// have changed. False when the group is unknown or did not grow.
+    pub fn widen(&mut self, info: GroupInfo) -> bool {
+        let Some(group) = self.groups.get_mut(&info.index) else {
+            return false;
+        };
+        let usable = info.capacity / BLOCK_SIZE * BLOCK_SIZE;
+        if usable <= group.usable {
+            return false;
+        }
+        let old = group.usable;
+        group.usable = usable;
+        group.info = info;
+        // The runs that hold an aligned stripe depend on the stripe.
+        let runs: Vec<(u64, u64)> = group.free.iter().map(|(&s, &l)| (s, l)).collect();
+        group.roomy.clear();
+        for (start, len) in runs {
+            group.insert_run(start, len);
+        }
+        self.free(Extent::new(group_addr(info.index, old), usable - old));
+        true
+    }
+
+    /// Bytes group `index` holds, as the allocator knows it.
+    pub fn usable(&self, index: u32) -> Option<u64> {
+        self.groups.get(&index).map(|g| g.usable)
+    }
+
     pub fn free_bytes(&self) -> u64 {
         self.groups.values().map(|g| g.free_bytes).sum()
     }

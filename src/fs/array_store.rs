@@ -22,16 +22,19 @@ impl ArrayStore {
         &self.array
     }
 
+    /// What the filesystem needs of allocated group `index`, in the
+    /// geometry it has now (a reshape may have moved it to another).
     fn info(&self, index: u32, profile: GroupProfile) -> Option<GroupInfo> {
-        let (kind, geometry) = match profile {
-            GroupProfile::Metadata => (GroupKind::Metadata, self.array.metadata_geometry()),
-            GroupProfile::Data => (GroupKind::Data, self.array.data_geometry()),
+        let kind = match profile {
+            GroupProfile::Metadata => GroupKind::Metadata,
+            GroupProfile::Data => GroupKind::Data,
             GroupProfile::Unallocated => return None,
         };
+        let geometry = self.array.group_geometry(index)?;
         Some(GroupInfo {
             index,
             kind,
-            capacity: self.array.group_capacity(profile),
+            capacity: self.array.allocated_group_capacity(index),
             stripe_bytes: geometry.stripe_bytes(),
         })
     }

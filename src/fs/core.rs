@@ -501,8 +501,42 @@ impl Inner {
         }
     }
 
-    /// Allocate a fresh Data group into the allocator; false when none is left.
+    /// Data groups the store now holds more of than the allocator knows
+    /// (a reshape moved them to a wider geometry).
+    fn grown_groups(&self, st: &State) -> Vec<GroupInfo> {
+        self.store
+            .groups()
+            .into_iter()
+            .filter(|g| g.kind == GroupKind::Data)
+            .filter(|g| {
+                st.alloc
+                    .usable(g.index)
+                    .is_some_and(|u| u < g.capacity / BLOCK_SIZE * BLOCK_SIZE)
+            })
+            .collect()
+    }
+
+    /// Take the space that reshaped groups gained into the allocator.
+    pub fn absorb_grown_groups(&self) {
+        if self.grown_groups(&self.state.read()).is_empty() {
+            return;
+        }
+        let mut st = self.state.write();
+        for info in self.grown_groups(&st) {
+            st.alloc.widen(info);
+        }
+    }
+
+    /// Allocate a fresh Data group into the allocator; false when none is
+    /// left. Space that reshaped groups gained counts first.
     pub fn grow(&self, st: &mut State) -> bool {
+        let grown = self.grown_groups(st);
+        if !grown.is_empty() {
+            for info in grown {
+                st.alloc.widen(info);
+            }
+            return true;
+        }
         match self.store.allocate_group(GroupKind::Data) {
             Ok(info) => {
                 st.alloc.add_group(info);

@@ -1076,6 +1076,7 @@ impl FileSystem {
     /// as needed, so (as XFS does) the free count is how many more the free
     /// space could hold at [`INODE_COST`] bytes each.
     pub fn statfs(&self) -> FsResult<StatFs> {
+        self.inner.absorb_grown_groups();
         let unallocated = self.inner.unallocated_bytes() / BLOCK_SIZE;
         let pending = self.inner.pending_free_bytes() / BLOCK_SIZE;
         let st = self.inner.state.read();

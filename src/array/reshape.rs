@@ -1,0 +1,423 @@
+//! Reshape: changing a running array's geometry group by group, without a
+//! backup file and without a critical section (md's `--grow`).
+//!
+//! md reshapes a whole array in place, stripe by stripe, and needs a backup
+//! of the stripes it overwrites. raidfs moves one allocation group at a
+//! time through a free slice instead: the group's data is copied, in its old
+//! geometry, to the staging slice and checked; one superblock commit makes
+//! that copy the one in force; then the group's own slice is rewritten in
+//! the new geometry from it and checked, and a second commit switches the
+//! group home and to the new geometry. A crash at any point leaves one
+//! complete copy in force (the superblock says which), so the next start
+//! redoes at most the copy that was under way. Redundancy never drops: each
+//! copy is written with the redundancy of its geometry before it counts.
+//!
+//! While a group moves, writes to it wait (reads go on from the copy in
+//! force); writes to every other group go on, and new groups get the new
+//! geometry at once. The data is read through the checked read path, so a
+//! block whose checksum the filesystem knows is copied only once it passes,
+//! and every copy is read back and compared before it is switched in.
+
+use super::io::{Caching, Choice};
+use super::lifecycle::Pacer;
+use super::shape::{Shape, Shapes};
+use super::{Array, ArrayError, ArrayResult, Region, GROUP_SHIFT};
+use crate::geometry::Geometry;
+use crate::superblock::{
+    GeometrySpec, GroupProfile, Reshape, FEATURE_RESHAPE, FEATURE_WORDS_VERSION,
+};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Logical bytes copied per step.
+const STEP_BYTES: u64 = 4 << 20;
+/// No group is frozen.
+const NONE: u64 = u64::MAX;
+
+/// Holds writes away from the group a reshape is moving.
+#[derive(Default)]
+pub(crate) struct Gate {
+    /// Writers hold it shared for the length of their write, so a freeze
+    /// can wait for the writes already under way.
+    passage: RwLock<()>,
+    /// The frozen group, or [`NONE`].
+    frozen: Mutex<u64>,
+    thawed: Condvar,
+}
+
+impl Gate {
+    /// Let a write to `group` through, waiting while that group is frozen.
+    pub(crate) fn enter(&self, group: u32) -> RwLockReadGuard<'_, ()> {
+        loop {
+            let pass = self.passage.read();
+            let mut frozen = self.frozen.lock();
+            if *frozen != u64::from(group) {
+                return pass;
+            }
+            drop(pass);
+            while *frozen == u64::from(group) {
+                self.thawed.wait(&mut frozen);
+            }
+        }
+    }
+
+    /// Stop new writes to `group` and wait for those under way anywhere.
+    fn freeze(&self, group: u32) {
+        *self.frozen.lock() = u64::from(group);
+        drop(self.passage.write());
+    }
+
+    fn thaw(&self) {
+        *self.frozen.lock() = NONE;
+        self.thawed.notify_all();
+    }
+}
+
+/// Thaws the gate however a group's move ends.
+struct Frozen<'a>(&'a Gate);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
+    }
+}
+
+impl Array {
+    /// Begin changing the array's geometry to `to` (same members): the
+    /// superblocks record the target and, for every allocated group whose
+    /// geometry changes, that it still has the old one. Background work
+    /// then moves the groups ([`Array::start_reshape`] starts it).
+    pub(crate) fn begin_reshape(&self, to: Geometry) -> ArrayResult<()> {
+        self.ensure_writable()?;
+        if self.read_only {
+            return Err(ArrayError::Refused("the array is read-only".into()));
+        }
+        if self.is_degraded() {
+            let missing: Vec<String> = self
+                .unreadable_slots()
+                .iter()
+                .map(|&s| self.slots[s].name())
+                .collect();
+            return Err(ArrayError::Refused(format!(
+                "the array is degraded ({} not in sync): a reshape needs every member; rebuild first",
+                missing.join(", ")
+            )));
+        }
+        if to.members != self.slots.len() {
+            return Err(ArrayError::Refused(format!(
+                "the target geometry has {} members, the array {}",
+                to.members,
+                self.slots.len()
+            )));
+        }
+        let target = Shape::new(to)?;
+        let mut sb = self.sb.lock();
+        let mut shapes = self.shapes.write();
+        if sb.reshape.is_some() {
+            return Err(ArrayError::Refused("a reshape is already under way".into()));
+        }
+        if sb.version < FEATURE_WORDS_VERSION {
+            return Err(ArrayError::Refused(format!(
+                "the members carry superblock version {}; run `raidfs upgrade` first",
+                sb.version
+            )));
+        }
+        let from = shapes.current;
+        if from.data == target.data {
+            return Err(ArrayError::Refused(format!(
+                "the array already is {}",
+                describe(&from.data)
+            )));
+        }
+        let old_cap = from.data.capacity(sb.group_size);
+        let new_cap = target.data.capacity(sb.group_size);
+        if new_cap < old_cap {
+            return Err(ArrayError::Refused(format!(
+                "{} holds {} MiB per group, less than the {} MiB of {}: add a member first",
+                describe(&target.data),
+                new_cap >> 20,
+                old_cap >> 20,
+                describe(&from.data)
+            )));
+        }
+        let pending: Vec<bool> = sb
+            .groups
+            .iter()
+            .map(|&p| match (from.of(p), target.of(p)) {
+                (Some(old), Some(new)) => old.0 != new.0,
+                _ => false,
+            })
+            .collect();
+        let staging = sb
+            .groups
+            .iter()
+            .rposition(|&p| p == GroupProfile::Unallocated)
+            .ok_or_else(|| {
+                ArrayError::Refused(format!(
+                    "a reshape moves each group through a free one and none is left ({} groups, all allocated): free space first",
+                    sb.groups.len()
+                ))
+            })? as u32;
+        sb.reshape = Some(Reshape {
+            from: GeometrySpec {
+                level: from.data.level,
+                layout: from.data.layout,
+                chunk: from.data.chunk,
+                members: from.data.members as u32,
+                copies: from.data.copies as u32,
+            },
+            pending,
+            staging,
+            staged: None,
+        });
+        sb.features.incompat |= FEATURE_RESHAPE;
+        sb.level = to.level;
+        sb.layout = to.layout;
+        sb.chunk = to.chunk;
+        sb.copies = to.copies as u32;
+        sb.events += 1;
+        *shapes = Shapes {
+            current: target,
+            from: Some(from),
+        };
+        drop(shapes);
+        drop(sb);
+        log::info!(
+            "reshape from {} to {} begins",
+            describe(&from.data),
+            describe(&to)
+        );
+        self.write_superblocks()
+    }
+
+    /// Groups still to move, and all allocated groups.
+    pub fn reshape_counts(&self) -> Option<(usize, usize)> {
+        let sb = self.sb.lock();
+        let r = sb.reshape.as_ref()?;
+        let allocated = sb
+            .groups
+            .iter()
+            .filter(|&&p| p != GroupProfile::Unallocated)
+            .count();
+        Some((r.pending_count(), allocated))
+    }
+
+    /// Body of the reshape's background run: move every pending group.
+    /// Ok(true): finished; Ok(false): stopped (it resumes at the next start).
+    pub(super) fn run_reshape(&self, done: &AtomicU64, pacer: &mut Pacer) -> ArrayResult<bool> {
+        loop {
+            if self.sync.stop.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            let next = {
+                let sb = self.sb.lock();
+                let Some(r) = sb.reshape.as_ref() else {
+                    return Ok(true);
+                };
+                // The staged group first: its copy at the staging slice is in force.
+                r.staged
+                    .or_else(|| r.pending.iter().position(|&p| p).map(|g| g as u32))
+            };
+            let Some(group) = next else {
+                self.finish_reshape()?;
+                return Ok(true);
+            };
+            if self.is_degraded() {
+                return Err(ArrayError::Refused(
+                    "the array became degraded; the reshape waits for the rebuild".into(),
+                ));
+            }
+            self.move_group(group, pacer)?;
+            let group_size = self.sb.lock().group_size;
+            done.fetch_add(group_size, Ordering::Relaxed);
+        }
+    }
+
+    /// Move `group` to the new geometry: to the staging slice in its old
+    /// geometry (unless it is there already), then home in the new one.
+    fn move_group(&self, group: u32, pacer: &mut Pacer) -> ArrayResult<()> {
+        let _frozen = {
+            self.reshape_gate.freeze(group);
+            Frozen(&self.reshape_gate)
+        };
+        // Writes the stripe cache and write-back still hold reach the
+        // members before the copy reads them.
+        self.write_out_cached((group, 0)..=(group, u64::MAX))?;
+        self.write_back.wait_for(group, 0, u64::MAX);
+        let (staged, staging, from, current, group_size, data_offset, profile) = {
+            let sb = self.sb.lock();
+            let shapes = self.shapes.read();
+            let r = sb
+                .reshape
+                .as_ref()
+                .ok_or_else(|| ArrayError::Refused("no reshape under way".into()))?;
+            let from = shapes
+                .from
+                .ok_or_else(|| ArrayError::Refused("no old geometry recorded".into()))?;
+            (
+                r.staged == Some(group),
+                r.staging,
+                from,
+                shapes.current,
+                sb.group_size,
+                sb.data_offset,
+                sb.groups.get(group as usize).copied(),
+            )
+        };
+        let profile = profile.unwrap_or(GroupProfile::Unallocated);
+        let (Some((old, old_p)), Some((new, new_p))) = (from.of(profile), current.of(profile))
+        else {
+            return Err(ArrayError::Refused(format!(
+                "group {group} is not allocated"
+            )));
+        };
+        let region = |slice: u32, geometry: Geometry, personality| Region {
+            group,
+            geometry,
+            personality,
+            base: data_offset + u64::from(slice) * group_size,
+        };
+        let home_old = region(group, old, old_p);
+        let staged_old = region(staging, old, old_p);
+        let home_new = region(group, new, new_p);
+        let length = old.capacity(group_size);
+        if !staged {
+            self.zero_group(staging)?;
+            self.copy_group(group, &home_old, &staged_old, length, pacer)?;
+            self.flush()?;
+            self.reshape_transition(|r| r.staged = Some(group))?;
+        }
+        // From here the staged copy is in force: the group's own slice is free.
+        self.zero_group(group)?;
+        self.copy_group(group, &staged_old, &home_new, length, pacer)?;
+        self.flush()?;
+        self.reshape_transition(|r| {
+            r.staged = None;
+            if let Some(p) = r.pending.get_mut(group as usize) {
+                *p = false;
+            }
+        })?;
+        log::info!("reshape: group {group} is now {}", describe(&new));
+        Ok(())
+    }
+
+    /// Copy logical `[0, length)` of `group` from `from` to `to`, step by
+    /// step, reading through the checked path and reading each step back.
+    /// `to`'s stripes are written whole: its last step runs to a stripe end
+    /// with zeros (never past `to`'s capacity, which is a whole number of
+    /// its stripes and no smaller than `from`'s).
+    fn copy_group(
+        &self,
+        group: u32,
+        from: &Region,
+        to: &Region,
+        length: u64,
+        pacer: &mut Pacer,
+    ) -> ArrayResult<()> {
+        let stripe = to.geometry.stripe_bytes().max(1);
+        let step = (STEP_BYTES / stripe).max(1) * stripe;
+        let end = length.div_ceil(stripe) * stripe;
+        let group_size = self.sb.lock().group_size;
+        if end > to.geometry.capacity(group_size) {
+            return Err(ArrayError::Refused(format!(
+                "group {group}: {end} bytes do not fit the new geometry's {}",
+                to.geometry.capacity(group_size)
+            )));
+        }
+        let judge = self.content_judge();
+        let mut data = vec![0u8; step as usize];
+        let mut back = vec![0u8; step as usize];
+        let mut at = 0u64;
+        while at < end {
+            let n = step.min(end - at) as usize;
+            let real = (length.saturating_sub(at) as usize).min(n);
+            let buf = &mut data[..n];
+            buf[real..].fill(0);
+            if real > 0 {
+                let addr = (u64::from(group) << GROUP_SHIFT) | at;
+                let verify = |bytes: &[u8]| match &judge {
+                    Some(j) => {
+                        let bs = j.block_size().max(1);
+                        bytes
+                            .chunks(bs)
+                            .enumerate()
+                            .all(|(i, b)| j.judge(addr + (i * bs) as u64, b) != Some(false))
+                    }
+                    None => true,
+                };
+                self.read_checked_in(from, at, &mut buf[..real], &verify)?;
+            }
+            self.write_region_with(to, at, buf, Caching::Bypass)?;
+            let check = &mut back[..n];
+            self.read_region(to, at, check, Choice::Any)?;
+            if check != &*buf {
+                return Err(ArrayError::Refused(format!(
+                    "group {group}: the new copy at logical offset {at} reads back different; the reshape stops"
+                )));
+            }
+            at += n as u64;
+            self.pace(pacer, n as u64);
+        }
+        Ok(())
+    }
+
+    /// A checked read of region-relative `[offset, offset + buf.len())` of
+    /// `region`: a version that passes `verify` (another copy, a
+    /// reconstruction), or an error naming the logical address.
+    fn read_checked_in(
+        &self,
+        region: &Region,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> ArrayResult<()> {
+        self.read_region(region, offset, buf, Choice::Any)?;
+        if verify(buf) {
+            return Ok(());
+        }
+        let pieces = super::io::split(region, offset, buf.len());
+        let addr = (u64::from(region.group) << GROUP_SHIFT) | offset;
+        match self.find_good_version(region, offset, &pieces, buf, verify, !self.read_only)? {
+            Some(_) => Ok(()),
+            None => Err(ArrayError::Unrecoverable(addr)),
+        }
+    }
+
+    /// Change the reshape record and count the event, then write it.
+    fn reshape_transition(&self, change: impl FnOnce(&mut Reshape)) -> ArrayResult<()> {
+        self.try_record_event(|sb| {
+            let r = sb
+                .reshape
+                .as_mut()
+                .ok_or_else(|| ArrayError::Refused("no reshape under way".into()))?;
+            change(r);
+            Ok::<(), ArrayError>(())
+        })?;
+        self.write_superblocks()
+    }
+
+    /// Every group moved: the old geometry and the record go.
+    fn finish_reshape(&self) -> ArrayResult<()> {
+        {
+            let mut sb = self.sb.lock();
+            let mut shapes = self.shapes.write();
+            sb.reshape = None;
+            sb.features.incompat &= !FEATURE_RESHAPE;
+            sb.events += 1;
+            shapes.from = None;
+        }
+        self.write_superblocks()?;
+        log::info!("reshape to {} is complete", describe(&self.data_geometry()));
+        Ok(())
+    }
+}
+
+/// "RAID5 on 4 members (chunk 64 KiB)", for messages.
+fn describe(g: &Geometry) -> String {
+    format!(
+        "{} on {} members (chunk {} KiB)",
+        g.level,
+        g.members,
+        g.chunk >> 10
+    )
+}

@@ -1,0 +1,340 @@
+//! Reshape (`raidfs grow --level`) on the array engine: every byte survives
+//! the move while writers run, the new geometry serves with a clean check,
+//! what cannot be done is refused with its reason, and a power cut at any
+//! point of a reshape leaves an array that assembles, resumes and still
+//! holds every byte flushed before it.
+
+use raidfs::member::Member;
+mod common;
+
+use common::members::handles;
+use raidfs::array::{
+    assemble, create, Array, AssembleOptions, CreateSpec, SyncAction, GROUP_SHIFT,
+};
+use raidfs::geometry::{Geometry, Layout, Level};
+use raidfs::member::faulty::FaultyMember;
+use raidfs::superblock::{GroupProfile, Superblock};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MEMBER_SIZE: u64 = 48 << 20;
+const CHUNK: u64 = 16 << 10;
+
+fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {
+    let spec = CreateSpec {
+        level,
+        layout: Layout::LeftSymmetric,
+        chunk: CHUNK,
+        copies: 2,
+        name: "grow".into(),
+        ppl: false,
+    };
+    let array = Arc::new(create(handles(ms), &spec).expect("create"));
+    array.start_background();
+    array
+}
+
+/// The model: each data group's full contents (its capacity at the start).
+struct Model {
+    groups: Vec<(u64, Vec<u8>)>,
+}
+
+impl Model {
+    /// Fill `n` new data groups (and one metadata group) with seeded bytes.
+    fn fill(array: &Array, n: usize, seed: u64) -> Model {
+        let mut rng = StdRng::seed_from_u64(seed);
+        array
+            .allocate_group(GroupProfile::Metadata)
+            .expect("metadata group");
+        let capacity = array.group_capacity(GroupProfile::Data) as usize;
+        let groups = (0..n)
+            .map(|_| {
+                let g = array.allocate_group(GroupProfile::Data).expect("group");
+                let addr = u64::from(g) << GROUP_SHIFT;
+                let data: Vec<u8> = (0..capacity).map(|_| rng.gen()).collect();
+                array.write(addr, &data).expect("write");
+                (addr, data)
+            })
+            .collect();
+        array.flush().expect("flush");
+        Model { groups }
+    }
+
+    fn verify(&self, array: &Array, when: &str) {
+        for (addr, data) in &self.groups {
+            let mut buf = vec![0u8; data.len()];
+            array.read(*addr, &mut buf).expect("read");
+            if let Some(at) = buf.iter().zip(data).position(|(a, b)| a != b) {
+                panic!("{when}: group at {addr:#x} differs from byte {at}");
+            }
+        }
+    }
+}
+
+fn target(array: &Array, level: Level) -> Geometry {
+    let now = array.data_geometry();
+    let copies = if level == Level::Raid1 {
+        now.members
+    } else {
+        1
+    };
+    Geometry::new(level, now.members, now.chunk, copies, Layout::LeftSymmetric)
+        .expect("target geometry")
+}
+
+/// Wait until no background work runs and no reshape is left.
+fn wait_reshaped(array: &Array) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        array.wait_background();
+        if array.sync_progress().is_none() && array.reshape_counts().is_none() {
+            return;
+        }
+        if let Some(last) = array.last_sync_result() {
+            assert!(
+                last.completed || last.action != SyncAction::Reshape,
+                "reshape did not complete: {}",
+                last.message
+            );
+        }
+        assert!(Instant::now() < deadline, "reshape did not finish in time");
+        std::thread::yield_now();
+    }
+}
+
+fn superblock_of(m: &FaultyMember) -> Superblock {
+    Superblock::read_from(m).expect("superblock").0
+}
+
+fn scrub_clean(array: &Array) {
+    array.start_check(false).expect("check");
+    array.wait_background();
+    let last = array.last_sync_result().expect("check result");
+    assert!(last.completed, "check: {}", last.message);
+    assert_eq!(
+        last.mismatches, 0,
+        "check after the reshape: {}",
+        last.message
+    );
+}
+
+fn reshape_and_verify(from: Level, members: usize, to: Level) {
+    let ms = common::members::faulty(members, MEMBER_SIZE, &format!("r{from}-"));
+    let array = new_array(from, &ms);
+    let model = Model::fill(&array, 2, 7);
+    let old_capacity = array.group_capacity(GroupProfile::Data);
+    array
+        .start_reshape(target(&array, to))
+        .expect("start reshape");
+    wait_reshaped(&array);
+    assert_eq!(array.level(), to);
+    model.verify(&array, "after the reshape");
+    for (addr, _) in &model.groups {
+        let group = (addr >> GROUP_SHIFT) as u32;
+        assert_eq!(array.group_geometry(group).expect("allocated").level, to);
+        assert!(array.allocated_group_capacity(group) >= old_capacity);
+    }
+    scrub_clean(&array);
+    let sb = superblock_of(&ms[0]);
+    assert_eq!(sb.level, to);
+    assert!(sb.reshape.is_none(), "the record is gone");
+    drop(array);
+    let again = assemble(handles(&ms), AssembleOptions::default()).expect("assemble");
+    model.verify(&again, "after reassembly");
+}
+
+#[test]
+fn raid1_of_three_becomes_raid5_and_every_group_holds_twice_as_much() {
+    reshape_and_verify(Level::Raid1, 3, Level::Raid5);
+    let ms = common::members::faulty(3, MEMBER_SIZE, "cap-");
+    let array = new_array(Level::Raid1, &ms);
+    let model = Model::fill(&array, 1, 3);
+    let group = (model.groups[0].0 >> GROUP_SHIFT) as u32;
+    let before = array.allocated_group_capacity(group);
+    array
+        .start_reshape(target(&array, Level::Raid5))
+        .expect("start");
+    wait_reshaped(&array);
+    assert_eq!(array.allocated_group_capacity(group), 2 * before);
+    // The space the group gained takes writes and reads them back.
+    let tail = vec![0x5au8; 1 << 20];
+    let addr = (u64::from(group) << GROUP_SHIFT) + before;
+    array.write(addr, &tail).expect("write past the old end");
+    let mut back = vec![0u8; tail.len()];
+    array.read(addr, &mut back).expect("read");
+    assert!(back == tail);
+    model.verify(&array, "after writing the gained space");
+}
+
+#[test]
+fn raid6_becomes_raid5_on_the_same_members() {
+    reshape_and_verify(Level::Raid6, 4, Level::Raid5);
+}
+
+#[test]
+fn raid5_to_raid1_on_the_same_members_is_refused_as_groups_would_shrink() {
+    // RAID5 on 3 holds 2 units per group, RAID1 on 3 one.
+    let ms = common::members::faulty(3, MEMBER_SIZE, "down-");
+    let array = new_array(Level::Raid5, &ms);
+    let _model = Model::fill(&array, 1, 5);
+    let err = array
+        .start_reshape(target(&array, Level::Raid1))
+        .expect_err("shrinking groups is refused");
+    assert!(err.to_string().contains("add a member first"), "{err}");
+    assert!(superblock_of(&ms[0]).reshape.is_none());
+}
+
+#[test]
+fn writes_and_reads_go_on_while_groups_move() {
+    let ms = common::members::faulty(3, MEMBER_SIZE, "live-");
+    let array = new_array(Level::Raid1, &ms);
+    let mut model = Model::fill(&array, 3, 11);
+    // Slow the reshape so the writer overlaps every group's move.
+    array.set_speed_limits(Some(8 << 20), Some(8 << 20));
+    array
+        .start_reshape(target(&array, Level::Raid5))
+        .expect("start");
+    let mut rng = StdRng::seed_from_u64(99);
+    let mut writes = 0;
+    while array.reshape_counts().is_some() {
+        let (addr, data) = &mut model.groups[rng.gen_range(0..3)];
+        let at = rng.gen_range(0..data.len() - 8192) & !511;
+        let len = rng.gen_range(1..16) * 512;
+        let bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        array
+            .write(*addr + at as u64, &bytes)
+            .expect("write during reshape");
+        data[at..at + len].copy_from_slice(&bytes);
+        let mut back = vec![0u8; len];
+        array
+            .read(*addr + at as u64, &mut back)
+            .expect("read during reshape");
+        assert!(back == bytes, "read during reshape at {at}");
+        writes += 1;
+    }
+    wait_reshaped(&array);
+    assert!(
+        writes > 10,
+        "the writer overlapped the reshape ({writes} writes)"
+    );
+    model.verify(&array, "after writes during the reshape");
+    scrub_clean(&array);
+}
+
+#[test]
+fn what_cannot_be_reshaped_is_refused_with_the_reason() {
+    let ms = common::members::faulty(4, MEMBER_SIZE, "no-");
+    let array = new_array(Level::Raid5, &ms);
+    let _model = Model::fill(&array, 1, 1);
+    let same = array
+        .start_reshape(target(&array, Level::Raid5))
+        .expect_err("same geometry");
+    assert!(same.to_string().contains("already is"), "{same}");
+    let smaller = array
+        .start_reshape(target(&array, Level::Raid6))
+        .expect_err("RAID6 on the same 4 members holds less");
+    assert!(
+        smaller.to_string().contains("add a member first"),
+        "{smaller}"
+    );
+    ms[2].pull();
+    array.fail(2).expect("fail a member");
+    let degraded = array
+        .start_reshape(target(&array, Level::Raid0))
+        .expect_err("degraded");
+    assert!(degraded.to_string().contains("degraded"), "{degraded}");
+
+    // Every group allocated: nowhere to move them through.
+    let full = common::members::faulty(3, MEMBER_SIZE, "full-");
+    let array = new_array(Level::Raid1, &full);
+    while array.allocate_group(GroupProfile::Data).is_ok() {}
+    let none = array
+        .start_reshape(target(&array, Level::Raid5))
+        .expect_err("no free group");
+    assert!(none.to_string().contains("free space first"), "{none}");
+}
+
+/// Member writes the whole reshape of `model`'s array takes, measured once.
+fn reshape_writes() -> u64 {
+    let ms = common::members::faulty(3, MEMBER_SIZE, "count-");
+    let array = new_array(Level::Raid1, &ms);
+    let _model = Model::fill(&array, 2, 21);
+    let before: u64 = ms.iter().map(|m| m.counts().writes).sum();
+    array
+        .start_reshape(target(&array, Level::Raid5))
+        .expect("start");
+    wait_reshaped(&array);
+    ms.iter().map(|m| m.counts().writes).sum::<u64>() - before
+}
+
+#[test]
+fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
+    let total = reshape_writes();
+    assert!(total > 20, "a reshape takes {total} member writes");
+    let (mut mid_reshape, mut staged) = (0, 0);
+    for seed in 0..24u64 {
+        let ms = common::members::faulty(3, MEMBER_SIZE, &format!("cut{seed}-"));
+        let array = new_array(Level::Raid1, &ms);
+        let model = Model::fill(&array, 2, 21);
+        let cut_at = StdRng::seed_from_u64(seed).gen_range(1..total);
+        let before: u64 = ms.iter().map(|m| m.counts().writes).sum();
+        array
+            .start_reshape(target(&array, Level::Raid5))
+            .expect("start");
+        // Wait for the cut point, then freeze every member at once.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ms.iter().map(|m| m.counts().writes).sum::<u64>() - before < cut_at
+            && array.reshape_counts().is_some()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "seed {seed}: cut point not reached"
+            );
+            std::thread::yield_now();
+        }
+        ms.iter().for_each(FaultyMember::hold_writes);
+        let images: Vec<_> = ms
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let image = m.crash_image_random(seed * 31 + i as u64).expect("image");
+                let name = image.name();
+                (Arc::new(image) as Arc<dyn Member>, name)
+            })
+            .collect();
+        ms.iter().for_each(FaultyMember::release_writes);
+        array.stop_background();
+        drop(array);
+        let cut = Superblock::read_from(images[0].0.as_ref())
+            .expect("superblock")
+            .0;
+        if let Some(r) = &cut.reshape {
+            mid_reshape += 1;
+            staged += usize::from(r.staged.is_some());
+        }
+        let back = Arc::new(
+            assemble(images, AssembleOptions::default())
+                .unwrap_or_else(|e| panic!("seed {seed}: assemble after the cut: {e}")),
+        );
+        back.start_background();
+        wait_reshaped(&back);
+        assert_eq!(back.level(), Level::Raid5, "seed {seed}");
+        model.verify(
+            &back,
+            &format!("seed {seed} (cut after {cut_at} of {total} writes)"),
+        );
+        scrub_clean(&back);
+    }
+    // The cuts fell inside the reshape, in both of a group's copies.
+    eprintln!("{mid_reshape} of 24 cuts mid-reshape, {staged} with a group staged");
+    assert!(
+        mid_reshape >= 12,
+        "only {mid_reshape} of 24 cuts fell mid-reshape"
+    );
+    assert!(
+        staged >= 3,
+        "only {staged} cuts fell while a group was staged"
+    );
+}

@@ -337,7 +337,6 @@ mod offsets {
     pub const RESHAPE_STAGING: usize = RESHAPE + 20;
     pub const RESHAPE_STAGED: usize = RESHAPE + 24;
     pub const RESHAPE_PENDING: usize = RESHAPE + 32;
-    pub const RESHAPE_END: usize = RESHAPE_PENDING + super::MAX_GROUPS / 8;
     pub const CRC: usize = super::SUPERBLOCK_SIZE - 4;
 }
 
@@ -780,10 +779,6 @@ impl Superblock {
         }
         let reshape = if features.incompat & FEATURE_RESHAPE != 0 {
             Some(decode_reshape(buf, group_count).map_err(invalid)?)
-        } else if buf[RESHAPE..RESHAPE_END].iter().any(|&b| b != 0) {
-            return Err(invalid(
-                "the reshape record is set but the reshape feature is not".into(),
-            ));
         } else {
             None
         };

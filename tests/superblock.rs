@@ -181,6 +181,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
                     utime,
                     slots,
                     groups,
+                    reshape: None,
                 }
             })
     })
@@ -338,7 +339,7 @@ fn unknown_incompat_feature_bits_are_refused_naming_them() {
     assert_eq!(raidfs::array::FEATURE_PPL, FEATURE_PPL);
     assert_eq!(
         (KNOWN_COMPAT, KNOWN_RO_COMPAT, KNOWN_INCOMPAT),
-        (0, FEATURE_PPL, 0)
+        (0, FEATURE_PPL, FEATURE_RESHAPE)
     );
 }
 
@@ -878,8 +879,22 @@ fn format_md_superblock_table_matches_the_encoded_bytes() {
     sb.features = Features {
         compat: 0x0a0b_0c0d_0e0f_1011,
         ro_compat: FEATURE_PPL,
-        incompat: 0,
+        incompat: FEATURE_RESHAPE,
     };
+    // A reshape from RAID1 on the three members, group 3 staged in slice 2.
+    sb.reshape = Some(Reshape {
+        from: GeometrySpec {
+            level: Level::Raid1,
+            layout: Layout::RightAsymmetric,
+            chunk: sb.chunk,
+            members: 3,
+            copies: 3,
+        },
+        pending: vec![false, true, false, true],
+        staging: 2,
+        staged: Some(3),
+    });
+    assert_eq!(sb.validate(), Ok(()));
     sb.recovery_offset = 0x1111_2222_3333_4444;
     sb.state = ArrayState::Dirty;
     let block = sb.encode();
@@ -907,12 +922,24 @@ fn format_md_superblock_table_matches_the_encoded_bytes() {
             "`group_size`" => le64(sb.group_size),
             "`events`" => le64(sb.events),
             "`recovery_offset`" => le64(sb.recovery_offset),
-            "`incompat`" => le64(0),
+            "`incompat`" => le64(FEATURE_RESHAPE),
             "`ro_compat`" => le64(FEATURE_PPL),
             "`compat`" => le64(sb.features.compat),
             "`ctime`" => le64(sb.ctime),
             "`utime`" => le64(sb.utime),
             "`group_count`" => le32(sb.groups.len() as u32),
+            "`reshape_from_level`" => vec![1],
+            "`reshape_from_layout`" => vec![1],
+            "`reshape_from_members`" => le32(3),
+            "`reshape_from_chunk`" => le64(sb.chunk),
+            "`reshape_from_copies`" => le32(3),
+            "`reshape_staging`" => le32(2),
+            "`reshape_staged`" => le32(3),
+            "`reshape_pending`" => {
+                let mut bits = vec![0u8; 256];
+                bits[0] = 0b1010;
+                bits
+            }
             "`crc`" => le32(crc),
             _ => return None,
         })

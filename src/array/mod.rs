@@ -47,6 +47,7 @@ pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
 pub use judge::ContentJudge;
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
+pub use reshape::ReshapeStatus;
 pub use slot::MemberState;
 pub use state::{ArrayStatus, MemberStatus};
 pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};

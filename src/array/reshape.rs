@@ -22,7 +22,7 @@ use super::io::{Caching, Choice};
 use super::lifecycle::Pacer;
 use super::shape::{Shape, Shapes};
 use super::{Array, ArrayError, ArrayResult, Region, GROUP_SHIFT};
-use crate::geometry::Geometry;
+use crate::geometry::{Geometry, Level};
 use crate::superblock::{
     GeometrySpec, GroupProfile, Reshape, FEATURE_RESHAPE, FEATURE_WORDS_VERSION,
 };
@@ -34,8 +34,17 @@ const STEP_BYTES: u64 = 4 << 20;
 /// No group is frozen.
 const NONE: u64 = u64::MAX;
 
+/// A reshape under way, as `raidfs detail` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ReshapeStatus {
+    pub from: Level,
+    pub to: Level,
+    /// Allocated groups still in the old geometry, and all allocated groups.
+    pub pending: usize,
+    pub groups: usize,
+}
+
 /// Holds writes away from the group a reshape is moving.
-#[derive(Default)]
 pub(crate) struct Gate {
     /// Writers hold it shared for the length of their write, so a freeze
     /// can wait for the writes already under way.
@@ -43,6 +52,16 @@ pub(crate) struct Gate {
     /// The frozen group, or [`NONE`].
     frozen: Mutex<u64>,
     thawed: Condvar,
+}
+
+impl Default for Gate {
+    fn default() -> Gate {
+        Gate {
+            passage: RwLock::new(()),
+            frozen: Mutex::new(NONE),
+            thawed: Condvar::new(),
+        }
+    }
 }
 
 impl Gate {
@@ -188,6 +207,18 @@ impl Array {
             describe(&to)
         );
         self.write_superblocks()
+    }
+
+    /// The reshape under way, for status reports.
+    pub fn reshape_status(&self) -> Option<ReshapeStatus> {
+        let (pending, groups) = self.reshape_counts()?;
+        let shapes = self.shapes.read();
+        Some(ReshapeStatus {
+            from: shapes.from?.data.level,
+            to: shapes.current.data.level,
+            pending,
+            groups,
+        })
     }
 
     /// Groups still to move, and all allocated groups.

@@ -84,6 +84,7 @@ pub fn detail_text(r: &ArrayReport) -> String {
             "recovery" => "Rebuild Status",
             "replace" => "Replace Status",
             "resync" => "Resync Status",
+            "reshape" => "Reshape Status",
             _ => "Check Status",
         };
         let mut status = format!("{}% complete", s.per_mille() / 10);
@@ -91,6 +92,23 @@ pub fn detail_text(r: &ArrayReport) -> String {
             let _ = write!(status, ", {} bytes mismatched so far", s.mismatches);
         }
         line(label, status);
+    }
+    if let Some(g) = &r.reshape {
+        line(
+            "Reshape",
+            format!(
+                "{} -> {}, {} of {} groups to move{}",
+                g.from_level,
+                g.to_level,
+                g.groups_pending,
+                g.groups_total,
+                if r.sync.as_ref().is_some_and(|s| s.action == "reshape") {
+                    ""
+                } else {
+                    " (stopped: `raidfs grow MOUNT` goes on)"
+                }
+            ),
+        );
     }
     line("Name", r.name.clone());
     line("UUID", r.uuid.clone());

@@ -53,6 +53,18 @@ struct Examined {
     utime: u64,
     checksum: [String; 2],
     superblock_copies: SuperblockCopies,
+    /// The reshape under way (`raidfs grow`), or null.
+    reshape: Option<ExaminedReshape>,
+}
+
+/// The superblock's reshape record, as `examine` shows it.
+#[derive(Serialize)]
+struct ExaminedReshape {
+    from_level: String,
+    from_raid_devices: u32,
+    groups_pending: usize,
+    staging_group: u32,
+    staged_group: Option<u32>,
 }
 
 /// What each of the four superblock copies held (`CopyState::describe`).
@@ -94,6 +106,13 @@ fn describe(path: &str, sb: &Superblock, copies: [CopyState; 4]) -> Examined {
         array_uuid: sb.array_uuid.to_string(),
         member_uuid: sb.member_uuid.to_string(),
         name: sb.name.clone(),
+        reshape: sb.reshape.as_ref().map(|r| ExaminedReshape {
+            from_level: r.from.level.to_string(),
+            from_raid_devices: r.from.members,
+            groups_pending: r.pending_count(),
+            staging_group: r.staging,
+            staged_group: r.staged,
+        }),
         level: sb.level.to_string(),
         layout: sb.layout.to_string(),
         chunk_bytes: sb.chunk,
@@ -159,6 +178,17 @@ fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
     println!("  Creation Time : {}", utc(e.ctime));
     println!("     Raid Level : {}", e.level);
     println!("   Raid Devices : {}", e.raid_devices);
+    if let Some(r) = &e.reshape {
+        println!(
+            "        Reshape : from {} on {} members, {} groups to move{}",
+            r.from_level,
+            r.from_raid_devices,
+            r.groups_pending,
+            r.staged_group
+                .map(|g| format!(" (group {g} at staging group {})", r.staging_group))
+                .unwrap_or_default()
+        );
+    }
     if sb.level == crate::geometry::Level::Raid10 {
         println!("         Copies : {}", e.copies);
     }

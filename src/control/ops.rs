@@ -92,6 +92,13 @@ pub(crate) fn execute(
 /// `raidfs grow`: start a level change, or go on with one that stopped.
 fn grow(array: &Array, level: Option<Level>) -> Result<Done, String> {
     let Some(level) = level else {
+        // `grow --wait` attaches to a reshape that runs already.
+        if array
+            .sync_progress()
+            .is_some_and(|p| p.action == SyncAction::Reshape)
+        {
+            return Done::says("the reshape is running".into());
+        }
         array.resume_reshape().map_err(|e| e.to_string())?;
         return Done::says("reshape resumed".into());
     };

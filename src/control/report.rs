@@ -67,6 +67,19 @@ pub struct ArrayReport {
     /// Member writes the host refused for lack of space since the mount.
     #[serde(default)]
     pub host_no_space_errors: u64,
+    /// The reshape under way (`raidfs grow`), running or stopped, or null.
+    #[serde(default)]
+    pub reshape: Option<ReshapeReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReshapeReport {
+    /// md's names of the old and the new level.
+    pub from_level: String,
+    pub to_level: String,
+    /// Allocated groups still in the old geometry, of all allocated groups.
+    pub groups_pending: usize,
+    pub groups_total: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -233,6 +246,7 @@ impl ArrayReport {
                 "check" => ", checking",
                 "repair" => ", repairing",
                 "resync" => ", resyncing",
+                "reshape" => ", reshaping",
                 _ => ", busy",
             });
         }
@@ -278,6 +292,12 @@ impl ArrayReport {
             read_policy: array.read_policy().to_string(),
             suspended: array.suspension().map(|s| s.why),
             host_no_space_errors: array.host_no_space_errors(),
+            reshape: array.reshape_status().map(|r| ReshapeReport {
+                from_level: r.from.to_string(),
+                to_level: r.to.to_string(),
+                groups_pending: r.pending,
+                groups_total: r.groups,
+            }),
         }
     }
 }

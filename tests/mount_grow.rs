@@ -1,0 +1,249 @@
+//! `raidfs grow --level` on live mounts over real image files: the array
+//! changes level while a writer keeps writing fsync'd files, shows the
+//! reshape the way mdstat does, gives the space it gained to the
+//! filesystem, and a daemon killed at any point of a reshape leaves an
+//! array whose next mount resumes it, with every fsync'd byte and a clean
+//! fsck.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use common::cli::{
+    detail_json, raidfs, raidfs_ok, stderr, stdout, verify_files, wait_for_detail, Writer,
+};
+use common::{fuse_available, DaemonGuard};
+use rand::{Rng, SeedableRng};
+
+const MEMBERS: [&str; 3] = ["m0", "m1", "m2"];
+
+/// Three images in a temporary directory, mounted on `mnt`.
+struct Mounted {
+    dir: tempfile::TempDir,
+    mnt: PathBuf,
+    _guard: DaemonGuard,
+}
+
+impl Mounted {
+    fn new(level: &str) -> Mounted {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut args = vec!["create", "-l", level, "-s", "96M"];
+        args.extend(MEMBERS);
+        raidfs_ok(&args, dir.path());
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mount point");
+        let mnt = mnt.canonicalize().expect("mount point path");
+        let guard = DaemonGuard::new(&mnt);
+        let m = Mounted {
+            dir,
+            mnt,
+            _guard: guard,
+        };
+        m.mount();
+        m
+    }
+
+    fn mount(&self) {
+        let log = format!("log={}", self.dir.path().join("daemon.log").display());
+        let mut args: Vec<&OsStr> = vec![OsStr::new("mount"), OsStr::new("-o"), OsStr::new(&log)];
+        args.extend(MEMBERS.iter().map(OsStr::new));
+        args.push(self.mnt.as_os_str());
+        raidfs_ok(&args, self.dir.path());
+    }
+
+    /// `raidfs VERB MOUNT_POINT ARGS...` from the image directory.
+    fn run(&self, verb: &str, args: &[&str]) -> Output {
+        let mut all: Vec<&OsStr> = vec![OsStr::new(verb), self.mnt.as_os_str()];
+        all.extend(args.iter().map(OsStr::new));
+        raidfs(&all, self.dir.path())
+    }
+
+    fn ok(&self, verb: &str, args: &[&str]) -> String {
+        let out = self.run(verb, args);
+        assert!(
+            out.status.success(),
+            "raidfs {verb} {args:?} failed\nstdout: {}\nstderr: {}",
+            stdout(&out),
+            stderr(&out)
+        );
+        stdout(&out)
+    }
+
+    fn umount(&self) {
+        raidfs_ok(
+            &[OsStr::new("umount"), self.mnt.as_os_str()],
+            self.dir.path(),
+        );
+    }
+
+    /// `raidfs fsck` of the unmounted members succeeds.
+    fn fsck_clean(&self, when: &str) {
+        let mut args = vec!["fsck"];
+        args.extend(MEMBERS);
+        let out = raidfs(&args, self.dir.path());
+        assert!(
+            out.status.success(),
+            "{when}: fsck failed\nstdout: {}\nstderr: {}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
+
+    /// A file of `mib` MiB of seeded bytes, so several data groups are in use.
+    fn fill(&self, mib: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; mib << 20];
+        rand::rngs::StdRng::seed_from_u64(mib as u64).fill(&mut bytes[..]);
+        std::fs::write(self.mnt.join("big"), &bytes).expect("write big");
+        bytes
+    }
+
+    fn level_of_member(&self) -> String {
+        let out = raidfs_ok(&["examine", "--json", "m0"], self.dir.path());
+        let json: serde_json::Value = serde_json::from_str(&out).expect("examine --json");
+        json[0]["level"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+fn blocks(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs fills the zeroed struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs");
+    st.f_blocks as u64 * st.f_frsize as u64
+}
+
+fn reshaped(r: &serde_json::Value, level: &str) -> bool {
+    r["level"] == level && r["sync"].is_null() && r["reshape"].is_null()
+}
+
+#[test]
+fn raid1_becomes_raid5_while_files_are_written() {
+    if !fuse_available() {
+        return;
+    }
+    let m = Mounted::new("1");
+    let big = m.fill(20);
+    let writer = Writer::start(&m.mnt.join("w"));
+    writer.wait_for_more(10);
+    let size_before = blocks(&m.mnt);
+    m.ok("speed-limit", &["--max", "16M"]);
+    let said = m.ok("grow", &["--level", "5"]);
+    assert!(said.contains("reshape from raid1 to raid5 started"), "{said}");
+    let running = wait_for_detail(&m.mnt, "the reshape", Duration::from_secs(60), |r| {
+        r["sync"]["action"] == "reshape"
+    });
+    assert_eq!(running["level"], "raid5");
+    assert_eq!(running["reshape"]["from_level"], "raid1");
+    assert!(running["state"].as_str().unwrap_or_default().contains("reshaping"));
+    let status = raidfs_ok(&["status"], m.dir.path());
+    assert!(status.contains("reshape ="), "{status}");
+    let detail = m.ok("detail", &[]);
+    assert!(detail.contains("Reshape : raid1 -> raid5"), "{detail}");
+    // Writes go on while groups move.
+    writer.wait_for_more(10);
+    m.ok("speed-limit", &["--max", "0"]);
+    // `grow --wait` attaches to the running reshape and returns at its end.
+    m.ok("grow", &["--wait"]);
+    let done = detail_json(&m.mnt);
+    assert!(reshaped(&done, "raid5"), "{done:#}");
+    let files = writer.finish();
+    verify_files(&m.mnt.join("w"), files);
+    assert!(std::fs::read(m.mnt.join("big")).expect("read big") == big);
+    // RAID5 on three members holds twice what RAID1 on three did.
+    let size_after = blocks(&m.mnt);
+    assert!(
+        size_after > size_before * 3 / 2,
+        "size {size_before} -> {size_after}"
+    );
+    m.umount();
+    m.fsck_clean("after the reshape");
+    assert_eq!(m.level_of_member(), "raid5");
+    m.mount();
+    verify_files(&m.mnt.join("w"), files);
+    m.umount();
+}
+
+#[test]
+fn a_stopped_reshape_goes_on_with_grow_and_a_degraded_array_refuses() {
+    if !fuse_available() {
+        return;
+    }
+    let m = Mounted::new("1");
+    let big = m.fill(24);
+    m.ok("speed-limit", &["--max", "4M"]);
+    m.ok("grow", &["--level", "5"]);
+    wait_for_detail(&m.mnt, "the reshape", Duration::from_secs(60), |r| {
+        r["sync"]["action"] == "reshape"
+    });
+    let stopped = m.ok("grow", &["--stop"]);
+    assert!(stopped.contains("reshape stopped"), "{stopped}");
+    let paused = detail_json(&m.mnt);
+    assert!(paused["sync"].is_null());
+    assert!(paused["reshape"]["groups_pending"].as_u64().unwrap_or(0) > 0);
+    let detail = m.ok("detail", &[]);
+    assert!(detail.contains("(stopped: `raidfs grow MOUNT` goes on)"), "{detail}");
+    // Still readable and writable while stopped half way.
+    std::fs::write(m.mnt.join("while-stopped"), b"x").expect("write while stopped");
+    m.ok("speed-limit", &["--max", "0"]);
+    m.ok("grow", &["--wait"]);
+    assert!(reshaped(&detail_json(&m.mnt), "raid5"));
+    assert!(std::fs::read(m.mnt.join("big")).expect("read") == big);
+
+    // A degraded array refuses, naming why.
+    m.ok("fail", &["m2"]);
+    let out = m.run("grow", &["--level", "1"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("degraded"), "{}", stderr(&out));
+    m.umount();
+}
+
+#[test]
+fn a_daemon_killed_anywhere_in_a_reshape_resumes_at_the_next_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
+    let mut mid_reshape = 0;
+    const POINTS: usize = 20;
+    for point in 0..POINTS {
+        let m = Mounted::new("1");
+        let big = m.fill(16);
+        let writer = Writer::start(&m.mnt.join("w"));
+        writer.wait_for_more(5);
+        m.ok("speed-limit", &["--max", "32M"]);
+        m.ok("grow", &["--level", "5"]);
+        // A random number of status round trips into the reshape.
+        for _ in 0..rng.gen_range(0..40) {
+            detail_json(&m.mnt);
+        }
+        let record = common::kill_daemon(&m.mnt, Duration::from_secs(30));
+        let synced = writer.finish_after_crash();
+        common::detach(&m.mnt);
+        drop(record);
+        let examined = raidfs_ok(&["examine", "--json", "m0"], m.dir.path());
+        let sb: serde_json::Value = serde_json::from_str(&examined).expect("examine --json");
+        if !sb[0]["reshape"].is_null() {
+            mid_reshape += 1;
+        }
+        m.mount();
+        let back = wait_for_detail(&m.mnt, "the resumed reshape", Duration::from_secs(120), |r| {
+            reshaped(r, "raid5")
+        });
+        assert_eq!(back["level"], "raid5", "point {point}");
+        verify_files(&m.mnt.join("w"), synced);
+        assert!(
+            std::fs::read(m.mnt.join("big")).expect("read big") == big,
+            "point {point}: big differs"
+        );
+        m.umount();
+        m.fsck_clean(&format!("point {point}"));
+    }
+    eprintln!("{mid_reshape} of {POINTS} kills fell mid-reshape");
+    assert!(
+        mid_reshape >= POINTS / 2,
+        "only {mid_reshape} of {POINTS} kills fell mid-reshape"
+    );
+}

@@ -20,6 +20,7 @@ mod discard;
 pub mod host;
 mod host_space;
 mod io;
+mod iostat;
 pub mod judge;
 mod lifecycle;
 mod personality;
@@ -43,6 +44,7 @@ pub use assemble::{
 pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
+pub use iostat::MemberIo;
 pub use judge::ContentJudge;
 pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
 pub use slot::MemberState;
@@ -439,6 +441,12 @@ impl Array {
     pub fn member_stats(&self) -> Vec<MemberStats> {
         let names: Vec<String> = self.slots.iter().map(|s| s.name()).collect();
         self.balance.stats(&names)
+    }
+
+    /// Per-slot data operations, bytes and time since assembly, both
+    /// directions (see [`MemberIo`]).
+    pub fn member_io(&self) -> Vec<MemberIo> {
+        self.pool.io_stats()
     }
 
     /// Zero the read counters and forget heads and streams (benchmarks).

@@ -3,7 +3,8 @@
 //! docs/status-json.md). Built from the engine's snapshots, but owned here
 //! so engine changes do not change the documented format.
 
-use crate::array::{Array, MemberState, SyncProgress};
+use crate::array::{Array, MemberIo, MemberState, SyncProgress};
+use crate::fs::FileSystem;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -67,6 +68,29 @@ pub struct ArrayReport {
     /// Member writes the host refused for lack of space since the mount.
     #[serde(default)]
     pub host_no_space_errors: u64,
+    /// The filesystem's size and free space in bytes, as statfs(2) gives
+    /// them (0 when the daemon could not tell).
+    #[serde(default)]
+    pub fs_size: u64,
+    #[serde(default)]
+    pub fs_free: u64,
+    /// File ranges whose data no copy or parity could correct, until the
+    /// file is rewritten, truncated or deleted there, or `raidfs repair`
+    /// finds them readable (`zpool status -v`'s permanent errors).
+    #[serde(default)]
+    pub damaged: Vec<DamagedReport>,
+}
+
+/// A file range that read back wrong on every copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DamagedReport {
+    pub ino: u64,
+    /// The file's path from the mount point (the first name found for a
+    /// file with several links), or null when it has none any more.
+    pub path: Option<String>,
+    /// Byte offset in the file and length of the damaged range.
+    pub offset: u64,
+    pub length: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -95,6 +119,38 @@ pub struct MemberReport {
     pub rotational: bool,
     #[serde(default)]
     pub write_mostly: bool,
+    /// Where each sequential read stream the balancer keeps on this member
+    /// stands (member offsets, lowest first).
+    #[serde(default)]
+    pub streams: Vec<u64>,
+    /// Every data read and write of the slot since the mount: operations,
+    /// bytes and nanoseconds spent, per direction.
+    #[serde(default)]
+    pub io: IoReport,
+}
+
+/// A slot's data operations since the mount (see docs/status-json.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoReport {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub read_nanos: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    pub write_nanos: u64,
+}
+
+impl From<&MemberIo> for IoReport {
+    fn from(m: &MemberIo) -> IoReport {
+        IoReport {
+            read_ops: m.read_ops,
+            read_bytes: m.read_bytes,
+            read_nanos: m.read_nanos,
+            write_ops: m.write_ops,
+            write_bytes: m.write_bytes,
+            write_nanos: m.write_nanos,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -167,6 +223,8 @@ pub(crate) struct Origin<'a> {
     pub owner_uid: u32,
     pub read_only: bool,
     pub replacing: Option<(usize, String)>,
+    /// The mounted filesystem, for its free space.
+    pub fs: Option<&'a FileSystem>,
 }
 
 impl ArrayReport {
@@ -187,6 +245,7 @@ impl ArrayReport {
             _ => None,
         };
         let stats = array.member_stats();
+        let io = array.member_io();
         let members: Vec<MemberReport> = status
             .members
             .iter()
@@ -207,6 +266,12 @@ impl ArrayReport {
                     latency_us: st.map_or(0.0, |s| s.latency_us),
                     rotational: st.is_some_and(|s| s.rotational),
                     write_mostly: st.is_some_and(|s| s.write_mostly),
+                    streams: st.map_or_else(Vec::new, |s| s.stream_ends.clone()),
+                    io: io
+                        .iter()
+                        .find(|i| i.slot == m.slot)
+                        .map(IoReport::from)
+                        .unwrap_or_default(),
                 }
             })
             .collect();
@@ -237,6 +302,7 @@ impl ArrayReport {
             });
         }
         let (min, max) = array.speed_limits();
+        let space = origin.fs.and_then(|fs| fs.statfs().ok());
         ArrayReport {
             version: REPORT_VERSION,
             mount_point: origin.mount_point.display().to_string(),
@@ -278,6 +344,22 @@ impl ArrayReport {
             read_policy: array.read_policy().to_string(),
             suspended: array.suspension().map(|s| s.why),
             host_no_space_errors: array.host_no_space_errors(),
+            fs_size: space.as_ref().map_or(0, |s| s.blocks * u64::from(s.frsize)),
+            fs_free: space.map_or(0, |s| s.bavail * u64::from(s.frsize)),
+            damaged: origin.fs.map_or_else(Vec::new, damaged_of),
         }
     }
+}
+
+/// The damaged ranges `fs` records, with the paths of their files.
+fn damaged_of(fs: &FileSystem) -> Vec<DamagedReport> {
+    fs.damaged_ranges()
+        .into_iter()
+        .map(|d| DamagedReport {
+            ino: d.ino,
+            path: fs.path_of(d.ino),
+            offset: d.offset,
+            length: d.length,
+        })
+        .collect()
 }

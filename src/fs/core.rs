@@ -68,6 +68,8 @@ pub struct Inner {
     /// Freed space on its way back to the host.
     discards: Discards,
     file_locks: RangeLocks,
+    /// File blocks no copy could correct (see [`super::damaged`]).
+    pub damaged: super::damaged::DamagedLog,
 }
 
 /// What [`load`] found on the store.
@@ -252,6 +254,7 @@ impl Inner {
             failed_commit: Mutex::new(None),
             discards: Discards::default(),
             file_locks: RangeLocks::default(),
+            damaged: Default::default(),
         });
         if csum.enabled() {
             let judge: Weak<dyn crate::array::ContentJudge> = Arc::downgrade(&inner) as _;

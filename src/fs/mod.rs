@@ -13,6 +13,7 @@ pub mod atime;
 mod codes;
 mod core;
 pub mod csum;
+pub mod damaged;
 mod deferred;
 mod dir;
 mod extent;

@@ -6,6 +6,7 @@
 
 use super::super::core::Inner;
 use super::super::csum::CsumMap;
+use super::super::damaged::DamagedRange;
 use super::super::inode::{Inode, BLOCK_SIZE};
 use super::super::FsResult;
 use crate::array::ContentJudge;
@@ -57,6 +58,23 @@ fn maps(inode: &Inode, addr: u64) -> bool {
         .extents
         .iter()
         .any(|(_, e)| addr >= e.addr && addr < e.addr + e.len)
+}
+
+/// The damaged-data entry for `inode`'s block at `addr`, which must match `csum`.
+fn damaged_range(inode: &Inode, addr: u64, csum: u32) -> Option<DamagedRange> {
+    let (file_off, e) = inode
+        .extents
+        .iter()
+        .find(|(_, e)| addr >= e.addr && addr < e.addr + e.len)?;
+    let offset = file_off + (addr - e.addr);
+    Some(DamagedRange {
+        ino: inode.ino,
+        generation: inode.generation,
+        offset,
+        length: BLOCK_SIZE.min(inode.size.saturating_sub(offset)),
+        addr,
+        csum,
+    })
 }
 
 impl Inner {
@@ -115,6 +133,20 @@ impl Inner {
                 ),
                 Err(e) => {
                     log::error!("inode {ino}: data block at {at:#x} has no good copy: {e}");
+                    if let Some(range) = st
+                        .meta
+                        .inodes
+                        .get(&ino)
+                        .and_then(|n| damaged_range(n, at, want))
+                    {
+                        if self.damaged.record(range) {
+                            log::error!(
+                                "inode {ino}: bytes {}..{} recorded as damaged (raidfs status -v)",
+                                range.offset,
+                                range.offset + range.length
+                            );
+                        }
+                    }
                     return Err(e.into());
                 }
             }

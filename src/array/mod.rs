@@ -449,6 +449,11 @@ impl Array {
         self.pool.io_stats()
     }
 
+    /// How long [`Array::member_io`]'s counters have been counting.
+    pub fn io_elapsed(&self) -> std::time::Duration {
+        self.pool.io_elapsed()
+    }
+
     /// Zero the read counters and forget heads and streams (benchmarks).
     pub fn reset_member_stats(&self) {
         self.balance.reset();

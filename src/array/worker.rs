@@ -114,6 +114,8 @@ pub struct WorkerPool {
     inline_rotor: AtomicUsize,
     /// Operations, bytes and time per slot (see [`super::iostat`]).
     io: Arc<[IoCounters]>,
+    /// When the counters started.
+    io_since: Instant,
 }
 
 /// Counts completed writes to one slot (main member and replacement) and
@@ -216,6 +218,7 @@ impl WorkerPool {
             replacement_failed: (0..members.len()).map(|_| AtomicBool::new(false)).collect(),
             inline_rotor: AtomicUsize::new(0),
             io: (0..members.len()).map(|_| IoCounters::default()).collect(),
+            io_since: Instant::now(),
             // One write counted from the start: the first flush syncs
             // everything, whatever happened before this pool existed.
             sync_marks: (0..members.len())
@@ -457,6 +460,11 @@ impl WorkerPool {
             io.record(Direction::Read, buf.len() as u64, started.elapsed());
         }
         outcome
+    }
+
+    /// How long the operation counters have been counting.
+    pub fn io_elapsed(&self) -> std::time::Duration {
+        self.io_since.elapsed()
     }
 
     /// Every slot's operation counters since the pool started.

@@ -158,5 +158,9 @@ pub fn detail_text(r: &ArrayReport) -> String {
             "-", "spare", "-", "-", "-"
         );
     }
+    if !r.damaged.is_empty() {
+        let _ = writeln!(out);
+        out.push_str(&crate::cli::status::damaged_text(r));
+    }
     out
 }

@@ -16,6 +16,9 @@ pub struct StatusArgs {
     /// Print JSON (see docs/status-json.md) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also list files with damaged data (ranges no copy could correct).
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Show only the array mounted here.
     pub mount_point: Option<PathBuf>,
 }
@@ -150,7 +153,7 @@ pub fn query(client: &mut ControlClient) -> Result<ArrayReport, String> {
 }
 
 /// Reports of every mount whose daemon answers, by mount point.
-fn all_reports() -> Vec<ArrayReport> {
+pub fn all_reports() -> Vec<ArrayReport> {
     let mut sockets: Vec<PathBuf> = Vec::new();
     for dir in run_dirs() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -220,8 +223,36 @@ pub fn run(args: StatusArgs) -> i32 {
             println!();
         }
         print!("{}", mdstat(report));
+        if args.verbose {
+            print!("{}", damaged_text(report));
+        }
     }
     0
+}
+
+/// `zpool status -v`'s error section: the files with damaged data, each
+/// range on a line (offsets and lengths in bytes).
+pub fn damaged_text(r: &ArrayReport) -> String {
+    if r.damaged.is_empty() {
+        return "      errors: No known data errors
+"
+        .into();
+    }
+    let mut out = String::from(
+        "      errors: Permanent errors have been detected in the following files:
+",
+    );
+    for d in &r.damaged {
+        let file = match &d.path {
+            Some(p) => format!("{}{}", r.mount_point.trim_end_matches('/'), p),
+            None => format!("<inode {}>", d.ino),
+        };
+        out.push_str(&format!(
+            "              {file} (offset {}, {} bytes)\n",
+            d.offset, d.length
+        ));
+    }
+    out
 }
 
 fn short_name(name: &str) -> &str {

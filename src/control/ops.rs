@@ -56,10 +56,14 @@ pub(crate) fn execute(
         } => replace(array, old, new, *size, *force),
         Request::Check { repair } => {
             array.start_check(*repair).map_err(|e| e.to_string())?;
-            Done::says(format!(
-                "{} started",
-                if *repair { "repair" } else { "check" }
-            ))
+            let mut said = format!("{} started", if *repair { "repair" } else { "check" });
+            // A repair also reads the damaged-data log's blocks again:
+            // those that read back correctly (a copy came back) leave it.
+            if *repair && !fs.damaged_ranges().is_empty() {
+                let left = fs.recheck_damaged();
+                said.push_str(&format!("; {left} damaged file range(s) still unreadable"));
+            }
+            Done::says(said)
         }
         Request::Stop => {
             let running = array

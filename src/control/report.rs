@@ -74,6 +74,9 @@ pub struct ArrayReport {
     pub fs_size: u64,
     #[serde(default)]
     pub fs_free: u64,
+    /// Seconds the members' `io` counters cover (since the mount).
+    #[serde(default)]
+    pub io_seconds: f64,
     /// File ranges whose data no copy or parity could correct, until the
     /// file is rewritten, truncated or deleted there, or `raidfs repair`
     /// finds them readable (`zpool status -v`'s permanent errors).
@@ -346,6 +349,7 @@ impl ArrayReport {
             host_no_space_errors: array.host_no_space_errors(),
             fs_size: space.as_ref().map_or(0, |s| s.blocks * u64::from(s.frsize)),
             fs_free: space.map_or(0, |s| s.bavail * u64::from(s.frsize)),
+            io_seconds: array.io_elapsed().as_secs_f64(),
             damaged: origin.fs.map_or_else(Vec::new, damaged_of),
         }
     }

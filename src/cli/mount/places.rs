@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 pub const SYSTEM_RUN_DIR: &str = "/run/raidfs/mounts";
 /// Root's log directory, and where its logs go when /var cannot be written.
 const SYSTEM_LOG_DIRS: [&str; 2] = ["/var/log/raidfs", "/run/raidfs/log"];
+/// Root's persistent state: what must outlive a reboot (the damaged-data logs).
+const SYSTEM_STATE_DIR: &str = "/var/lib/raidfs";
 /// The last components of every run directory a user gets: how a listing
 /// of bound sockets tells raidfs control sockets from others.
 pub const RUN_DIR_TAIL: &str = "raidfs/mounts";
@@ -72,6 +74,19 @@ impl Env {
         let runtime = self.runtime_dir.as_ref().map(|d| d.join(RUN_DIR_TAIL));
         let state = self.state_dir().map(|d| d.join("mounts"));
         runtime.into_iter().chain(state).collect()
+    }
+
+    /// Where the damaged-data log of the array `uuid` is kept (see
+    /// `crate::fs::damaged`): under /var/lib/raidfs for root, the state
+    /// directory for a user; None when a user has neither XDG_STATE_HOME
+    /// nor HOME.
+    pub fn damaged_log(&self, uuid: &str) -> Option<PathBuf> {
+        let dir = if self.uid == 0 {
+            PathBuf::from(SYSTEM_STATE_DIR)
+        } else {
+            self.state_dir()?
+        };
+        Some(dir.join("damaged").join(format!("{uuid}.json")))
     }
 
     /// Log directories in order of preference.

@@ -403,17 +403,14 @@ struct Out {
 
 impl Out {
     fn family(&mut self, name: &str, kind: Kind, help: &str, samples: impl FnOnce(&mut Out)) {
-        // The family's name without `_total` (the format's own rule for counters).
-        let base = match kind {
-            Kind::Counter => name.strip_suffix("_total").unwrap_or(name),
-            Kind::Gauge => name,
-        };
+        // In the 0.0.4 text format HELP and TYPE name the samples exactly,
+        // `_total` included (OpenMetrics would drop it from the family).
         let kind = match kind {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
         };
-        let _ = writeln!(self.text, "# HELP {base} {}", escape_help(help));
-        let _ = writeln!(self.text, "# TYPE {base} {kind}");
+        let _ = writeln!(self.text, "# HELP {name} {}", escape_help(help));
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
         self.name = name.to_string();
         samples(self);
     }
@@ -494,7 +491,7 @@ mod tests {
         });
         assert_eq!(
             out.text,
-            "# HELP x_ops Ops.\n# TYPE x_ops counter\nx_ops_total{m=\"/a \\\"b\\\"\"} 2\nx_ops_total 5\n"
+            "# HELP x_ops_total Ops.\n# TYPE x_ops_total counter\nx_ops_total{m=\"/a \\\"b\\\"\"} 2\nx_ops_total 5\n"
         );
     }
 }

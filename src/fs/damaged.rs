@@ -6,7 +6,7 @@
 //! An entry names the file (inode and generation), the file offset and
 //! length, the block's address and the checksum it must match. It stands
 //! only while all of that is still true, which is checked whenever the
-//! log is read: deleting the file (or a new file taking its inode number),
+//! log is read: deleting the file (its last name; or a new file taking its inode number),
 //! truncating it below the range, or rewriting the block (a new address or
 //! a new checksum) drops the entry without a hook in those paths. A block
 //! rewritten with the very same bytes keeps its entry until
@@ -55,6 +55,7 @@ impl DamagedRange {
                 && e.addr + (self.offset - file_off) == self.addr
         });
         inode.generation == self.generation
+            && inode.nlink > 0
             && self.offset < inode.size
             && mapped
             && meta.csums.get(self.addr) == Some(self.csum)

@@ -811,3 +811,30 @@ fn blocks_no_copy_can_correct_are_logged_until_the_file_changes() {
     let kept = std::fs::read_to_string(&log).expect("log file");
     assert!(kept.contains("\"entries\": []"), "{kept}");
 }
+
+/// The array's own check meets a mirror block whose copies disagree and
+/// all fail the checksum: the block is on the damaged-data log without
+/// any read of the file.
+#[test]
+fn an_array_check_logs_blocks_with_no_good_copy() {
+    let mut rng = StdRng::seed_from_u64(22);
+    let rig = build(Level::Raid1, 2, 64 << 10, 2);
+    let data = random_bytes(&mut rng, 32 << 10);
+    let ino = rig.write_file("f", &data);
+    let addr = rig.block_addr(ino, 5 * BLOCK);
+    let copies = rig.copies(addr);
+    let ms = rig.stop();
+    // Different damage on each copy, so they disagree and the judge is asked.
+    flip(&ms[copies[0].0], copies[0].1 + 10, 3);
+    flip(&ms[copies[1].0], copies[1].1 + 2000, 5);
+    let rig = Rig::start(ms);
+    assert!(rig.fs().damaged_ranges().is_empty());
+    assert!(rig.array_check(false) > 0, "the copies disagree");
+    let logged: Vec<(u64, u64)> = rig
+        .fs()
+        .damaged_ranges()
+        .iter()
+        .map(|d| (d.ino, d.offset))
+        .collect();
+    assert_eq!(logged, vec![(ino, 5 * BLOCK)]);
+}

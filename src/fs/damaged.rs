@@ -1,5 +1,7 @@
 //! The damaged-data log: file blocks whose data no copy or parity could
-//! correct (a checked read found every version failing its checksum), as
+//! correct (a checked read found every version failing its checksum, or
+//! the array's check, repair or resync asked the content judge about every
+//! version and none passed), as
 //! `zpool status -v` lists a pool's permanent errors. `raidfs status -v`
 //! and `raidfs detail` show them with their paths.
 //!

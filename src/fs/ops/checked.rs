@@ -169,4 +169,29 @@ impl ContentJudge for Inner {
         let want = self.state.read_recursive().meta.csums.get(addr)?;
         Some(self.csum.block(data) == want)
     }
+
+    fn no_good_version(&self, addr: u64) {
+        // Rare (a scrub or resync found every version wrong), so finding
+        // the file by a walk of every inode's extents is affordable.
+        let st = self.state.read_recursive();
+        let Some(want) = st.meta.csums.get(addr) else {
+            return;
+        };
+        let range = st
+            .meta
+            .inodes
+            .values()
+            .find(|n| maps(n, addr))
+            .and_then(|n| damaged_range(n, addr, want));
+        if let Some(range) = range {
+            if self.damaged.record(range) {
+                log::error!(
+                    "inode {}: bytes {}..{} have no good copy (found by a scrub); recorded as damaged",
+                    range.ino,
+                    range.offset,
+                    range.offset + range.length
+                );
+            }
+        }
+    }
 }

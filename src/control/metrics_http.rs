@@ -229,6 +229,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_get_and_head_of_metrics_are_served() {
+        let never = || -> ArrayReport { unreachable!("no report for this request") };
+        let status = |line: &str| respond(line, never).0;
+        assert_eq!(status("POST /metrics HTTP/1.1"), "405 Method Not Allowed");
+        assert_eq!(status("GET /other HTTP/1.1"), "404 Not Found");
+        assert_eq!(
+            status("GET /metrics HTTP/2.0"),
+            "505 HTTP Version Not Supported"
+        );
+        assert_eq!(status("garbage"), "400 Bad Request");
+        let (status, _, body, head_only) = respond("HEAD / HTTP/1.0", never);
+        assert_eq!(status, "200 OK");
+        assert!(head_only && body.contains("/metrics"));
+    }
+
+    #[test]
     fn addresses_are_ip_and_port() {
         assert_eq!(parse_address("127.0.0.1:9464").map(|a| a.port()), Ok(9464));
         assert!(parse_address("[::1]:9464").is_ok());

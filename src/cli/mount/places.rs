@@ -1,5 +1,6 @@
 //! Where a mount keeps its files: the run directory (the daemon's state
-//! file, control socket and saved limits) and the log.
+//! file, control socket and saved limits), the log, and the damaged-data
+//! log of each array (which must outlive a reboot, so not under /run).
 //!
 //! Root uses the system directories. A user cannot write those, and a
 //! shared, world-writable fallback (`/tmp`) would let another user take a
@@ -304,6 +305,29 @@ mod tests {
         assert_eq!(
             root.log_dirs(),
             paths(&["/var/log/raidfs", "/run/raidfs/log"])
+        );
+    }
+
+    #[test]
+    fn damaged_data_logs_outlive_a_reboot() {
+        let root = Env {
+            uid: 0,
+            ..Env::default()
+        };
+        assert_eq!(
+            root.damaged_log("u-1"),
+            Some(PathBuf::from("/var/lib/raidfs/damaged/u-1.json"))
+        );
+        let env = user(Some("/run/user/1000"), None, Some("/home/u"));
+        assert_eq!(
+            env.damaged_log("u-1"),
+            Some(PathBuf::from(
+                "/home/u/.local/state/raidfs/damaged/u-1.json"
+            ))
+        );
+        assert_eq!(
+            user(Some("/run/user/1000"), None, None).damaged_log("u-1"),
+            None
         );
     }
 

@@ -827,7 +827,10 @@ fn an_array_check_logs_blocks_with_no_good_copy() {
     // Different damage on each copy, so they disagree and the judge is asked.
     flip(&ms[copies[0].0], copies[0].1 + 10, 3);
     flip(&ms[copies[1].0], copies[1].1 + 2000, 5);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("array.json");
     let rig = Rig::start(ms);
+    rig.fs().keep_damaged_log(&log).expect("keep the log");
     assert!(rig.fs().damaged_ranges().is_empty());
     assert!(rig.array_check(false) > 0, "the copies disagree");
     let logged: Vec<(u64, u64)> = rig
@@ -837,4 +840,15 @@ fn an_array_check_logs_blocks_with_no_good_copy() {
         .map(|d| (d.ino, d.offset))
         .collect();
     assert_eq!(logged, vec![(ino, 5 * BLOCK)]);
+
+    // A good copy comes back (the first member's bytes restored): the
+    // recheck a repair runs takes the block off the log.
+    let ms = rig.stop();
+    flip(&ms[copies[0].0], copies[0].1 + 10, 3);
+    let rig = Rig::start(ms);
+    rig.fs().keep_damaged_log(&log).expect("keep the log");
+    assert_eq!(rig.fs().damaged_ranges().len(), 1);
+    assert_eq!(rig.fs().recheck_damaged(), 0);
+    assert!(rig.fs().damaged_ranges().is_empty());
+    assert_eq!(rig.read_all(ino).expect("the file reads"), data);
 }

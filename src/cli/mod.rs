@@ -9,6 +9,7 @@ pub mod detail;
 pub mod examine;
 pub mod fsck;
 pub mod manage;
+pub mod monitor;
 pub mod mount;
 pub mod mount_helper;
 pub mod scrub;
@@ -49,6 +50,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Show one mounted array in full, like `mdadm --detail`.
     Detail(detail::DetailArgs),
+    /// Watch every raidfs mount and raise events, like `mdadm --monitor`.
+    Monitor(monitor::MonitorArgs),
     /// Mark a member of a mounted array faulty.
     Fail(manage::FailArgs),
     /// Take a faulty member or a spare out of a mounted array.
@@ -85,6 +88,7 @@ pub fn main() -> i32 {
         Command::Upgrade(a) => upgrade::run(a),
         Command::Status(a) => status::run(a),
         Command::Detail(a) => detail::run(a),
+        Command::Monitor(a) => monitor::run(a),
         Command::Fail(a) => manage::run_fail(a),
         Command::Remove(a) => manage::run_remove(a),
         Command::Add(a) => manage::run_add(a),

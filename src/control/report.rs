@@ -4,6 +4,7 @@
 //! so engine changes do not change the documented format.
 
 use crate::array::{Array, MemberState, SyncProgress};
+use crate::fs::FileSystem;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -67,6 +68,27 @@ pub struct ArrayReport {
     /// Member writes the host refused for lack of space since the mount.
     #[serde(default)]
     pub host_no_space_errors: u64,
+    /// File data blocks that failed their checksum on a read and were
+    /// served from a good copy, since the mount.
+    #[serde(default)]
+    pub corrected_errors: u64,
+    /// File data blocks no copy could serve (the read failed with EIO).
+    #[serde(default)]
+    pub unrecoverable_errors: u64,
+    /// The last of either, with its file.
+    #[serde(default)]
+    pub last_data_error: Option<DataErrorReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataErrorReport {
+    pub ino: u64,
+    /// A path of the file inside the mount (`/dir/file`), or null when no
+    /// directory holds it any more.
+    pub path: Option<String>,
+    /// Byte offset of the block in the file.
+    pub offset: u64,
+    pub unrecoverable: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -170,8 +192,9 @@ pub(crate) struct Origin<'a> {
 }
 
 impl ArrayReport {
-    pub(crate) fn collect(array: &Array, origin: &Origin<'_>) -> ArrayReport {
+    pub(crate) fn collect(array: &Array, fs: &FileSystem, origin: &Origin<'_>) -> ArrayReport {
         let status = array.status();
+        let data_errors = fs.data_errors();
         let sb = array.superblock();
         // Before `last_sync_result` below: the engine records a result
         // before it clears the running entry, so a report without running
@@ -278,6 +301,14 @@ impl ArrayReport {
             read_policy: array.read_policy().to_string(),
             suspended: array.suspension().map(|s| s.why),
             host_no_space_errors: array.host_no_space_errors(),
+            corrected_errors: data_errors.corrected,
+            unrecoverable_errors: data_errors.unrecoverable,
+            last_data_error: data_errors.last.map(|e| DataErrorReport {
+                ino: e.ino,
+                path: fs.path_of(e.ino),
+                offset: e.offset,
+                unrecoverable: e.unrecoverable,
+            }),
         }
     }
 }

@@ -349,7 +349,10 @@ fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
         read_only: context.read_only,
         replacing: shared.replacing.lock().clone(),
     };
-    Response::done(message, ArrayReport::collect(&shared.array, &origin))
+    Response::done(
+        message,
+        ArrayReport::collect(&shared.array, &shared.fs, &origin),
+    )
 }
 
 fn save_limits(array: &Array, context: &MountContext) {

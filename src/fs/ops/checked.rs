@@ -7,6 +7,8 @@
 use super::super::core::Inner;
 use super::super::csum::CsumMap;
 use super::super::inode::{Inode, BLOCK_SIZE};
+use super::super::data_errors::DataError;
+use super::super::store::StoreError;
 use super::super::FsResult;
 use crate::array::ContentJudge;
 
@@ -51,12 +53,13 @@ impl BlockRead {
     }
 }
 
-/// Whether `inode` maps the block at `addr`.
-fn maps(inode: &Inode, addr: u64) -> bool {
+/// Where in its file `inode` maps the block at `addr`, if it does.
+fn file_offset(inode: &Inode, addr: u64) -> Option<u64> {
     inode
         .extents
         .iter()
-        .any(|(_, e)| addr >= e.addr && addr < e.addr + e.len)
+        .find(|(_, e)| addr >= e.addr && addr < e.addr + e.len)
+        .map(|(file_off, e)| file_off + (addr - e.addr))
 }
 
 impl Inner {
@@ -100,8 +103,9 @@ impl Inner {
         let block = BLOCK_SIZE as usize;
         for &i in bad {
             let at = addr + (i * block) as u64;
-            let still_mapped = st.meta.inodes.get(&ino).is_some_and(|n| maps(n, at));
-            let Some(want) = st.meta.csums.get(at).filter(|_| still_mapped) else {
+            let mapped_at = st.meta.inodes.get(&ino).and_then(|n| file_offset(n, at));
+            let Some((want, offset)) = mapped_at.and_then(|off| Some((st.meta.csums.get(at)?, off)))
+            else {
                 // Unmapped by a racing truncate: nothing left to check against.
                 continue;
             };
@@ -110,11 +114,25 @@ impl Inner {
                 .store
                 .read(at, dest, Some(&|b: &[u8]| kind.block(b) == want))
             {
-                Ok(()) => log::warn!(
-                    "inode {ino}: data block at {at:#x} failed its checksum; served from a good copy"
-                ),
+                Ok(()) => {
+                    log::warn!(
+                        "inode {ino}: data block at {at:#x} failed its checksum; served from a good copy"
+                    );
+                    self.data_errors.record(DataError {
+                        ino,
+                        offset,
+                        unrecoverable: false,
+                    });
+                }
                 Err(e) => {
                     log::error!("inode {ino}: data block at {at:#x} has no good copy: {e}");
+                    if matches!(e, StoreError::Unrecoverable(_)) {
+                        self.data_errors.record(DataError {
+                            ino,
+                            offset,
+                            unrecoverable: true,
+                        });
+                    }
                     return Err(e.into());
                 }
             }

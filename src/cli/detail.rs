@@ -201,3 +201,26 @@ pub fn detail_text(r: &ArrayReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::monitor::events::tests::report;
+    use MemberState::{Active, Faulty, Missing};
+
+    #[test]
+    fn test_codes_follow_mdadm() {
+        assert_eq!(test_code(&report(&[Active, Active])), TEST_HEALTHY);
+        assert_eq!(test_code(&report(&[Active, Faulty])), TEST_DEGRADED);
+        assert_eq!(test_code(&report(&[Missing, Faulty])), TEST_UNUSABLE);
+        let mut raid5 = report(&[Active, Faulty, Missing]);
+        raid5.level = "raid5".into();
+        assert_eq!(test_code(&raid5), TEST_UNUSABLE);
+        let mut raid0 = report(&[Active, Faulty]);
+        raid0.level = "raid0".into();
+        assert_eq!(test_code(&raid0), TEST_UNUSABLE);
+        let mut suspended = report(&[Active, Active]);
+        suspended.suspended = Some("the host failed every member".into());
+        assert_eq!(test_code(&suspended), TEST_UNUSABLE);
+    }
+}

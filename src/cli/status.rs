@@ -272,7 +272,7 @@ struct StatusDocument<'a> {
 
 /// The one mount `status MOUNTPOINT` asks about: its report, or why it is
 /// dead, or the error.
-fn survey_one(mount_point: &Path) -> Result<Survey, String> {
+pub fn survey_one(mount_point: &Path) -> Result<Survey, String> {
     match connect(mount_point).and_then(|mut c| query(&mut c)) {
         Ok(report) => Ok(Survey {
             reports: vec![report],

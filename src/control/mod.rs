@@ -17,7 +17,7 @@ mod server;
 pub use client::{ControlClient, ControlError};
 pub use protocol::{Request, Response};
 pub use report::{
-    ArrayReport, DataErrorReport, LastSyncReport, MemberReport, ReplacementReport, SpeedLimitReport, SyncReport,
-    REPORT_VERSION,
+    ArrayReport, DataErrorReport, LastSyncReport, MemberReport, ReplacementReport,
+    SpeedLimitReport, SyncReport, REPORT_VERSION,
 };
 pub use server::{load_saved_limits, saved_limits_path, ControlServer, MountContext};

@@ -470,7 +470,11 @@ impl FileSystem {
         if path.is_empty() {
             path.push(b'/');
         }
-        Some(std::ffi::OsStr::from_bytes(&path).to_string_lossy().into_owned())
+        Some(
+            std::ffi::OsStr::from_bytes(&path)
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// Where the file's data lives: (file offset, logical address, length)

@@ -168,6 +168,9 @@ struct Seen {
     /// Marks of the running background work already raised (or passed
     /// before the monitor first saw it).
     marks: usize,
+    /// Members (slot, name) that became active while the work that brought
+    /// them in was still reported running: raised after it finishes.
+    held: Vec<(usize, String)>,
 }
 
 /// The state between passes, and the comparison that yields events.
@@ -212,6 +215,7 @@ impl Tracker {
                         Seen {
                             report: r.clone(),
                             marks,
+                            held: Vec::new(),
                         },
                     );
                 }
@@ -362,6 +366,14 @@ fn changes(seen: &mut Seen, now: &ArrayReport) -> Vec<Event> {
         }
     }
     events.extend(background(seen, now));
+    // The engine marks a rebuilt slot active a moment before its run is
+    // over: the member is raised after RebuildFinished, as it happens.
+    seen.held.extend(joined);
+    let running_on = now.sync.as_ref().and_then(|s| s.slot);
+    let (waiting, joined): (Vec<_>, Vec<_>) = std::mem::take(&mut seen.held)
+        .into_iter()
+        .partition(|(slot, _)| Some(*slot) == running_on);
+    seen.held = waiting;
     let before = &seen.report;
     for (slot, name) in joined {
         events.push(
@@ -500,7 +512,7 @@ fn background(seen: &mut Seen, now: &ArrayReport) -> Vec<Event> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::control::{
         DataErrorReport, LastSyncReport, MemberReport, SpeedLimitReport, REPORT_VERSION,
@@ -532,7 +544,9 @@ mod tests {
         }
     }
 
-    fn report(states: &[MemberState]) -> ArrayReport {
+    /// A RAID1 report with one member per state given (also used by
+    /// `detail`'s tests).
+    pub(crate) fn report(states: &[MemberState]) -> ArrayReport {
         let members: Vec<MemberReport> = states
             .iter()
             .enumerate()
@@ -605,10 +619,12 @@ mod tests {
         let mut t = Tracker::default();
         let degraded = report(&[Active, Faulty]);
         assert_eq!(
-            names(&t.pass(&[degraded.clone()], &[], &Spares(1))),
+            names(&t.pass(std::slice::from_ref(&degraded), &[], &Spares(1))),
             ["DegradedArray /mnt/a", "SparesMissing /mnt/a"]
         );
-        assert!(t.pass(&[degraded.clone()], &[], &Spares(1)).is_empty());
+        assert!(t
+            .pass(std::slice::from_ref(&degraded), &[], &Spares(1))
+            .is_empty());
         let mut other = report(&[Active, Active]);
         other.uuid = "uuid-b".into();
         other.mount_point = "/mnt/b".into();
@@ -631,16 +647,23 @@ mod tests {
         let mut rebuilding = report(&[Active, Rebuilding]);
         rebuilding.sync = recovery(10);
         assert_eq!(
-            names(&t.pass(&[rebuilding.clone()], &[], &Spares(0))),
+            names(&t.pass(std::slice::from_ref(&rebuilding), &[], &Spares(0))),
             ["RebuildStarted /mnt/a"]
         );
         // Two marks between passes: both, in order.
         rebuilding.sync = recovery(45);
         assert_eq!(
-            names(&t.pass(&[rebuilding.clone()], &[], &Spares(0))),
+            names(&t.pass(std::slice::from_ref(&rebuilding), &[], &Spares(0))),
             ["Rebuild20 /mnt/a", "Rebuild40 /mnt/a"]
         );
-        // Finished before the monitor saw 60 and 80: they come first.
+        // The slot turns active a moment before the run is reported over.
+        let mut ending = report(&[Active, Active]);
+        ending.sync = recovery(100);
+        assert_eq!(
+            names(&t.pass(&[ending], &[], &Spares(0))),
+            ["Rebuild60 /mnt/a", "Rebuild80 /mnt/a"]
+        );
+        // Finished: then the member is raised.
         let mut done = report(&[Active, Active]);
         done.last_sync = Some(LastSyncReport {
             action: "recovery".into(),
@@ -653,14 +676,37 @@ mod tests {
         let events = t.pass(&[done], &[], &Spares(0));
         assert_eq!(
             names(&events),
+            ["RebuildFinished /mnt/a", "SpareActive /mnt/a /img/m1"]
+        );
+        assert_eq!(events[0].message, "recovery finished");
+    }
+
+    #[test]
+    fn a_run_that_completes_between_passes_raises_the_marks_it_had_left() {
+        let mut t = Tracker::default();
+        let mut rebuilding = report(&[Active, Rebuilding]);
+        rebuilding.sync = recovery(30);
+        t.pass(&[rebuilding], &[], &Spares(0));
+        let mut done = report(&[Active, Active]);
+        done.last_sync = Some(LastSyncReport {
+            action: "recovery".into(),
+            completed: true,
+            mismatches: 0,
+            message: "recovery finished".into(),
+            done: 100,
+            total: 100,
+        });
+        // Seen first at 30%: Rebuild20 was passed before the monitor looked.
+        assert_eq!(
+            names(&t.pass(&[done], &[], &Spares(0))),
             [
+                "Rebuild40 /mnt/a",
                 "Rebuild60 /mnt/a",
                 "Rebuild80 /mnt/a",
                 "RebuildFinished /mnt/a",
                 "SpareActive /mnt/a /img/m1"
             ]
         );
-        assert_eq!(events[2].message, "recovery finished");
     }
 
     #[test]
@@ -688,7 +734,7 @@ mod tests {
     fn data_errors_name_the_member_and_the_file() {
         let mut t = Tracker::default();
         let healthy = report(&[Active, Active]);
-        t.pass(&[healthy.clone()], &[], &Spares(0));
+        t.pass(std::slice::from_ref(&healthy), &[], &Spares(0));
         let mut hit = healthy.clone();
         hit.members[0].checksum_errors = 1;
         hit.corrected_errors = 1;
@@ -698,7 +744,7 @@ mod tests {
             offset: 4096,
             unrecoverable: false,
         });
-        let events = t.pass(&[hit.clone()], &[], &Spares(0));
+        let events = t.pass(std::slice::from_ref(&hit), &[], &Spares(0));
         assert_eq!(names(&events), ["ChecksumError /mnt/a /img/m0 /d/f"]);
         let mut lost = hit.clone();
         lost.unrecoverable_errors = 1;

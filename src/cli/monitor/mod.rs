@@ -93,8 +93,7 @@ fn settings(args: &MonitorArgs) -> Result<Settings, String> {
     }
     let mut only = Vec::new();
     for mp in &args.mount_points {
-        let path =
-            mounts::absolute_lexical(mp).map_err(|e| format!("{}: {e}", mp.display()))?;
+        let path = mounts::absolute_lexical(mp).map_err(|e| format!("{}: {e}", mp.display()))?;
         only.push(path.display().to_string());
     }
     Ok(Settings {
@@ -114,14 +113,24 @@ impl Expectations for Config {
     }
 }
 
-/// This pass's reports and dead mounts, kept to the watched mount points.
+/// This pass's reports and dead mounts: of every raidfs mount, or of the
+/// watched mount points only (asking just their daemons). A watched mount
+/// point that is not mounted (yet, or any more) has nothing to say.
 fn look(only: &[String]) -> Survey {
-    let mut survey = status::survey();
-    if !only.is_empty() {
-        survey.reports.retain(|r| only.contains(&r.mount_point));
-        survey.inactive.retain(|d| only.contains(&d.mount_point));
+    if only.is_empty() {
+        return status::survey();
     }
-    survey
+    let mut all = Survey {
+        reports: Vec::new(),
+        inactive: Vec::new(),
+    };
+    for mount_point in only {
+        if let Ok(one) = status::survey_one(std::path::Path::new(mount_point)) {
+            all.reports.extend(one.reports);
+            all.inactive.extend(one.inactive);
+        }
+    }
+    all
 }
 
 /// What a mail says about the array of `event`.

@@ -140,7 +140,10 @@ pub fn message(from: &str, to: &str, host: &str, event: &Event, detail: &str) ->
     }
     body.push_str(&format!("\n{}\n", event.message));
     if !detail.is_empty() {
-        body.push_str(&format!("\nraidfs detail {}:\n\n{detail}", event.mount_point));
+        body.push_str(&format!(
+            "\nraidfs detail {}:\n\n{detail}",
+            event.mount_point
+        ));
         if !detail.ends_with('\n') {
             body.push('\n');
         }

@@ -6,8 +6,8 @@
 
 use super::super::core::Inner;
 use super::super::csum::CsumMap;
-use super::super::inode::{Inode, BLOCK_SIZE};
 use super::super::data_errors::DataError;
+use super::super::inode::{Inode, BLOCK_SIZE};
 use super::super::store::StoreError;
 use super::super::FsResult;
 use crate::array::ContentJudge;
@@ -104,7 +104,8 @@ impl Inner {
         for &i in bad {
             let at = addr + (i * block) as u64;
             let mapped_at = st.meta.inodes.get(&ino).and_then(|n| file_offset(n, at));
-            let Some((want, offset)) = mapped_at.and_then(|off| Some((st.meta.csums.get(at)?, off)))
+            let Some((want, offset)) =
+                mapped_at.and_then(|off| Some((st.meta.csums.get(at)?, off)))
             else {
                 // Unmapped by a racing truncate: nothing left to check against.
                 continue;

@@ -455,3 +455,95 @@ fn detail_test_exit_statuses_and_a_oneshot_test_message() {
         "{said}"
     );
 }
+
+/// A host filesystem mounted for one test; lazily unmounted on drop.
+struct HostMount(PathBuf);
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        common::detach(&self.0);
+    }
+}
+
+fn must(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The host (an ext4 with `errors=remount-ro`) fails: every member write
+/// is refused at once, no member is failed, the array is suspended, and
+/// `detail --test` says unusable (2).
+#[test]
+fn detail_test_says_unusable_when_the_host_fails_every_member() {
+    if !fuse_available() {
+        return;
+    }
+    let mkfs = Command::new("mkfs.ext4").arg("-V").output();
+    if mkfs.is_err() || !Path::new("/sys/fs/ext4").exists() {
+        eprintln!("skipping: needs mkfs.ext4 and ext4 in the kernel");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let image = dir.path().join("host.img").display().to_string();
+    let host = dir.path().join("host");
+    fs::create_dir(&host).expect("mkdir host");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).expect("mkdir mnt");
+    let shown_host = host.display().to_string();
+    must("truncate", &["-s", "300M", &image]);
+    must("mkfs.ext4", &["-q", &image]);
+    must(
+        "mount",
+        &["-o", "loop,errors=remount-ro", &image, &shown_host],
+    );
+    let _host_guard = HostMount(host.clone());
+    let members: Vec<String> = (0..3)
+        .map(|i| host.join(format!("m{i}.img")).display().to_string())
+        .collect();
+    let mut create = vec!["create", "-l", "5", "-s", "64M"];
+    create.extend(members.iter().map(String::as_str));
+    raidfs_ok(&create, dir.path());
+    let guard = DaemonGuard::new(&mnt);
+    let log = format!("log={}", dir.path().join("daemon.log").display());
+    let mut mount = vec!["mount", "-o", &log];
+    mount.extend(members.iter().map(String::as_str));
+    let shown_mnt = mnt.display().to_string();
+    mount.push(&shown_mnt);
+    raidfs_ok(&mount, dir.path());
+    let tested = || {
+        raidfs(&["detail", "--test", &shown_mnt], Path::new("/"))
+            .status
+            .code()
+    };
+    assert_eq!(tested(), Some(0));
+
+    let mounts = fs::read_to_string("/proc/mounts").expect("/proc/mounts");
+    let device = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[1] == shown_host && f[2] == "ext4")
+        .and_then(|f| f[0].rsplit('/').next().map(str::to_string))
+        .expect("the host's loop device");
+    fs::write(
+        format!("/sys/fs/ext4/{device}/trigger_fs_error"),
+        "raidfs monitor test",
+    )
+    .expect("trigger an ext4 error");
+    // The write meets the read-only host (its errno is the mount's
+    // business, see mount_host_faults); the array is then suspended.
+    common::write_synced(&mnt.join("after"), &common::pattern(1, 1 << 20))
+        .expect_err("the host is read-only");
+    let report = detail_json(&mnt);
+    assert!(report["suspended"].is_string(), "{report:#}");
+    assert_eq!(tested(), Some(2), "{report:#}");
+    let _ = raidfs(&["umount", &shown_mnt], dir.path());
+    drop(guard);
+}

@@ -162,6 +162,9 @@ pub struct InactiveMount {
 pub struct Survey {
     pub reports: Vec<ArrayReport>,
     pub inactive: Vec<InactiveMount>,
+    /// Live raidfs mounts whose daemon did not answer us (another user's
+    /// private socket, or a daemon too busy to take the connection).
+    pub unanswered: Vec<String>,
 }
 
 /// How long a mount point may take to answer `stat` before it is left
@@ -195,6 +198,11 @@ pub fn dead_mount_reason(mount_point: &Path) -> Option<String> {
     }
 }
 
+/// Whether a raidfs filesystem is mounted at `path` (absolute, normalised).
+pub fn is_raidfs_mount_point(path: &Path) -> bool {
+    matches!(mounts::mount_at(path), Ok(Some(entry)) if crate::fuse::is_raidfs_mount(&entry))
+}
+
 /// The raidfs mounts in the kernel's table, in table order.
 pub fn raidfs_mount_points() -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = Vec::new();
@@ -211,20 +219,26 @@ pub fn raidfs_mount_points() -> Vec<PathBuf> {
 pub fn survey() -> Survey {
     let reports = all_reports();
     let mut inactive = Vec::new();
+    let mut unanswered = Vec::new();
     for mount_point in raidfs_mount_points() {
         let shown = mount_point.display().to_string();
         if reports.iter().any(|r| r.mount_point == shown) {
             continue;
         }
-        if let Some(reason) = dead_mount_reason(&mount_point) {
-            inactive.push(InactiveMount {
+        match dead_mount_reason(&mount_point) {
+            Some(reason) => inactive.push(InactiveMount {
                 mount_point: shown,
                 reason,
-            });
+            }),
+            None => unanswered.push(shown),
         }
     }
     inactive.sort_by(|a, b| a.mount_point.cmp(&b.mount_point));
-    Survey { reports, inactive }
+    Survey {
+        reports,
+        inactive,
+        unanswered,
+    }
 }
 
 /// Reports of every mount whose daemon answers, by mount point.
@@ -277,17 +291,21 @@ pub fn survey_one(mount_point: &Path) -> Result<Survey, String> {
         Ok(report) => Ok(Survey {
             reports: vec![report],
             inactive: Vec::new(),
+            unanswered: Vec::new(),
         }),
         Err(msg) => {
             let path = mounts::absolute_lexical(mount_point).map_err(|_| msg.clone())?;
-            let raidfs = matches!(mounts::mount_at(&path), Ok(Some(entry)) if crate::fuse::is_raidfs_mount(&entry));
-            match dead_mount_reason(&path).filter(|_| raidfs) {
+            if !is_raidfs_mount_point(&path) {
+                return Err(msg);
+            }
+            match dead_mount_reason(&path) {
                 Some(reason) => Ok(Survey {
                     reports: Vec::new(),
                     inactive: vec![InactiveMount {
                         mount_point: path.display().to_string(),
                         reason,
                     }],
+                    unanswered: Vec::new(),
                 }),
                 None => Err(msg),
             }
@@ -296,7 +314,9 @@ pub fn survey_one(mount_point: &Path) -> Result<Survey, String> {
 }
 
 pub fn run(args: StatusArgs) -> i32 {
-    let Survey { reports, inactive } = match &args.mount_point {
+    let Survey {
+        reports, inactive, ..
+    } = match &args.mount_point {
         Some(mp) => match survey_one(mp) {
             Ok(survey) => survey,
             Err(msg) => return super::fail(msg),

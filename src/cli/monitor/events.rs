@@ -190,10 +190,13 @@ pub trait Expectations {
 
 impl Tracker {
     /// Compare one pass's reports and dead mounts with the last pass's.
+    /// `unanswered`: mount points still mounted and alive whose daemon did
+    /// not answer this time; their arrays are kept as they were.
     pub fn pass(
         &mut self,
         reports: &[ArrayReport],
         inactive: &[InactiveMount],
+        unanswered: &[String],
         expect: &dyn Expectations,
     ) -> Vec<Event> {
         let first = self.passes == 0;
@@ -223,8 +226,12 @@ impl Tracker {
         }
         let gone: Vec<String> = self
             .arrays
-            .keys()
-            .filter(|uuid| !reports.iter().any(|r| &r.uuid == *uuid))
+            .iter()
+            .filter(|(uuid, seen)| {
+                !reports.iter().any(|r| &r.uuid == *uuid)
+                    && !unanswered.contains(&seen.report.mount_point)
+            })
+            .map(|(uuid, _)| uuid)
             .cloned()
             .collect();
         for uuid in gone {
@@ -619,17 +626,17 @@ pub(crate) mod tests {
         let mut t = Tracker::default();
         let degraded = report(&[Active, Faulty]);
         assert_eq!(
-            names(&t.pass(std::slice::from_ref(&degraded), &[], &Spares(1))),
+            names(&t.pass(std::slice::from_ref(&degraded), &[], &[], &Spares(1))),
             ["DegradedArray /mnt/a", "SparesMissing /mnt/a"]
         );
         assert!(t
-            .pass(std::slice::from_ref(&degraded), &[], &Spares(1))
+            .pass(std::slice::from_ref(&degraded), &[], &[], &Spares(1))
             .is_empty());
         let mut other = report(&[Active, Active]);
         other.uuid = "uuid-b".into();
         other.mount_point = "/mnt/b".into();
         assert_eq!(
-            names(&t.pass(&[degraded, other], &[], &Spares(0))),
+            names(&t.pass(&[degraded, other], &[], &[], &Spares(0))),
             ["NewArray /mnt/b"]
         );
     }
@@ -638,29 +645,29 @@ pub(crate) mod tests {
     fn a_failure_and_a_rebuild_raise_every_mark_in_order() {
         let mut t = Tracker::default();
         let healthy = report(&[Active, Active]);
-        assert!(t.pass(&[healthy], &[], &Spares(0)).is_empty());
+        assert!(t.pass(&[healthy], &[], &[], &Spares(0)).is_empty());
         let failed = report(&[Active, Faulty]);
         assert_eq!(
-            names(&t.pass(&[failed], &[], &Spares(0))),
+            names(&t.pass(&[failed], &[], &[], &Spares(0))),
             ["Fail /mnt/a /img/m1"]
         );
         let mut rebuilding = report(&[Active, Rebuilding]);
         rebuilding.sync = recovery(10);
         assert_eq!(
-            names(&t.pass(std::slice::from_ref(&rebuilding), &[], &Spares(0))),
+            names(&t.pass(std::slice::from_ref(&rebuilding), &[], &[], &Spares(0))),
             ["RebuildStarted /mnt/a"]
         );
         // Two marks between passes: both, in order.
         rebuilding.sync = recovery(45);
         assert_eq!(
-            names(&t.pass(std::slice::from_ref(&rebuilding), &[], &Spares(0))),
+            names(&t.pass(std::slice::from_ref(&rebuilding), &[], &[], &Spares(0))),
             ["Rebuild20 /mnt/a", "Rebuild40 /mnt/a"]
         );
         // The slot turns active a moment before the run is reported over.
         let mut ending = report(&[Active, Active]);
         ending.sync = recovery(100);
         assert_eq!(
-            names(&t.pass(&[ending], &[], &Spares(0))),
+            names(&t.pass(&[ending], &[], &[], &Spares(0))),
             ["Rebuild60 /mnt/a", "Rebuild80 /mnt/a"]
         );
         // Finished: then the member is raised.
@@ -673,7 +680,7 @@ pub(crate) mod tests {
             done: 100,
             total: 100,
         });
-        let events = t.pass(&[done], &[], &Spares(0));
+        let events = t.pass(&[done], &[], &[], &Spares(0));
         assert_eq!(
             names(&events),
             ["RebuildFinished /mnt/a", "SpareActive /mnt/a /img/m1"]
@@ -686,7 +693,7 @@ pub(crate) mod tests {
         let mut t = Tracker::default();
         let mut rebuilding = report(&[Active, Rebuilding]);
         rebuilding.sync = recovery(30);
-        t.pass(&[rebuilding], &[], &Spares(0));
+        t.pass(&[rebuilding], &[], &[], &Spares(0));
         let mut done = report(&[Active, Active]);
         done.last_sync = Some(LastSyncReport {
             action: "recovery".into(),
@@ -698,7 +705,7 @@ pub(crate) mod tests {
         });
         // Seen first at 30%: Rebuild20 was passed before the monitor looked.
         assert_eq!(
-            names(&t.pass(&[done], &[], &Spares(0))),
+            names(&t.pass(&[done], &[], &[], &Spares(0))),
             [
                 "Rebuild40 /mnt/a",
                 "Rebuild60 /mnt/a",
@@ -714,7 +721,7 @@ pub(crate) mod tests {
         let mut t = Tracker::default();
         let mut rebuilding = report(&[Active, Rebuilding]);
         rebuilding.sync = recovery(50);
-        t.pass(&[rebuilding], &[], &Spares(0));
+        t.pass(&[rebuilding], &[], &[], &Spares(0));
         let mut failed = report(&[Active, Faulty]);
         failed.last_sync = Some(LastSyncReport {
             action: "recovery".into(),
@@ -725,7 +732,7 @@ pub(crate) mod tests {
             total: 100,
         });
         assert_eq!(
-            names(&t.pass(&[failed], &[], &Spares(0))),
+            names(&t.pass(&[failed], &[], &[], &Spares(0))),
             ["FailSpare /mnt/a /img/m1", "RebuildFinished /mnt/a"]
         );
     }
@@ -734,7 +741,7 @@ pub(crate) mod tests {
     fn data_errors_name_the_member_and_the_file() {
         let mut t = Tracker::default();
         let healthy = report(&[Active, Active]);
-        t.pass(std::slice::from_ref(&healthy), &[], &Spares(0));
+        t.pass(std::slice::from_ref(&healthy), &[], &[], &Spares(0));
         let mut hit = healthy.clone();
         hit.members[0].checksum_errors = 1;
         hit.corrected_errors = 1;
@@ -744,7 +751,7 @@ pub(crate) mod tests {
             offset: 4096,
             unrecoverable: false,
         });
-        let events = t.pass(std::slice::from_ref(&hit), &[], &Spares(0));
+        let events = t.pass(std::slice::from_ref(&hit), &[], &[], &Spares(0));
         assert_eq!(names(&events), ["ChecksumError /mnt/a /img/m0 /d/f"]);
         let mut lost = hit.clone();
         lost.unrecoverable_errors = 1;
@@ -755,7 +762,7 @@ pub(crate) mod tests {
             unrecoverable: true,
         });
         assert_eq!(
-            names(&t.pass(&[lost], &[], &Spares(0))),
+            names(&t.pass(&[lost], &[], &[], &Spares(0))),
             ["UnrecoverableError /mnt/a /g"]
         );
     }
@@ -763,15 +770,26 @@ pub(crate) mod tests {
     #[test]
     fn a_dead_mount_disappears_once() {
         let mut t = Tracker::default();
-        t.pass(&[report(&[Active, Active])], &[], &Spares(0));
+        t.pass(&[report(&[Active, Active])], &[], &[], &Spares(0));
         let dead = [InactiveMount {
             mount_point: "/mnt/a".into(),
             reason: "the daemon is gone".into(),
         }];
-        let events = t.pass(&[], &dead, &Spares(0));
+        let events = t.pass(&[], &dead, &[], &Spares(0));
         assert_eq!(names(&events), ["DeviceDisappeared /mnt/a"]);
         assert_eq!(events[0].message, "/mnt/a is dead: the daemon is gone");
-        assert!(t.pass(&[], &dead, &Spares(0)).is_empty());
-        assert!(t.pass(&[], &[], &Spares(0)).is_empty());
+        assert!(t.pass(&[], &dead, &[], &Spares(0)).is_empty());
+        assert!(t.pass(&[], &[], &[], &Spares(0)).is_empty());
+    }
+
+    #[test]
+    fn a_daemon_that_does_not_answer_once_is_not_gone() {
+        let mut t = Tracker::default();
+        let healthy = report(&[Active, Active]);
+        t.pass(std::slice::from_ref(&healthy), &[], &[], &Spares(0));
+        assert!(t.pass(&[], &[], &["/mnt/a".into()], &Spares(0)).is_empty());
+        assert!(t
+            .pass(std::slice::from_ref(&healthy), &[], &[], &Spares(0))
+            .is_empty());
     }
 }

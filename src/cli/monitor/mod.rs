@@ -123,11 +123,19 @@ fn look(only: &[String]) -> Survey {
     let mut all = Survey {
         reports: Vec::new(),
         inactive: Vec::new(),
+        unanswered: Vec::new(),
     };
     for mount_point in only {
-        if let Ok(one) = status::survey_one(std::path::Path::new(mount_point)) {
-            all.reports.extend(one.reports);
-            all.inactive.extend(one.inactive);
+        let path = std::path::Path::new(mount_point);
+        match status::survey_one(path) {
+            Ok(one) => {
+                all.reports.extend(one.reports);
+                all.inactive.extend(one.inactive);
+            }
+            Err(_) if status::is_raidfs_mount_point(path) => {
+                all.unanswered.push(mount_point.clone())
+            }
+            Err(_) => {}
         }
     }
     all
@@ -154,12 +162,16 @@ pub fn run(args: MonitorArgs) -> i32 {
     let mut tracker = Tracker::default();
     let mut first = true;
     loop {
-        let Survey { reports, inactive } = look(&settings.only);
+        let Survey {
+            reports,
+            inactive,
+            unanswered,
+        } = look(&settings.only);
         let mut events = Vec::new();
         if first && args.test {
             events.extend(Tracker::test_messages(&reports));
         }
-        events.extend(tracker.pass(&reports, &inactive, &settings.config));
+        events.extend(tracker.pass(&reports, &inactive, &unanswered, &settings.config));
         for event in &events {
             notifier.send(event, &detail_of(event, &reports, &inactive));
         }

@@ -55,7 +55,12 @@ impl Notifier {
             line.push_str(&format!(", file {file}"));
         }
         line.push_str(&format!(": {}", event.message));
-        println!("{}: {line}", super::super::examine::utc(now_secs()));
+        // stdout may be gone (a closed pipe): the other deliveries go on.
+        let _ = writeln!(
+            std::io::stdout(),
+            "{}: {line}",
+            super::super::examine::utc(now_secs())
+        );
         if self.delivery.syslog {
             syslog(event.kind.severity(), &line);
         }

@@ -454,6 +454,39 @@ fn detail_test_exit_statuses_and_a_oneshot_test_message() {
         said.contains(&format!("DegradedArray event detected on {mnt}: ")),
         "{said}"
     );
+
+    // No sendmail anywhere: one warning, and the events still go out.
+    let fallbacks = ["/usr/sbin/sendmail", "/usr/lib/sendmail"];
+    if fallbacks.iter().all(|p| !Path::new(p).exists()) {
+        let out = Command::new(env!("CARGO_BIN_EXE_raidfs"))
+            .args([
+                "monitor",
+                "-1",
+                "-t",
+                "--mail",
+                "ops@example.com",
+                "--program",
+                &hook,
+            ])
+            .arg(&setup.mnt)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .expect("run raidfs monitor");
+        assert!(out.status.success(), "{out:?}");
+        let warned = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            warned.matches("warning: no sendmail on PATH").count(),
+            1,
+            "{warned}"
+        );
+        assert_eq!(
+            setup.events()[2..],
+            [
+                event(&["TestMessage", &mnt]),
+                event(&["DegradedArray", &mnt])
+            ]
+        );
+    }
 }
 
 /// A host filesystem mounted for one test; lazily unmounted on drop.

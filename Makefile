@@ -7,7 +7,7 @@
 # $(SBINDIR)/mount.raidfs and $(SBINDIR)/mount.fuse.raidfs (mount(8) looks
 # for helpers in /sbin only: the first for type raidfs, the second for type
 # fuse.raidfs, which live mounts have, so remounts reach it), the docs in
-# $(DOCDIR). NO_BUILD=1 with RAIDFS_BUILT=PATH installs an already
+# $(DOCDIR), the raidfs-monitor.service unit in $(UNITDIR). NO_BUILD=1 with RAIDFS_BUILT=PATH installs an already
 # built binary instead of running cargo (the tests do this).
 
 PREFIX ?= /usr/local
@@ -21,6 +21,10 @@ TARGET_DIR ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)
 RAIDFS_BUILT ?= $(TARGET_DIR)/release/raidfs
 HELPERS = mount.raidfs mount.fuse.raidfs
 DOCS = docs/cli.md docs/fstab.md docs/systemd.md docs/nfs.md
+# systemd units go where systemd looks for a PREFIX's (/usr/local/lib/systemd/system).
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+MONITOR_UNIT = raidfs-monitor.service
+MONITOR_DOC = docs/monitor.md
 
 .PHONY: all build install uninstall
 
@@ -40,9 +44,16 @@ install: $(if $(NO_BUILD),,build)
 	for doc in $(DOCS); do \
 		if [ -f "$$doc" ]; then $(INSTALL) -m 0644 "$$doc" "$(DESTDIR)$(DOCDIR)/"; fi; \
 	done
+	$(INSTALL) -m 0644 "$(MONITOR_DOC)" "$(DESTDIR)$(DOCDIR)/"
+	$(INSTALL) -d "$(DESTDIR)$(UNITDIR)"
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' systemd/$(MONITOR_UNIT) > "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT).tmp"
+	chmod 0644 "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT).tmp"
+	mv -f "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT).tmp" "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT)"
 
 uninstall:
 	rm -f "$(DESTDIR)$(BINDIR)/raidfs"
 	for helper in $(HELPERS); do rm -f "$(DESTDIR)$(SBINDIR)/$$helper"; done
 	for doc in $(DOCS); do rm -f "$(DESTDIR)$(DOCDIR)/$$(basename $$doc)"; done
+	rm -f "$(DESTDIR)$(DOCDIR)/$$(basename $(MONITOR_DOC))"
+	rm -f "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT)"
 	-rmdir "$(DESTDIR)$(DOCDIR)" 2>/dev/null

@@ -1,5 +1,6 @@
 //! `make install` / `make uninstall` into a temporary DESTDIR: the binary,
-//! the mount(8) helper pointing at the installed binary, the docs.
+//! the mount(8) helper pointing at the installed binary, the docs, the
+//! raidfs-monitor.service unit.
 
 mod ecosystem_support;
 
@@ -47,6 +48,27 @@ fn make_install_and_uninstall_in_a_destdir() {
     }
     assert!(dest.join("usr/local/share/doc/raidfs/fstab.md").is_file());
     assert!(dest.join("usr/local/share/doc/raidfs/nfs.md").is_file());
+    assert!(dest.join("usr/local/share/doc/raidfs/monitor.md").is_file());
+
+    // The monitor's unit runs the installed binary (without DESTDIR).
+    let unit = dest.join("usr/local/lib/systemd/system/raidfs-monitor.service");
+    let text = std::fs::read_to_string(&unit).unwrap_or_else(|e| panic!("{}: {e}", unit.display()));
+    assert!(
+        text.contains("\nExecStart=/usr/local/bin/raidfs monitor --syslog\n")
+            && text.contains("\nType=simple\n")
+            && text.contains("\nRestart=on-failure\n")
+            && !text.contains('@'),
+        "{text}"
+    );
+    if let Some(analyze) = which("systemd-analyze") {
+        // The unit is well formed (its ExecStart must exist: the staged
+        // binary stands in for the installed one).
+        let staged = text.replace("/usr/local/bin/raidfs", &bin.display().to_string());
+        let check_dir = tempfile::tempdir().unwrap();
+        let copy = check_dir.path().join("raidfs-monitor.service");
+        std::fs::write(&copy, staged).unwrap();
+        check(Command::new(analyze).arg("verify").arg(&copy));
+    }
 
     // The helper names the installed binary (without DESTDIR) and is valid sh.
     let script = std::fs::read_to_string(&helper).unwrap();
@@ -73,6 +95,6 @@ fn make_install_and_uninstall_in_a_destdir() {
     assert!(said.contains("m2.img"), "{said}");
 
     check(&mut make(dest, "uninstall"));
-    assert!(!bin.exists() && !helper.exists() && !fuse_helper.exists());
+    assert!(!bin.exists() && !helper.exists() && !fuse_helper.exists() && !unit.exists());
     assert!(!dest.join("usr/local/share/doc/raidfs").exists());
 }

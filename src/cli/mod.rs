@@ -11,6 +11,7 @@ pub mod fsck;
 pub mod iostat;
 pub mod manage;
 pub mod metrics;
+pub mod monitor;
 pub mod mount;
 pub mod mount_helper;
 pub mod scrub;
@@ -55,6 +56,8 @@ enum Command {
     Metrics(metrics::MetricsArgs),
     /// Show operations, bandwidth and latency per array and member, like `zpool iostat`.
     Iostat(iostat::IostatArgs),
+    /// Watch every raidfs mount and raise events, like `mdadm --monitor`.
+    Monitor(monitor::MonitorArgs),
     /// Mark a member of a mounted array faulty.
     Fail(manage::FailArgs),
     /// Take a faulty member or a spare out of a mounted array.
@@ -93,6 +96,7 @@ pub fn main() -> i32 {
         Command::Detail(a) => detail::run(a),
         Command::Metrics(a) => metrics::run(a),
         Command::Iostat(a) => iostat::run(a),
+        Command::Monitor(a) => monitor::run(a),
         Command::Fail(a) => manage::run_fail(a),
         Command::Remove(a) => manage::run_remove(a),
         Command::Add(a) => manage::run_add(a),

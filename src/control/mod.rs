@@ -19,7 +19,8 @@ mod server;
 pub use client::{ControlClient, ControlError};
 pub use protocol::{Request, Response};
 pub use report::{
-    ArrayReport, DamagedReport, IoReport, LastSyncReport, MemberReport, ReplacementReport,
+    ArrayReport, DamagedReport, DataErrorReport, IoReport, LastSyncReport, MemberReport,
+    ReplacementReport,
     SpeedLimitReport, SyncReport, REPORT_VERSION,
 };
 pub use server::{load_saved_limits, saved_limits_path, ControlServer, MountContext};

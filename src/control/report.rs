@@ -82,6 +82,16 @@ pub struct ArrayReport {
     /// finds them readable (`zpool status -v`'s permanent errors).
     #[serde(default)]
     pub damaged: Vec<DamagedReport>,
+    /// File data blocks that failed their checksum on a read and were
+    /// served from a good copy, since the mount.
+    #[serde(default)]
+    pub corrected_errors: u64,
+    /// File data blocks no copy could serve (the read failed with EIO).
+    #[serde(default)]
+    pub unrecoverable_errors: u64,
+    /// The last of either, with its file.
+    #[serde(default)]
+    pub last_data_error: Option<DataErrorReport>,
 }
 
 /// A file range that read back wrong on every copy.
@@ -94,6 +104,17 @@ pub struct DamagedReport {
     /// Byte offset in the file and length of the damaged range.
     pub offset: u64,
     pub length: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataErrorReport {
+    pub ino: u64,
+    /// A path of the file inside the mount (`/dir/file`), or null when no
+    /// directory holds it any more.
+    pub path: Option<String>,
+    /// Byte offset of the block in the file.
+    pub offset: u64,
+    pub unrecoverable: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -233,6 +254,7 @@ pub(crate) struct Origin<'a> {
 impl ArrayReport {
     pub(crate) fn collect(array: &Array, origin: &Origin<'_>) -> ArrayReport {
         let status = array.status();
+        let data_errors = origin.fs.map(FileSystem::data_errors).unwrap_or_default();
         let sb = array.superblock();
         // Before `last_sync_result` below: the engine records a result
         // before it clears the running entry, so a report without running
@@ -351,6 +373,14 @@ impl ArrayReport {
             fs_free: space.map_or(0, |s| s.bavail * u64::from(s.frsize)),
             io_seconds: array.io_elapsed().as_secs_f64(),
             damaged: origin.fs.map_or_else(Vec::new, damaged_of),
+            corrected_errors: data_errors.corrected,
+            unrecoverable_errors: data_errors.unrecoverable,
+            last_data_error: data_errors.last.map(|e| DataErrorReport {
+                ino: e.ino,
+                path: origin.fs.and_then(|fs| fs.path_of(e.ino)),
+                offset: e.offset,
+                unrecoverable: e.unrecoverable,
+            }),
         }
     }
 }

@@ -350,7 +350,10 @@ fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
         replacing: shared.replacing.lock().clone(),
         fs: Some(&shared.fs),
     };
-    Response::done(message, ArrayReport::collect(&shared.array, &origin))
+    Response::done(
+        message,
+        ArrayReport::collect(&shared.array, &origin),
+    )
 }
 
 fn save_limits(array: &Array, context: &MountContext) {

@@ -217,32 +217,4 @@ impl super::FileSystem {
         }
         left
     }
-
-    /// A path of inode `ino` from the root (`/dir/name`), the first found
-    /// for a file with several links; None when it has no name.
-    pub fn path_of(&self, ino: u64) -> Option<String> {
-        let st = self.inner.state.read();
-        let meta = &st.meta;
-        let mut parts: Vec<Vec<u8>> = Vec::new();
-        let mut at = ino;
-        // A directory knows its parent; a file's is found by its entry.
-        for _ in 0..4096 {
-            if at == super::ROOT_INO {
-                parts.reverse();
-                let joined: Vec<String> = parts
-                    .iter()
-                    .map(|p| String::from_utf8_lossy(p).into_owned())
-                    .collect();
-                return Some(format!("/{}", joined.join("/")));
-            }
-            let (dir, name) = meta.dirs.iter().find_map(|(dir_ino, dir)| {
-                dir.iter()
-                    .find(|(_, slot)| slot.ino == at)
-                    .map(|(name, _)| (*dir_ino, name.to_vec()))
-            })?;
-            parts.push(name);
-            at = dir;
-        }
-        None
-    }
 }

@@ -42,6 +42,7 @@ fn sample(events: u64) -> Superblock {
             GroupProfile::Unallocated,
             GroupProfile::Data,
         ],
+        scrub: None,
     }
 }
 
@@ -180,6 +181,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
                     utime,
                     slots,
                     groups,
+                    scrub: None,
                 }
             })
     })

@@ -19,7 +19,7 @@
 //!   probes fail too, or the failures together are more than the array can
 //!   lose, nothing is recorded in any superblock: the array is *suspended*
 //!   (ZFS's `failmode`): writes answer EIO (EROFS if the host said so), or
-//!   with `on_host_error=wait` they wait; a watcher probes the members and
+//!   with `on_host_error=wait` they wait; the bitmap thread probes the members and
 //!   resumes the array when they all answer again; a remount after the host
 //!   recovers assembles cleanly.
 //! * anything else is the member's own error and fails that member, as md
@@ -30,7 +30,6 @@ use crate::member::Member;
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Member offset of the 4 KiB probe block (in the reserved gap before the
@@ -45,7 +44,7 @@ const LOW_SPACE: u64 = 256 << 20;
 /// How often the host's free space is looked up again.
 const FREE_SPACE_EVERY: Duration = Duration::from_millis(500);
 /// How often a suspended array probes its members.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
+pub(super) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// Whose fault an I/O error is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +118,6 @@ pub(crate) struct HostState {
     resumed: Condvar,
     /// Serialises failure decisions (probes, then records).
     deciding: parking_lot::ReentrantMutex<()>,
-    watcher: AtomicBool,
 }
 
 impl Default for HostState {
@@ -135,7 +133,6 @@ impl Default for HostState {
             is_suspended: AtomicBool::new(false),
             resumed: Condvar::new(),
             deciding: parking_lot::ReentrantMutex::new(()),
-            watcher: AtomicBool::new(false),
         }
     }
 }
@@ -385,39 +382,8 @@ impl Array {
                 OnHostError::Wait => "held",
             }
         );
-        self.start_host_watcher();
-    }
-
-    /// While suspended, probe every member each second; resume when all answer.
-    fn start_host_watcher(&self) {
-        if self.host.watcher.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Some(array) = self.sync.this.lock().upgrade() else {
-            // Not running its background work (tools, tests): resume by hand.
-            self.host.watcher.store(false, Ordering::Release);
-            return;
-        };
-        let weak = Arc::downgrade(&array);
-        drop(array);
-        let spawned = std::thread::Builder::new()
-            .name("raidfs-host".into())
-            .spawn(move || loop {
-                std::thread::sleep(PROBE_EVERY);
-                let Some(array) = weak.upgrade() else { return };
-                if array.sync.stop.load(Ordering::Acquire) {
-                    array.host.watcher.store(false, Ordering::Release);
-                    return;
-                }
-                if array.try_resume() {
-                    array.host.watcher.store(false, Ordering::Release);
-                    return;
-                }
-            });
-        if let Err(e) = spawned {
-            self.host.watcher.store(false, Ordering::Release);
-            log::error!("cannot start the host watcher ({e}); resume with a remount");
-        }
+        // The bitmap thread probes the members while the array is suspended.
+        self.wake_cleaner();
     }
 
     /// Probe every member; if all take writes again, resume the array and

@@ -13,15 +13,18 @@
 //! `slot`; `state` writes the superblocks and reports the array.
 
 mod assemble;
+mod background;
 pub mod balance;
 pub mod bitmap;
+mod cleaner;
 mod create;
 mod discard;
 pub mod host;
 mod host_space;
 mod io;
 pub mod judge;
-mod lifecycle;
+mod members;
+mod pace;
 mod personality;
 mod rebuild;
 mod scrub;
@@ -44,7 +47,9 @@ pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
 pub use judge::ContentJudge;
-pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
+pub use background::{percent, SyncAction, SyncProgress, SyncResult};
+pub use members::AddOutcome;
+pub use scrub::{PausedScrub, ScrubStarted};
 pub use slot::MemberState;
 pub use state::{ArrayStatus, MemberStatus};
 pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};
@@ -132,7 +137,9 @@ pub struct Array {
     pub(crate) parity: &'static Parity,
     /// Set when more members failed than some group's geometry tolerates.
     pub(crate) broken: AtomicBool,
-    pub(crate) sync: lifecycle::SyncState,
+    pub(crate) sync: background::SyncState,
+    /// The bitmap thread (which also probes a suspended host).
+    pub(crate) cleaner: cleaner::Cleaner,
     pub(crate) bitmap: bitmap::Bitmap,
     /// The array was dirty when assembled: resync the regions the bitmap names.
     pub(crate) needs_resync: AtomicBool,
@@ -216,7 +223,8 @@ impl Array {
             locks: stripe_lock::StripeLocks::new(STRIPE_LOCK_SLOTS),
             parity,
             broken: AtomicBool::new(false),
-            sync: lifecycle::SyncState::default(),
+            sync: background::SyncState::default(),
+            cleaner: cleaner::Cleaner::default(),
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
             balance: balance::Balancer::new(slots_len),

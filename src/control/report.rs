@@ -67,6 +67,20 @@ pub struct ArrayReport {
     /// Member writes the host refused for lack of space since the mount.
     #[serde(default)]
     pub host_no_space_errors: u64,
+    /// A check or repair that was paused and resumes from its checkpoint
+    /// when next started, or null.
+    #[serde(default)]
+    pub paused_scrub: Option<PausedScrubReport>,
+}
+
+/// A paused check or repair (recorded in the superblocks).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PausedScrubReport {
+    /// "check" or "repair".
+    pub action: String,
+    /// Member bytes of allocated groups done before it paused, and in all.
+    pub done: u64,
+    pub total: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -278,6 +292,11 @@ impl ArrayReport {
             read_policy: array.read_policy().to_string(),
             suspended: array.suspension().map(|s| s.why),
             host_no_space_errors: array.host_no_space_errors(),
+            paused_scrub: array.paused_scrub().map(|p| PausedScrubReport {
+                action: p.action.to_string(),
+                done: p.done,
+                total: p.total,
+            }),
         }
     }
 }

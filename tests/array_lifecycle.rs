@@ -191,7 +191,11 @@ fn interrupted_rebuild_resumes_from_its_checkpoint() {
     // Reassemble with the partially rebuilt member: it resumes and finishes.
     let mut members = handles(&ms[..2]);
     members.push((Arc::new(fresh.clone()) as Arc<dyn Member>, "fresh".into()));
-    let array = Arc::new(assemble(members, AssembleOptions::default()).expect("assemble"));
+    let array = Arc::new(
+        assemble(members, AssembleOptions::default())
+            .expect("assemble")
+            .array,
+    );
     assert!(array.is_degraded(), "the rebuild is not finished yet");
     array.start_background();
     let progress = array.sync_progress().expect("recovery resumed");

@@ -438,13 +438,9 @@ impl Array {
                     .ok_or_else(|| ArrayError::Refused("no slot to rebuild".into()))?;
                 self.run_rebuild(job.action, slot, &job.done, &mut pacer)
             }
-            SyncAction::Resync | SyncAction::Check | SyncAction::Repair => self.run_scrub(
-                job.action,
-                job.from,
-                &job.done,
-                &job.mismatches,
-                &mut pacer,
-            ),
+            SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
+                self.run_scrub(job.action, job.from, &job.done, &job.mismatches, &mut pacer)
+            }
         }
     }
 

@@ -41,13 +41,14 @@ use personality::Personality;
 pub(crate) use slot::{Slot, SlotDev};
 
 pub use assemble::{
-    assemble, assemble_paths, open_member, open_members, AssembleOptions, LeftOut, OpenPolicy,
+    assemble, assemble_paths, open_member, open_members, AssembleOptions, Assembly, LeftOut,
+    OpenPolicy,
 };
+pub use background::{percent, SyncAction, SyncProgress, SyncResult};
 pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
 pub use judge::ContentJudge;
-pub use background::{percent, SyncAction, SyncProgress, SyncResult};
 pub use members::AddOutcome;
 pub use scrub::{PausedScrub, ScrubStarted};
 pub use slot::MemberState;
@@ -158,8 +159,6 @@ pub struct Array {
     pub(crate) judge: RwLock<Option<std::sync::Weak<dyn judge::ContentJudge>>>,
     /// Out-of-space answers and suspension (faults that are the host's).
     pub(crate) host: host::HostState,
-    /// What assembly decided, for the terminal (see [`Array::assembly_notes`]).
-    pub(crate) notes: Mutex<Vec<String>>,
 }
 
 /// The data geometry a superblock describes.
@@ -234,18 +233,10 @@ impl Array {
             read_only: false,
             judge: RwLock::new(None),
             host: host::HostState::default(),
-            notes: Mutex::new(Vec::new()),
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();
         Ok(array)
-    }
-
-    /// What assembly did that a person starting the array should read:
-    /// a degraded start, stale members re-added or rebuilt, forced members,
-    /// spares kept. Empty for an ordinary start.
-    pub fn assembly_notes(&self) -> Vec<String> {
-        self.notes.lock().clone()
     }
 
     /// Why the array is suspended (the host failed every member), if it is.

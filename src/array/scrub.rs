@@ -87,12 +87,8 @@ impl Array {
             }
         };
         self.spawn_from(action, None, from)?;
-        let resumed_at = (from > 0).then(|| {
-            percent(
-                self.member_bytes_below(from),
-                self.allocated_member_bytes(),
-            )
-        });
+        let resumed_at = (from > 0)
+            .then(|| percent(self.member_bytes_below(from), self.allocated_member_bytes()));
         Ok(ScrubStarted { action, resumed_at })
     }
 

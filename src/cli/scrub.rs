@@ -100,7 +100,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut secs: u64 = 0;
     let mut rest = t;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
             return Err(format!("'{s}' is not a duration (examples: 6h, 90m, 3600)"));
         }
@@ -108,7 +110,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .parse()
             .map_err(|_| format!("'{s}' is too large"))?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let unit = match &rest[..unit_len] {
             "" | "s" | "sec" => 1,
             "m" | "min" => 60,

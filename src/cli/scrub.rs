@@ -19,11 +19,15 @@ pub struct CheckArgs {
     pub wait: bool,
     /// Stop (pause) the running background work (check, repair, recovery
     /// or replace); a check or repair resumes from there when next started.
-    #[arg(long, conflicts_with_all = ["wait", "restart", "max_time"])]
+    #[arg(long, conflicts_with_all = ["wait", "restart", "max_time", "continue_only"])]
     pub stop: bool,
     /// Start from the beginning instead of resuming a paused check.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "continue_only")]
     pub restart: bool,
+    /// Only resume a paused check (mdcheck's --continue): do nothing when
+    /// none is paused.
+    #[arg(long = "continue")]
+    pub continue_only: bool,
     /// With --wait: pause the check after this long (e.g. 6h, 90m, 3600s;
     /// a plain number is seconds), to be resumed by the next run; a SIGTERM
     /// pauses it too.
@@ -40,8 +44,11 @@ pub struct RepairArgs {
     #[arg(long)]
     pub wait: bool,
     /// Start from the beginning instead of resuming a paused repair.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "continue_only")]
     pub restart: bool,
+    /// Only resume a paused repair: do nothing when none is paused.
+    #[arg(long = "continue")]
+    pub continue_only: bool,
     /// With --wait: pause the repair after this long (as for check).
     #[arg(long, requires = "wait", value_parser = parse_duration)]
     pub max_time: Option<Duration>,
@@ -139,9 +146,12 @@ pub fn run_check(args: CheckArgs) -> i32 {
     run_scrub(
         &args.mount_point,
         false,
-        args.restart,
-        args.wait,
-        args.max_time,
+        Start {
+            restart: args.restart,
+            continue_only: args.continue_only,
+            wait: args.wait,
+            max_time: args.max_time,
+        },
     )
 }
 
@@ -149,40 +159,61 @@ pub fn run_repair(args: RepairArgs) -> i32 {
     run_scrub(
         &args.mount_point,
         true,
-        args.restart,
-        args.wait,
-        args.max_time,
+        Start {
+            restart: args.restart,
+            continue_only: args.continue_only,
+            wait: args.wait,
+            max_time: args.max_time,
+        },
     )
+}
+
+/// How `check` or `repair` was asked to start.
+struct Start {
+    restart: bool,
+    continue_only: bool,
+    wait: bool,
+    max_time: Option<Duration>,
 }
 
 /// Start (or resume) a check or repair; with `wait`, follow it, attaching
 /// to one of the same kind that is already running.
-fn run_scrub(
-    mount_point: &Path,
-    repair: bool,
-    restart: bool,
-    wait: bool,
-    max_time: Option<Duration>,
-) -> i32 {
+fn run_scrub(mount_point: &Path, repair: bool, start: Start) -> i32 {
     let action = if repair { "repair" } else { "check" };
-    let pause = max_time.map(|limit| Pause::new(Instant::now() + limit));
+    let pause = start
+        .max_time
+        .map(|limit| Pause::new(Instant::now() + limit));
     let outcome = connect(mount_point).and_then(|mut client| {
         let report = query(&mut client)?;
-        let running = report
-            .sync
+        let running = report.sync.as_ref().filter(|s| {
+            s.action == action && (start.wait || start.continue_only) && !start.restart
+        });
+        let paused = report
+            .paused_scrub
             .as_ref()
-            .filter(|s| s.action == action && wait && !restart);
+            .is_some_and(|p| p.action == action);
         let report = match running {
             Some(s) => {
                 println!(
-                    "raidfs: {action} is already running ({:.1}%); following it",
-                    s.per_mille() as f64 / 10.0
+                    "raidfs: {action} is already running ({:.1}%){}",
+                    s.per_mille() as f64 / 10.0,
+                    if start.wait { "; following it" } else { "" }
                 );
                 report
             }
-            None => send(&mut client, &Request::Check { repair, restart })?,
+            None if start.continue_only && !paused => {
+                println!("raidfs: no paused {action} to continue");
+                return Ok(());
+            }
+            None => send(
+                &mut client,
+                &Request::Check {
+                    repair,
+                    restart: start.restart,
+                },
+            )?,
         };
-        if wait {
+        if start.wait {
             wait_for_background_until(&mut client, &report, &[action], pause.as_ref())
         } else {
             Ok(())

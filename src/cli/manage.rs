@@ -250,7 +250,7 @@ pub(crate) fn wait_for_background_until(
                     }
                     (true, None) => Ok(()),
                     // It ended by itself meanwhile: report how.
-                    (false, _) => finish(query(client)?),
+                    (false, _) => finish(query(client)?, true),
                 };
             }
         }
@@ -264,13 +264,21 @@ pub(crate) fn wait_for_background_until(
         report = query(client)?;
     }
     bar.finish_and_clear();
-    finish(report)
+    finish(report, pause.is_some())
 }
 
 /// The result of the work a waiting client followed, from the report that
 /// shows it no longer running. The engine records the result before it
-/// clears the running entry, so that report holds this run's result.
-fn finish(report: ArrayReport) -> Result<(), String> {
+/// clears the running entry, so that report holds this run's result. A
+/// client that pauses the work itself (`paused_ok`) takes a pause by
+/// someone else (another scheduled run, `check --stop`) as its own.
+fn finish(report: ArrayReport, paused_ok: bool) -> Result<(), String> {
+    if paused_ok && report.paused_scrub.is_some() {
+        if let Some(last) = report.last_sync.as_ref().filter(|l| !l.completed) {
+            println!("raidfs: {}", last.message);
+            return Ok(());
+        }
+    }
     match report.last_sync {
         Some(last) if last.completed => {
             let extra = match last.action.as_str() {

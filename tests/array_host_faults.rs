@@ -377,3 +377,35 @@ fn spares_stay_spares_across_reassembly() {
     assert!(again.spares().is_empty());
     verify(&again, &kept);
 }
+
+/// The watcher of a running array probes the members while it is
+/// suspended and resumes it by itself once they all answer.
+#[test]
+fn a_suspended_array_resumes_by_itself_when_the_host_recovers() {
+    let ms = faulty(3, "watch-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 17);
+    ms.iter().for_each(|m| m.fail_after(0, Ops::WRITES));
+    let err = array
+        .write(kept.0 + (3 << 20), &[7u8; 64 << 10])
+        .expect_err("the host fails everything");
+    assert!(matches!(err, ArrayError::HostFault { .. }), "{err}");
+    assert!(array.suspension().is_some(), "the array is suspended");
+    ms.iter().for_each(FaultyMember::heal);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while array.suspension().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still suspended 10 s after the host recovered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let at = kept.0 + (3 << 20);
+    array
+        .write(at, &[9u8; 64 << 10])
+        .expect("write after resume");
+    array.flush().expect("flush");
+    verify(&array, &(at, vec![9u8; 64 << 10]));
+    verify(&array, &kept);
+    array.mark_clean().expect("clean");
+}

@@ -186,11 +186,13 @@ impl Default for SyncState {
 
 impl Array {
     /// Let background work and spare takeover reach this array: start the
-    /// sync worker, the write-back reaper and the bitmap thread, then the
-    /// work that is due (a rebuild checkpointed before the last shutdown).
+    /// sync worker, the write-back reaper, the host watcher and the bitmap
+    /// thread (each holding only a `Weak`), then the work that is due (a
+    /// rebuild checkpointed before the last shutdown).
     pub fn start_background(self: &Arc<Array>) {
         self.start_sync_worker(Arc::downgrade(self));
         self.write_back.start(Arc::downgrade(self));
+        self.start_host_watcher(Arc::downgrade(self));
         self.stripe_cache.enable();
         self.start_next_work();
         self.start_cleaner(Arc::downgrade(self));
@@ -246,10 +248,15 @@ impl Array {
 
     /// Stop everything started by [`Array::start_background`] except the
     /// write-back reaper (a final flush still needs it): the bitmap thread,
-    /// the running work (it checkpoints first) and the sync worker.
+    /// the host watcher, the running work (it checkpoints first) and the
+    /// sync worker.
     pub fn stop_background(&self) {
+        // From here whatever waits for the host (under on_host_error=wait)
+        // gives up, and queued work ends at once.
+        self.sync.stop.store(true, Ordering::Release);
         self.stop_cleaner();
-        self.stop_sync();
+        self.stop_host_watcher();
+        self.wait_background();
         let worker = self.sync.worker.lock().take();
         if let Some(w) = worker {
             drop(w.jobs);
@@ -259,6 +266,7 @@ impl Array {
                 let _ = w.handle.join();
             }
         }
+        self.sync.stop.store(false, Ordering::Release);
     }
 
     /// Stop the running background work (it checkpoints first) and wait

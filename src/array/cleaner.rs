@@ -1,16 +1,12 @@
 //! The bitmap thread of a running array: every few seconds it flushes and
 //! clears the write-intent bits of regions that saw no writes since its
 //! last pass (never while degraded); in between it writes the bits set
-//! ahead of sequential writers ([`Array::request_premark`]); and while the
-//! host has the array suspended it probes the members every
-//! [`PROBE_EVERY`] and resumes the array when they all answer
-//! ([`Array::try_resume`]).
+//! ahead of sequential writers ([`Array::request_premark`]).
 //!
 //! The thread holds a `Weak` to its array and stops when the array is
 //! dropped or at [`Array::stop_background`]. An array without it (tools,
-//! tests) writes premarks with the writer and is resumed by hand.
+//! tests) writes premarks with the writer.
 
-use super::host::PROBE_EVERY;
 use super::Array;
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use parking_lot::Mutex;
@@ -21,18 +17,10 @@ use std::time::{Duration, Instant};
 /// How long a region must stay quiet before its bitmap bit is cleared.
 const BITMAP_CLEAN_EVERY: Duration = Duration::from_secs(5);
 
-/// Why the thread is woken before its next pass.
-enum Wake {
-    /// Write the premarked bits.
-    Premark,
-    /// The host suspended the array: start probing.
-    Probe,
-}
-
 /// The running thread, if any.
 #[derive(Default)]
 pub(crate) struct Cleaner {
-    thread: Mutex<Option<(Sender<Wake>, JoinHandle<()>)>>,
+    thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Array {
@@ -41,46 +29,27 @@ impl Array {
         if thread.is_some() {
             return;
         }
-        let (tx, rx) = crossbeam_channel::bounded::<Wake>(1);
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
         let spawned = std::thread::Builder::new()
             .name("raidfs-bitmap".into())
             .spawn(move || {
                 let mut next_clean = Instant::now() + BITMAP_CLEAN_EVERY;
                 loop {
-                    let suspended = match weak.upgrade() {
-                        Some(array) => array.host.suspension().is_some(),
-                        None => return,
-                    };
-                    let deadline = if suspended {
-                        next_clean.min(Instant::now() + PROBE_EVERY)
-                    } else {
-                        next_clean
-                    };
-                    // A hang-up stops the thread.
-                    let wake = match rx.recv_deadline(deadline) {
-                        Ok(wake) => Some(wake),
-                        Err(RecvTimeoutError::Timeout) => None,
+                    // A message asks for a premark; a hang-up stops the thread.
+                    let premark = match rx.recv_deadline(next_clean) {
+                        Ok(()) => true,
+                        Err(RecvTimeoutError::Timeout) => false,
                         Err(RecvTimeoutError::Disconnected) => return,
                     };
                     let Some(array) = weak.upgrade() else { return };
-                    match wake {
-                        Some(Wake::Premark) => {
-                            if let Err(e) = array.mark_dirty_regions(None) {
-                                log::debug!("bitmap premark: {e}");
-                            }
-                            array.bitmap.premark_done();
+                    if premark {
+                        if let Err(e) = array.mark_dirty_regions(None) {
+                            log::debug!("bitmap premark: {e}");
                         }
-                        // The next turn of the loop probes at its deadline.
-                        Some(Wake::Probe) => {}
-                        None => {
-                            if array.host.suspension().is_some() {
-                                array.try_resume();
-                            }
-                            if Instant::now() >= next_clean {
-                                array.clean_bitmap();
-                                next_clean = Instant::now() + BITMAP_CLEAN_EVERY;
-                            }
-                        }
+                        array.bitmap.premark_done();
+                    } else {
+                        array.clean_bitmap();
+                        next_clean = Instant::now() + BITMAP_CLEAN_EVERY;
                     }
                 }
             });
@@ -100,18 +69,9 @@ impl Array {
             .thread
             .lock()
             .as_ref()
-            .is_some_and(|(tx, _)| tx.try_send(Wake::Premark).is_ok());
+            .is_some_and(|(tx, _)| tx.try_send(()).is_ok());
         if !queued {
             self.bitmap.premark_done();
-        }
-    }
-
-    /// Tell the bitmap thread the host suspended the array, so it starts
-    /// probing now rather than at its next pass. A full queue means the
-    /// thread is about to look anyway.
-    pub(super) fn wake_cleaner(&self) {
-        if let Some((tx, _)) = self.cleaner.thread.lock().as_ref() {
-            let _ = tx.try_send(Wake::Probe);
         }
     }
 

@@ -19,7 +19,7 @@
 //!   probes fail too, or the failures together are more than the array can
 //!   lose, nothing is recorded in any superblock: the array is *suspended*
 //!   (ZFS's `failmode`): writes answer EIO (EROFS if the host said so), or
-//!   with `on_host_error=wait` they wait; the bitmap thread probes the members and
+//!   with `on_host_error=wait` they wait; a watcher probes the members and
 //!   resumes the array when they all answer again; a remount after the host
 //!   recovers assembles cleanly.
 //! * anything else is the member's own error and fails that member, as md
@@ -27,9 +27,12 @@
 
 use super::{Array, ArrayError, ArrayResult};
 use crate::member::Member;
+use crossbeam_channel::{RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Weak;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Member offset of the 4 KiB probe block (in the reserved gap before the
@@ -44,7 +47,7 @@ const LOW_SPACE: u64 = 256 << 20;
 /// How often the host's free space is looked up again.
 const FREE_SPACE_EVERY: Duration = Duration::from_millis(500);
 /// How often a suspended array probes its members.
-pub(super) const PROBE_EVERY: Duration = Duration::from_secs(1);
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// Whose fault an I/O error is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +121,8 @@ pub(crate) struct HostState {
     resumed: Condvar,
     /// Serialises failure decisions (probes, then records).
     deciding: parking_lot::ReentrantMutex<()>,
+    /// The watcher thread of a running array, and its wake-up line.
+    watcher: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Default for HostState {
@@ -133,6 +138,7 @@ impl Default for HostState {
             is_suspended: AtomicBool::new(false),
             resumed: Condvar::new(),
             deciding: parking_lot::ReentrantMutex::new(()),
+            watcher: Mutex::new(None),
         }
     }
 }
@@ -382,8 +388,67 @@ impl Array {
                 OnHostError::Wait => "held",
             }
         );
-        // The bitmap thread probes the members while the array is suspended.
-        self.wake_cleaner();
+        self.wake_host_watcher();
+    }
+
+    /// Start the watcher of a running array: idle until the host suspends
+    /// the array, then it probes the members every [`PROBE_EVERY`] and
+    /// resumes the array when they all answer. It is a thread of its own,
+    /// holding only a `Weak`, because every other thread may be waiting
+    /// for the resume (writes under `on_host_error=wait` do). Without it
+    /// (tools, tests) a suspended array is resumed by hand.
+    pub(super) fn start_host_watcher(&self, weak: Weak<Array>) {
+        let mut watcher = self.host.watcher.lock();
+        if watcher.is_some() {
+            return;
+        }
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        let spawned = std::thread::Builder::new()
+            .name("raidfs-host".into())
+            .spawn(move || loop {
+                let suspended = match weak.upgrade() {
+                    Some(array) => array.host.suspension().is_some(),
+                    None => return,
+                };
+                let woken = if suspended {
+                    rx.recv_timeout(PROBE_EVERY)
+                        .map_err(|e| e == RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv().map_err(|_| true)
+                };
+                // A hang-up stops the thread.
+                if woken == Err(true) {
+                    return;
+                }
+                let Some(array) = weak.upgrade() else { return };
+                if array.host.suspension().is_some() && woken.is_err() {
+                    array.try_resume();
+                }
+            });
+        match spawned {
+            Ok(handle) => *watcher = Some((tx, handle)),
+            Err(e) => log::error!(
+                "cannot start the host watcher ({e}); a suspended array resumes with a remount"
+            ),
+        }
+    }
+
+    /// The host suspended the array: the watcher starts probing.
+    fn wake_host_watcher(&self) {
+        if let Some((tx, _)) = self.host.watcher.lock().as_ref() {
+            // A full line means it is about to look anyway.
+            let _ = tx.try_send(());
+        }
+    }
+
+    pub(super) fn stop_host_watcher(&self) {
+        let watcher = self.host.watcher.lock().take();
+        if let Some((tx, handle)) = watcher {
+            drop(tx);
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
     }
 
     /// Probe every member; if all take writes again, resume the array and

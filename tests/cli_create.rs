@@ -565,7 +565,7 @@ fn examine_names_feature_words_and_shows_unknown_bits() {
         "{text}"
     );
     // A later raidfs's compat bit: kept, shown by number.
-    let member = FileMember::open(&dir.path().join("a.img"), OpenOptions::default()).expect("open");
+    let member = FileMember::open(dir.path().join("a.img"), OpenOptions::default()).expect("open");
     let (mut sb, _) = Superblock::read_from(&member).expect("superblock");
     sb.features.compat |= 1 << 40;
     sb.write_to(&member).expect("write superblock");

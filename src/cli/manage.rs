@@ -189,12 +189,12 @@ impl Lines {
         self.last_tenth = Some(tenth);
         self.last_at = Instant::now();
         println!(
-            "raidfs: {} {:.1}% ({} of {} MiB, {} MiB/s, eta {} s)",
+            "raidfs: {} {:.1}% ({} of {} MiB, {:.1} MiB/s, eta {} s)",
             sync.action,
             sync.per_mille() as f64 / 10.0,
             sync.done >> 20,
             sync.total >> 20,
-            sync.speed >> 20,
+            sync.speed as f64 / (1 << 20) as f64,
             sync.eta_secs
         );
     }

@@ -271,18 +271,28 @@ fn wait_attaches_max_time_pauses_and_a_rebuild_is_named() {
     assert!(said.contains("no paused check to continue"), "{said}");
     assert!(array.detail()["sync"].is_null());
 
-    // --restart starts over even with a checkpoint to resume.
+    // A paused repair resumes as a check does; --restart starts over.
     array.ok("speed-limit", &["--max", "4M"]);
     array.ok("repair", &[]);
     wait_for_detail(
         &array.mnt,
         "repair progress",
         Duration::from_secs(30),
-        |r| r["sync"]["done"].as_u64() >= Some(4 * MIB),
+        |r| r["sync"]["done"].as_u64() >= Some(12 * MIB),
     );
+    let said = array.ok("check", &["--stop"]);
+    assert!(said.contains("repair stopped at"), "{said}");
+    let at = u64_at(&array.detail(), &["paused_scrub", "done"]);
+    assert!(at >= 12 * MIB, "repair paused at {at}");
+    let said = array.ok("repair", &[]);
+    assert!(said.contains("repair resumed at"), "{said}");
+    let resumed = array.detail();
+    assert!(u64_at(&resumed, &["sync", "done"]) >= at, "{resumed:#}");
     array.ok("check", &["--stop"]);
     let said = array.ok("repair", &["--restart"]);
     assert_eq!(said.trim(), "raidfs: repair started", "{said}");
+    // From the start: at 4 MiB/s it cannot be back at the checkpoint yet.
+    assert!(u64_at(&array.detail(), &["sync", "done"]) < at);
     array.ok("check", &["--stop"]);
     array.umount();
 }

@@ -73,8 +73,11 @@ impl Rig {
     }
 
     fn start(members: Vec<FaultyMember>) -> Rig {
-        let array =
-            Arc::new(assemble(named(&members), AssembleOptions::default()).expect("assemble"));
+        let array = Arc::new(
+            assemble(named(&members), AssembleOptions::default())
+                .expect("assemble")
+                .array,
+        );
         let volume = open_volume(array);
         Rig { members, volume }
     }
@@ -659,7 +662,8 @@ fn a_read_only_assembly_serves_the_good_copy_and_rewrites_nothing() {
                 ..AssembleOptions::default()
             },
         )
-        .expect("assemble read-only"),
+        .expect("assemble read-only")
+        .array,
     );
     let volume = Volume::open(
         array,

@@ -225,6 +225,7 @@ fn superblock(version: u32, level: Level, features: Features) -> Superblock {
             GroupProfile::Data,
             GroupProfile::Unallocated,
         ],
+        scrub: None,
     }
 }
 

@@ -151,6 +151,7 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
         utime: now,
         slots: vec![SlotState::Active; members.len()],
         groups: vec![GroupProfile::Unallocated; groups],
+        scrub: None,
     };
     let slots = members
         .into_iter()

@@ -13,8 +13,10 @@
 //! `slot`; `state` writes the superblocks and reports the array.
 
 mod assemble;
+mod background;
 pub mod balance;
 pub mod bitmap;
+mod cleaner;
 mod create;
 mod discard;
 pub mod host;
@@ -22,7 +24,8 @@ mod host_space;
 mod io;
 mod iostat;
 pub mod judge;
-mod lifecycle;
+mod members;
+mod pace;
 mod personality;
 mod rebuild;
 mod scrub;
@@ -39,14 +42,17 @@ use personality::Personality;
 pub(crate) use slot::{Slot, SlotDev};
 
 pub use assemble::{
-    assemble, assemble_paths, open_member, open_members, AssembleOptions, LeftOut, OpenPolicy,
+    assemble, assemble_paths, open_member, open_members, AssembleOptions, Assembly, LeftOut,
+    OpenPolicy,
 };
+pub use background::{percent, SyncAction, SyncProgress, SyncResult};
 pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
 pub use iostat::MemberIo;
 pub use judge::ContentJudge;
-pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
+pub use members::AddOutcome;
+pub use scrub::{PausedScrub, ScrubStarted};
 pub use slot::MemberState;
 pub use state::{ArrayStatus, MemberStatus};
 pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};
@@ -134,7 +140,9 @@ pub struct Array {
     pub(crate) parity: &'static Parity,
     /// Set when more members failed than some group's geometry tolerates.
     pub(crate) broken: AtomicBool,
-    pub(crate) sync: lifecycle::SyncState,
+    pub(crate) sync: background::SyncState,
+    /// The bitmap thread (which also probes a suspended host).
+    pub(crate) cleaner: cleaner::Cleaner,
     pub(crate) bitmap: bitmap::Bitmap,
     /// The array was dirty when assembled: resync the regions the bitmap names.
     pub(crate) needs_resync: AtomicBool,
@@ -153,8 +161,6 @@ pub struct Array {
     pub(crate) judge: RwLock<Option<std::sync::Weak<dyn judge::ContentJudge>>>,
     /// Out-of-space answers and suspension (faults that are the host's).
     pub(crate) host: host::HostState,
-    /// What assembly decided, for the terminal (see [`Array::assembly_notes`]).
-    pub(crate) notes: Mutex<Vec<String>>,
 }
 
 /// The data geometry a superblock describes.
@@ -218,7 +224,8 @@ impl Array {
             locks: stripe_lock::StripeLocks::new(STRIPE_LOCK_SLOTS),
             parity,
             broken: AtomicBool::new(false),
-            sync: lifecycle::SyncState::default(),
+            sync: background::SyncState::default(),
+            cleaner: cleaner::Cleaner::default(),
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
             balance: balance::Balancer::new(slots_len),
@@ -228,18 +235,10 @@ impl Array {
             read_only: false,
             judge: RwLock::new(None),
             host: host::HostState::default(),
-            notes: Mutex::new(Vec::new()),
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();
         Ok(array)
-    }
-
-    /// What assembly did that a person starting the array should read:
-    /// a degraded start, stale members re-added or rebuilt, forced members,
-    /// spares kept. Empty for an ordinary start.
-    pub fn assembly_notes(&self) -> Vec<String> {
-        self.notes.lock().clone()
     }
 
     /// Why the array is suspended (the host failed every member), if it is.

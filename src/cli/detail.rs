@@ -162,6 +162,17 @@ pub fn detail_text(r: &ArrayReport) -> String {
         }
         line("Last Sync", text);
     }
+    if let Some(p) = &r.paused_scrub {
+        line(
+            "Paused Scrub",
+            format!(
+                "{} at {:.1}%; `raidfs {}` resumes it",
+                p.action,
+                crate::array::percent(p.done, p.total),
+                p.action
+            ),
+        );
+    }
     line("Read Policy", r.read_policy.clone());
     let _ = writeln!(out);
     let _ = writeln!(

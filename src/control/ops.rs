@@ -4,7 +4,7 @@
 //! array would not survive, an image that belongs to another array).
 
 use super::protocol::Request;
-use crate::array::{AddOutcome, Array, MemberState, SyncAction};
+use crate::array::{percent, AddOutcome, Array, MemberState, SyncAction};
 use crate::fs::FileSystem;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::member::Member;
@@ -54,9 +54,17 @@ pub(crate) fn execute(
             size,
             force,
         } => replace(array, old, new, *size, *force),
-        Request::Check { repair } => {
-            array.start_check(*repair).map_err(|e| e.to_string())?;
-            let mut said = format!("{} started", if *repair { "repair" } else { "check" });
+        Request::Check { repair, restart } => {
+            let started = array
+                .start_scrub(*repair, *restart)
+                .map_err(|e| e.to_string())?;
+            let action = started.action;
+            let mut said = match started.resumed_at {
+                Some(at) => format!(
+                    "{action} resumed at {at:.1}% from its checkpoint (`raidfs {action} --restart` starts over)"
+                ),
+                None => format!("{action} started"),
+            };
             // A repair also reads the damaged-data log's blocks again:
             // those that read back correctly (a copy came back) leave it.
             if *repair && !fs.damaged_ranges().is_empty() {
@@ -69,14 +77,21 @@ pub(crate) fn execute(
             let running = array
                 .sync_progress()
                 .ok_or_else(|| "no background work is running".to_string())?;
-            array.stop_background();
+            array.stop_sync();
             let resumes = match running.action {
                 SyncAction::Recovery => {
-                    "; it resumes from its checkpoint when the array is next mounted"
+                    "; it resumes from its checkpoint when the array is next mounted".to_string()
                 }
-                SyncAction::Replace => "; the old member stays in its slot",
-                SyncAction::Resync => "; it resumes when the array is next mounted",
-                SyncAction::Check | SyncAction::Repair => "",
+                SyncAction::Replace => "; the old member stays in its slot".into(),
+                SyncAction::Resync => "; it resumes when the array is next mounted".into(),
+                SyncAction::Check | SyncAction::Repair => match array.paused_scrub() {
+                    Some(p) => format!(
+                        " at {:.1}%; `raidfs {}` resumes it from there, `--restart` starts over",
+                        percent(p.done, p.total),
+                        p.action
+                    ),
+                    None => String::new(),
+                },
             };
             Done::says(format!("{} stopped{resumes}", running.action))
         }

@@ -32,8 +32,13 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
-    /// Start a scrub; `repair` rewrites redundancy that disagrees.
-    Check { repair: bool },
+    /// Start a scrub; `repair` rewrites redundancy that disagrees. A paused
+    /// one of the same kind resumes from its checkpoint unless `restart`.
+    Check {
+        repair: bool,
+        #[serde(default)]
+        restart: bool,
+    },
     /// Stop the running background work (it checkpoints first).
     Stop,
     /// Set md's speed_limit_min / speed_limit_max, bytes per second (0 = none).

@@ -92,6 +92,10 @@ pub struct ArrayReport {
     /// The last of either, with its file.
     #[serde(default)]
     pub last_data_error: Option<DataErrorReport>,
+    /// A check or repair that was paused and resumes from its checkpoint
+    /// when next started, or null.
+    #[serde(default)]
+    pub paused_scrub: Option<PausedScrubReport>,
 }
 
 /// A file range that read back wrong on every copy.
@@ -115,6 +119,16 @@ pub struct DataErrorReport {
     /// Byte offset of the block in the file.
     pub offset: u64,
     pub unrecoverable: bool,
+}
+
+/// A paused check or repair (recorded in the superblocks).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PausedScrubReport {
+    /// "check" or "repair".
+    pub action: String,
+    /// Member bytes of allocated groups done before it paused, and in all.
+    pub done: u64,
+    pub total: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -380,6 +394,11 @@ impl ArrayReport {
                 path: origin.fs.and_then(|fs| fs.path_of(e.ino)),
                 offset: e.offset,
                 unrecoverable: e.unrecoverable,
+            }),
+            paused_scrub: array.paused_scrub().map(|p| PausedScrubReport {
+                action: p.action.to_string(),
+                done: p.done,
+                total: p.total,
             }),
         }
     }

@@ -213,10 +213,13 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         lock_wait: super::MEMBER_LOCK_WAIT,
         leave_out_unwritable: !read_only,
     };
-    let array = match assemble_paths(&plan.members, assemble_opts, policy) {
-        Ok((array, left_out)) => {
-            super::tell_left_out(&left_out);
-            Arc::new(array)
+    let (array, notes) = match assemble_paths(&plan.members, assemble_opts, policy) {
+        Ok(assembly) => {
+            super::tell_left_out(&assembly.left_out);
+            for note in &assembly.notes {
+                warn!("{note}");
+            }
+            (Arc::new(assembly.array), assembly.notes)
         }
         Err(e) => {
             report(Err(format!("cannot assemble the array: {e}")));
@@ -343,7 +346,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         }
     });
     stop.arm(handle.unmounter());
-    report(Ok(array.assembly_notes()));
+    report(Ok(notes));
     info!(
         "serving {} from {} members",
         plan.mount_point.display(),

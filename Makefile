@@ -7,13 +7,16 @@
 # $(SBINDIR)/mount.raidfs and $(SBINDIR)/mount.fuse.raidfs (mount(8) looks
 # for helpers in /sbin only: the first for type raidfs, the second for type
 # fuse.raidfs, which live mounts have, so remounts reach it), the docs in
-# $(DOCDIR). NO_BUILD=1 with RAIDFS_BUILT=PATH installs an already
+# $(DOCDIR), the raidfs-monitor.service unit and the scheduled-check units
+# (raidfs-check@.timer and friends, docs/systemd.md) in $(UNITDIR).
+# NO_BUILD=1 with RAIDFS_BUILT=PATH installs an already
 # built binary instead of running cargo (the tests do this).
 
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 SBINDIR ?= /sbin
 DOCDIR ?= $(PREFIX)/share/doc/raidfs
+UNITDIR ?= $(PREFIX)/lib/systemd/system
 DESTDIR ?=
 CARGO ?= cargo
 INSTALL ?= install
@@ -21,6 +24,10 @@ TARGET_DIR ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)
 RAIDFS_BUILT ?= $(TARGET_DIR)/release/raidfs
 HELPERS = mount.raidfs mount.fuse.raidfs
 DOCS = docs/cli.md docs/fstab.md docs/systemd.md docs/nfs.md
+MONITOR_UNIT = raidfs-monitor.service
+MONITOR_DOC = docs/monitor.md
+UNITS = raidfs-check@.service raidfs-check@.timer \
+	raidfs-check-continue@.service raidfs-check-continue@.timer
 
 .PHONY: all build install uninstall
 
@@ -30,7 +37,7 @@ build:
 	$(CARGO) build --release --locked
 
 install: $(if $(NO_BUILD),,build)
-	$(INSTALL) -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(SBINDIR)" "$(DESTDIR)$(DOCDIR)"
+	$(INSTALL) -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(SBINDIR)" "$(DESTDIR)$(DOCDIR)" "$(DESTDIR)$(UNITDIR)"
 	$(INSTALL) -m 0755 "$(RAIDFS_BUILT)" "$(DESTDIR)$(BINDIR)/raidfs"
 	for helper in $(HELPERS); do \
 		sed 's|@RAIDFS@|$(BINDIR)/raidfs|g' mount-helpers/mount.raidfs > "$(DESTDIR)$(SBINDIR)/$$helper.tmp" && \
@@ -40,9 +47,22 @@ install: $(if $(NO_BUILD),,build)
 	for doc in $(DOCS); do \
 		if [ -f "$$doc" ]; then $(INSTALL) -m 0644 "$$doc" "$(DESTDIR)$(DOCDIR)/"; fi; \
 	done
+	$(INSTALL) -m 0644 "$(MONITOR_DOC)" "$(DESTDIR)$(DOCDIR)/"
+	$(INSTALL) -d "$(DESTDIR)$(UNITDIR)"
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' systemd/$(MONITOR_UNIT) > "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT).tmp"
+	chmod 0644 "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT).tmp"
+	mv -f "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT).tmp" "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT)"
+	for unit in $(UNITS); do \
+		sed -e 's|@RAIDFS@|$(BINDIR)/raidfs|g' -e 's|@DOCDIR@|$(DOCDIR)|g' "systemd/$$unit" > "$(DESTDIR)$(UNITDIR)/$$unit.tmp" && \
+		chmod 0644 "$(DESTDIR)$(UNITDIR)/$$unit.tmp" && \
+		mv -f "$(DESTDIR)$(UNITDIR)/$$unit.tmp" "$(DESTDIR)$(UNITDIR)/$$unit" || exit 1; \
+	done
 
 uninstall:
 	rm -f "$(DESTDIR)$(BINDIR)/raidfs"
 	for helper in $(HELPERS); do rm -f "$(DESTDIR)$(SBINDIR)/$$helper"; done
 	for doc in $(DOCS); do rm -f "$(DESTDIR)$(DOCDIR)/$$(basename $$doc)"; done
+	rm -f "$(DESTDIR)$(DOCDIR)/$$(basename $(MONITOR_DOC))"
+	rm -f "$(DESTDIR)$(UNITDIR)/$(MONITOR_UNIT)"
+	for unit in $(UNITS); do rm -f "$(DESTDIR)$(UNITDIR)/$$unit"; done
 	-rmdir "$(DESTDIR)$(DOCDIR)" 2>/dev/null

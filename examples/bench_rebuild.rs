@@ -103,7 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|p| Ok((open_member(p, None)?, p.display().to_string())))
         .collect::<Result<_, raidfs::array::ArrayError>>()?;
-    let array = Arc::new(assemble(survivors, AssembleOptions::default())?);
+    let array = Arc::new(assemble(survivors, AssembleOptions::default())?.array);
     array.start_background();
     drop_caches();
     let idle_read = read_all(&array, &bases, None)?;

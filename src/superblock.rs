@@ -142,6 +142,8 @@ pub struct Superblock {
     pub slots: Vec<SlotState>,
     /// Profile of each allocation group, `data_size / group_size` entries.
     pub groups: Vec<GroupProfile>,
+    /// A check or repair paused before its end, to resume from.
+    pub scrub: Option<ScrubCheckpoint>,
     /// The reshape under way, when there is one (incompat feature
     /// [`FEATURE_RESHAPE`] set with it, version 3 on).
     pub reshape: Option<Reshape>,
@@ -186,6 +188,17 @@ impl Reshape {
     pub fn pending_count(&self) -> usize {
         self.pending.iter().filter(|&&p| p).count()
     }
+}
+
+/// Where a paused check or repair resumes. Bytes an older raidfs never
+/// wrote (zero: none) and ignores; its next superblock write drops the
+/// checkpoint, and the scrub then starts over, which is only slower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ScrubCheckpoint {
+    /// A repair (else a check).
+    pub repair: bool,
+    /// Member offset below which every allocated group is scrubbed.
+    pub offset: u64,
 }
 
 /// Why a superblock could not be read.
@@ -325,6 +338,9 @@ mod offsets {
     /// Version 3 on; reserved (zero, ignored) before.
     pub const RO_COMPAT: usize = 172;
     pub const COMPAT: usize = 180;
+    /// A paused scrub: 0 none, 1 check, 2 repair (other codes: none).
+    pub const SCRUB_KIND: usize = 188;
+    pub const SCRUB_OFFSET: usize = 192;
     pub const SLOTS: usize = 256;
     pub const GROUPS: usize = 512;
     /// The reshape record (incompat `reshape` set; zero otherwise).
@@ -578,6 +594,7 @@ impl Superblock {
             slots: vec![SlotState::Active; geometry.members],
             groups: vec![GroupProfile::Unallocated; group_count as usize],
             reshape: None,
+            scrub: None,
         };
         sb.validate().map_err(invalid)?;
         Ok(sb)
@@ -640,6 +657,10 @@ impl Superblock {
             put_u64(&mut buf, COMPAT, self.features.compat);
         } else {
             put_u64(&mut buf, INCOMPAT, one_word(&self.features));
+        }
+        if let Some(scrub) = self.scrub {
+            buf[SCRUB_KIND] = if scrub.repair { 2 } else { 1 };
+            put_u64(&mut buf, SCRUB_OFFSET, scrub.offset);
         }
         put_u64(&mut buf, CTIME, self.ctime);
         put_u64(&mut buf, UTIME, self.utime);
@@ -805,6 +826,13 @@ impl Superblock {
             slots,
             groups,
             reshape,
+            scrub: match buf[SCRUB_KIND] {
+                1 | 2 => Some(ScrubCheckpoint {
+                    repair: buf[SCRUB_KIND] == 2,
+                    offset: get_u64(buf, SCRUB_OFFSET),
+                }),
+                _ => None,
+            },
         };
         sb.validate().map_err(invalid)?;
         Ok(sb)

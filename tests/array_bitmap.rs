@@ -72,7 +72,11 @@ fn unclean_shutdown_resyncs_only_dirty_regions() {
     // Corrupt parity in a clean region behind the array's back: a full
     // resync would "fix" it, a bitmap resync must leave it alone (and a
     // later check finds it), which proves only dirty regions were walked.
-    let array = Arc::new(assemble(named(&ms), AssembleOptions::default()).expect("assemble"));
+    let array = Arc::new(
+        assemble(named(&ms), AssembleOptions::default())
+            .expect("assemble")
+            .array,
+    );
     assert_eq!(
         array.dirty_regions(),
         (dirty_regions, dirty_bytes),

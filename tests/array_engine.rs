@@ -194,7 +194,9 @@ fn run_config(cfg: &Config, seed: u64) {
         .filter(|(i, _)| !pulled.contains(i))
         .map(|(_, m)| m)
         .collect();
-    let array = assemble(survivors, AssembleOptions::default()).expect("reassemble degraded");
+    let array = assemble(survivors, AssembleOptions::default())
+        .expect("reassemble degraded")
+        .array;
     assert_eq!(array.failed_slots(), pulled);
     let mut again = vec![0u8; expected.len()];
     array.read(base, &mut again).expect("read after reassembly");
@@ -290,7 +292,9 @@ fn failed_member_is_stale_at_next_assembly() {
     drop(array);
     ms[1].heal();
     // All three given: the failed one has an older event count and is left out.
-    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default())
+        .expect("assemble")
+        .array;
     assert_eq!(array.failed_slots(), vec![1]);
     let mut b = vec![0u8; 8192];
     array.read(addr, &mut b).expect("read");
@@ -317,7 +321,9 @@ fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
     drop(array);
 
     set_events_behind(&ms[0], 1);
-    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default())
+        .expect("assemble")
+        .array;
     assert!(
         array.failed_slots().is_empty(),
         "{:?}",
@@ -337,7 +343,9 @@ fn a_member_one_event_behind_is_taken_in_and_two_behind_is_stale() {
     );
 
     set_events_behind(&ms[0], 2);
-    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default())
+        .expect("assemble")
+        .array;
     assert_eq!(array.failed_slots(), vec![0], "two behind: stale");
 }
 
@@ -371,7 +379,9 @@ fn a_member_with_its_front_mib_zeroed_assembles_and_is_healed() {
             CopyState::Good
         ]
     );
-    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&ms), AssembleOptions::default())
+        .expect("assemble")
+        .array;
     assert!(!array.is_degraded(), "{:?}", array.failed_slots());
     let mut b = vec![0u8; 65536];
     array.read(addr, &mut b).expect("read");
@@ -413,11 +423,15 @@ fn a_read_only_assembly_leaves_a_damaged_copy_alone() {
         read_only: true,
         ..Default::default()
     };
-    let array = assemble(named(&ms), read_only).expect("assemble");
+    let array = assemble(named(&ms), read_only).expect("assemble").array;
     assert!(!array.is_degraded());
     drop(array);
     assert_eq!(copy_states(&ms[2])[3], CopyState::BadChecksum);
-    drop(assemble(named(&ms), AssembleOptions::default()).expect("assemble"));
+    drop(
+        assemble(named(&ms), AssembleOptions::default())
+            .expect("assemble")
+            .array,
+    );
     assert_eq!(copy_states(&ms[2]), [CopyState::Good; 4]);
 }
 
@@ -454,7 +468,9 @@ fn an_array_of_version_1_members_assembles_and_stays_version_1() {
             ]
         );
     }
-    let array = assemble(named(&ms), AssembleOptions::default()).expect("assemble v1");
+    let array = assemble(named(&ms), AssembleOptions::default())
+        .expect("assemble v1")
+        .array;
     assert!(!array.is_degraded());
     let mut b = vec![0u8; 65536];
     array.read(addr, &mut b).expect("read");
@@ -496,7 +512,9 @@ fn assembly_rules() {
         .expect("too few refused");
     assert!(err.to_string().contains("too few"), "{err}");
     // Dirty and degraded parity array needs force.
-    let array = assemble(named(&a), AssembleOptions::default()).expect("assemble");
+    let array = assemble(named(&a), AssembleOptions::default())
+        .expect("assemble")
+        .array;
     array.mark_dirty().expect("dirty");
     drop(array);
     let two: Vec<_> = named(&a).into_iter().take(2).collect();
@@ -511,7 +529,8 @@ fn assembly_rules() {
             ..Default::default()
         },
     )
-    .expect("forced");
+    .expect("forced")
+    .array;
     assert!(forced.is_degraded());
 }
 
@@ -579,7 +598,9 @@ fn flush_syncs_only_members_written_since_their_last_sync() {
     // What the flush returned for survives a power cut on every member.
     let images = crash_images(&ms, &[]);
     drop(array);
-    let array = assemble(images, AssembleOptions::default()).expect("assemble crash image");
+    let array = assemble(images, AssembleOptions::default())
+        .expect("assemble crash image")
+        .array;
     let mut back = vec![0u8; data.len()];
     array.read(base, &mut back).expect("read back");
     assert!(back == data, "flushed data lost in the crash image");

@@ -45,13 +45,22 @@ fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {
 }
 
 fn reassemble(ms: &[FaultyMember], force: bool) -> Result<Arc<Array>, ArrayError> {
+    reassemble_noting(ms, force).map(|(array, _)| array)
+}
+
+/// [`reassemble`], with the notes the assembly reported.
+fn reassemble_noting(
+    ms: &[FaultyMember],
+    force: bool,
+) -> Result<(Arc<Array>, Vec<String>), ArrayError> {
     let opts = AssembleOptions {
         force,
         ..AssembleOptions::default()
     };
-    let array = Arc::new(assemble(handles(ms), opts)?);
+    let assembly = assemble(handles(ms), opts)?;
+    let array = Arc::new(assembly.array);
     array.start_background();
-    Ok(array)
+    Ok((array, assembly.notes))
 }
 
 /// One data group with 3 MiB of seeded random bytes at its start.
@@ -284,9 +293,9 @@ fn forced_assembly_starts_members_that_disagree_about_who_failed() {
     assert!(events[0] < events[1] && events[1] < events[2], "{events:?}");
     let err = reassemble(&ms, false).err().expect("members disagree");
     assert!(err.to_string().contains("-o force"), "{err}");
-    let forced = reassemble(&ms, true).expect("forced assembly");
+    let (forced, notes) = reassemble_noting(&ms, true).expect("forced assembly");
     assert!(!forced.is_degraded(), "every member is taken back");
-    let notes = forced.assembly_notes().join("\n");
+    let notes = notes.join("\n");
     assert!(notes.contains("forced: m1"), "{notes}");
     assert!(notes.contains("forced: m0"), "{notes}");
     verify(&forced, &kept);
@@ -312,9 +321,9 @@ fn a_member_left_out_of_a_degraded_run_is_re_added_from_the_bitmap() {
     let quiet = fill(&array, 11);
     array.mark_clean().expect("clean");
     drop(array);
-    let degraded = reassemble(&ms[..2], false).expect("degraded start");
+    let (degraded, notes) = reassemble_noting(&ms[..2], false).expect("degraded start");
     assert!(degraded.is_degraded());
-    let notes = degraded.assembly_notes().join("\n");
+    let notes = notes.join("\n");
     assert!(notes.contains("started degraded with 2 of 3"), "{notes}");
     degraded.mark_dirty().expect("dirty");
     let mut rng = StdRng::seed_from_u64(12);
@@ -326,8 +335,8 @@ fn a_member_left_out_of_a_degraded_run_is_re_added_from_the_bitmap() {
     let (_, dirty_bytes) = degraded.dirty_regions();
     degraded.mark_clean().expect("clean");
     drop(degraded);
-    let whole = reassemble(&ms, false).expect("all three again");
-    let notes = whole.assembly_notes().join("\n");
+    let (whole, notes) = reassemble_noting(&ms, false).expect("all three again");
+    let notes = notes.join("\n");
     assert!(notes.contains("m2 (slot 2) is stale"), "{notes}");
     assert!(notes.contains("re-added"), "{notes}");
     settle(&whole, |a| !a.is_degraded());
@@ -359,15 +368,44 @@ fn spares_stay_spares_across_reassembly() {
     assert_eq!(outcome, AddOutcome::Spare);
     array.mark_clean().expect("clean");
     drop(array);
-    let again = reassemble(&ms, false).expect("reassemble with the spare");
+    let (again, notes) = reassemble_noting(&ms, false).expect("reassemble with the spare");
     assert_eq!(again.spares(), vec!["m2".to_string()]);
-    assert!(again
-        .assembly_notes()
-        .join("\n")
-        .contains("m2 is a hot spare"));
+    assert!(notes.join("\n").contains("m2 is a hot spare"));
     // The spare takes over when a member fails.
     again.fail(0).expect("fail 0");
     settle(&again, |a| !a.is_degraded());
     assert!(again.spares().is_empty());
     verify(&again, &kept);
+}
+
+/// The watcher of a running array probes the members while it is
+/// suspended and resumes it by itself once they all answer.
+#[test]
+fn a_suspended_array_resumes_by_itself_when_the_host_recovers() {
+    let ms = faulty(3, "watch-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 17);
+    ms.iter().for_each(|m| m.fail_after(0, Ops::WRITES));
+    let err = array
+        .write(kept.0 + (3 << 20), &[7u8; 64 << 10])
+        .expect_err("the host fails everything");
+    assert!(matches!(err, ArrayError::HostFault { .. }), "{err}");
+    assert!(array.suspension().is_some(), "the array is suspended");
+    ms.iter().for_each(FaultyMember::heal);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while array.suspension().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still suspended 10 s after the host recovered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let at = kept.0 + (3 << 20);
+    array
+        .write(at, &[9u8; 64 << 10])
+        .expect("write after resume");
+    array.flush().expect("flush");
+    verify(&array, &(at, vec![9u8; 64 << 10]));
+    verify(&array, &kept);
+    array.mark_clean().expect("clean");
 }

@@ -191,7 +191,11 @@ fn interrupted_rebuild_resumes_from_its_checkpoint() {
     // Reassemble with the partially rebuilt member: it resumes and finishes.
     let mut members = handles(&ms[..2]);
     members.push((Arc::new(fresh.clone()) as Arc<dyn Member>, "fresh".into()));
-    let array = Arc::new(assemble(members, AssembleOptions::default()).expect("assemble"));
+    let array = Arc::new(
+        assemble(members, AssembleOptions::default())
+            .expect("assemble")
+            .array,
+    );
     assert!(array.is_degraded(), "the rebuild is not finished yet");
     array.start_background();
     let progress = array.sync_progress().expect("recovery resumed");
@@ -258,4 +262,35 @@ fn raid10_may_lose_one_member_of_each_mirror_set() {
     assert_eq!(json["members"][2]["state"], "faulty");
     assert_eq!(json["map"], "[_U_U]");
     array.stop_background();
+}
+
+/// Background work holds no strong reference to its array: the array goes
+/// when its last user lets go, with its threads running; after
+/// `stop_background` the worker is gone and background work is refused.
+#[test]
+fn background_threads_neither_keep_the_array_nor_outlive_stop() {
+    let ms = faulty(3, "own");
+    let array = new_array(Level::Raid5, &ms);
+    fill(&array, 31);
+    array.start_check(false).expect("check");
+    array.wait_background();
+    array.stop_background();
+    let err = array.start_check(false).expect_err("no worker after stop");
+    assert!(err.to_string().contains("start_background"), "{err}");
+    array.start_background();
+    array.start_check(false).expect("a check after a restart");
+    array.wait_background();
+    assert!(array.last_sync_result().is_some_and(|r| r.completed));
+
+    let weak = Arc::downgrade(&array);
+    drop(array);
+    // A background thread may hold the array for the moment of one pass.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while weak.upgrade().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the array is still alive 10 s after its last user let go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

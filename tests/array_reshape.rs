@@ -45,11 +45,15 @@ impl Model {
     /// Fill `n` new data groups (and one metadata group) with seeded bytes.
     fn fill(array: &Array, n: usize, seed: u64) -> Model {
         let mut rng = StdRng::seed_from_u64(seed);
-        array
+        // Group 0 holds metadata, as on every formatted array.
+        let meta = array
             .allocate_group(GroupProfile::Metadata)
             .expect("metadata group");
+        let meta_addr = u64::from(meta) << GROUP_SHIFT;
+        let meta_data: Vec<u8> = (0..(1 << 20)).map(|_| rng.gen()).collect();
+        array.write(meta_addr, &meta_data).expect("write metadata");
         let capacity = array.group_capacity(GroupProfile::Data) as usize;
-        let groups = (0..n)
+        let mut groups: Vec<(u64, Vec<u8>)> = (0..n)
             .map(|_| {
                 let g = array.allocate_group(GroupProfile::Data).expect("group");
                 let addr = u64::from(g) << GROUP_SHIFT;
@@ -58,6 +62,7 @@ impl Model {
                 (addr, data)
             })
             .collect();
+        groups.push((meta_addr, meta_data));
         array.flush().expect("flush");
         Model { groups }
     }
@@ -131,7 +136,8 @@ fn reshape_and_verify(from: Level, members: usize, to: Level) {
     wait_reshaped(&array);
     assert_eq!(array.level(), to);
     model.verify(&array, "after the reshape");
-    for (addr, _) in &model.groups {
+    // Data groups have the new level; the metadata group keeps its mirror.
+    for (addr, _) in &model.groups[..2] {
         let group = (addr >> GROUP_SHIFT) as u32;
         assert_eq!(array.group_geometry(group).expect("allocated").level, to);
         assert!(array.allocated_group_capacity(group) >= old_capacity);
@@ -141,7 +147,9 @@ fn reshape_and_verify(from: Level, members: usize, to: Level) {
     assert_eq!(sb.level, to);
     assert!(sb.reshape.is_none(), "the record is gone");
     drop(array);
-    let again = assemble(handles(&ms), AssembleOptions::default()).expect("assemble");
+    let again = assemble(handles(&ms), AssembleOptions::default())
+        .expect("assemble")
+        .array;
     model.verify(&again, "after reassembly");
 }
 
@@ -199,7 +207,7 @@ fn writes_and_reads_go_on_while_groups_move() {
     let mut rng = StdRng::seed_from_u64(99);
     let mut writes = 0;
     while array.reshape_counts().is_some() {
-        let (addr, data) = &mut model.groups[rng.gen_range(0..3)];
+        let (addr, data) = &mut model.groups[rng.gen_range(0..4)];
         let at = rng.gen_range(0..data.len() - 8192) & !511;
         let len = rng.gen_range(1..16) * 512;
         let bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
@@ -316,7 +324,8 @@ fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
         }
         let back = Arc::new(
             assemble(images, AssembleOptions::default())
-                .unwrap_or_else(|e| panic!("seed {seed}: assemble after the cut: {e}")),
+                .unwrap_or_else(|e| panic!("seed {seed}: assemble after the cut: {e}"))
+                .array,
         );
         back.start_background();
         wait_reshaped(&back);

@@ -71,7 +71,8 @@ fn survives(ppl: bool, writes: &[(u64, usize)], lost_chunk: usize, seed: u64) ->
             ..Default::default()
         },
     )
-    .expect("assemble degraded");
+    .expect("assemble degraded")
+    .array;
     let untouched = (3 * stripe_bytes + lost_chunk as u64 * CHUNK) as usize;
     let mut buf = vec![0u8; CHUNK as usize];
     array.read(base + untouched as u64, &mut buf).expect("read");
@@ -188,7 +189,9 @@ fn log_entries_outside_their_group_are_ignored() {
         .filter(|(i, _)| *i != lost)
         .map(|(_, h)| h)
         .collect();
-    let array = assemble(survivors, AssembleOptions::default()).expect("assemble degraded");
+    let array = assemble(survivors, AssembleOptions::default())
+        .expect("assemble degraded")
+        .array;
     let mut back = vec![0u8; original.len()];
     array.read(base, &mut back).expect("read");
     assert!(back == original, "a bogus log entry changed the data");

@@ -427,7 +427,7 @@ fn assembly_takes_the_read_policy() {
         read_policy: ReadPolicy::Legacy,
         ..Default::default()
     };
-    let array = assemble(as_members(&disks), opts).expect("assemble");
+    let array = assemble(as_members(&disks), opts).expect("assemble").array;
     assert_eq!(array.read_policy(), ReadPolicy::Legacy);
     assert!(array
         .member_stats()
@@ -438,6 +438,6 @@ fn assembly_takes_the_read_policy() {
         ..Default::default()
     };
     drop(array);
-    let array = assemble(as_members(&disks), opts).expect("assemble");
+    let array = assemble(as_members(&disks), opts).expect("assemble").array;
     assert!(array.member_stats().iter().all(|s| !s.rotational));
 }

@@ -73,8 +73,11 @@ impl Rig {
     }
 
     fn start(members: Vec<FaultyMember>) -> Rig {
-        let array =
-            Arc::new(assemble(named(&members), AssembleOptions::default()).expect("assemble"));
+        let array = Arc::new(
+            assemble(named(&members), AssembleOptions::default())
+                .expect("assemble")
+                .array,
+        );
         let volume = open_volume(array);
         Rig { members, volume }
     }
@@ -659,7 +662,8 @@ fn a_read_only_assembly_serves_the_good_copy_and_rewrites_nothing() {
                 ..AssembleOptions::default()
             },
         )
-        .expect("assemble read-only"),
+        .expect("assemble read-only")
+        .array,
     );
     let volume = Volume::open(
         array,
@@ -727,4 +731,128 @@ fn parity_repair_rebuilds_a_data_block_that_fails_its_checksum() {
     // md would recompute parity from the bad data, and the block would be
     // lost for good; the checksum says the data is what is wrong.
     repair_after_a_bad_block(Level::Raid5, 3, 1, 20, 22);
+}
+
+/// Both copies of a mirror block flipped: the read fails and the block is
+/// on the damaged-data log, with its file offset; the log, kept in a file,
+/// survives a restart; rewriting the block, truncating below it or
+/// deleting the file takes it off.
+#[test]
+fn blocks_no_copy_can_correct_are_logged_until_the_file_changes() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let rig = build(Level::Raid1, 2, 64 << 10, 2);
+    let data = random_bytes(&mut rng, 64 << 10);
+    let names = ["rewritten", "truncated", "deleted"];
+    for name in names {
+        rig.write_file(name, &data);
+    }
+    let bad_off = 3 * BLOCK;
+    let targets: Vec<u64> = names
+        .iter()
+        .map(|n| rig.block_addr(rig.ino(n), bad_off))
+        .collect();
+    let copies: Vec<Vec<(usize, u64)>> = targets.iter().map(|&a| rig.copies(a)).collect();
+    let ms = rig.stop();
+    for c in copies.iter().flatten() {
+        flip(&ms[c.0], c.1 + 17, 4);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("damaged/array.json");
+    let rig = Rig::start(ms);
+    rig.fs().keep_damaged_log(&log).expect("keep the log");
+    assert!(rig.fs().damaged_ranges().is_empty());
+    for name in names {
+        let e = rig.read_all(rig.ino(name)).expect_err("no good copy");
+        assert_eq!(raidfs::fuse::errno_of(&e).code(), libc::EIO, "{e}");
+    }
+    let logged: Vec<(u64, u64, u64)> = rig
+        .fs()
+        .damaged_ranges()
+        .iter()
+        .map(|d| (d.ino, d.offset, d.length))
+        .collect();
+    let inos: Vec<u64> = names.iter().map(|n| rig.ino(n)).collect();
+    assert_eq!(
+        logged,
+        inos.iter()
+            .map(|&i| (i, bad_off, BLOCK))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rig.fs().path_of(inos[0]).as_deref(), Some("/rewritten"));
+    assert_eq!(rig.fs().recheck_damaged(), 3, "nothing can bring them back");
+
+    // A restart finds the same entries in the log file.
+    let ms = rig.stop();
+    let rig = Rig::start(ms);
+    assert!(
+        rig.fs().damaged_ranges().is_empty(),
+        "not yet pointed at the file"
+    );
+    rig.fs().keep_damaged_log(&log).expect("keep the log");
+    assert_eq!(rig.fs().damaged_ranges().len(), 3);
+
+    let fresh = random_bytes(&mut rng, BLOCK as usize);
+    rig.fs()
+        .write(inos[0], bad_off, &fresh)
+        .expect("rewrite the damaged block");
+    let set = raidfs::fs::SetAttr {
+        size: Some(bad_off),
+        ..Default::default()
+    };
+    rig.fs()
+        .setattr(&Caller::root(), inos[1], &set)
+        .expect("truncate below the damage");
+    rig.fs()
+        .unlink(&Caller::root(), ROOT_INO, OsStr::new("deleted"))
+        .expect("delete");
+    assert_eq!(rig.fs().damaged_ranges(), Vec::new());
+    let mut expected = data.clone();
+    expected[bad_off as usize..(bad_off + BLOCK) as usize].copy_from_slice(&fresh);
+    assert_eq!(
+        rig.read_all(inos[0]).expect("rewritten file reads"),
+        expected
+    );
+    let kept = std::fs::read_to_string(&log).expect("log file");
+    assert!(kept.contains("\"entries\": []"), "{kept}");
+}
+
+/// The array's own check meets a mirror block whose copies disagree and
+/// all fail the checksum: the block is on the damaged-data log without
+/// any read of the file.
+#[test]
+fn an_array_check_logs_blocks_with_no_good_copy() {
+    let mut rng = StdRng::seed_from_u64(22);
+    let rig = build(Level::Raid1, 2, 64 << 10, 2);
+    let data = random_bytes(&mut rng, 32 << 10);
+    let ino = rig.write_file("f", &data);
+    let addr = rig.block_addr(ino, 5 * BLOCK);
+    let copies = rig.copies(addr);
+    let ms = rig.stop();
+    // Different damage on each copy, so they disagree and the judge is asked.
+    flip(&ms[copies[0].0], copies[0].1 + 10, 3);
+    flip(&ms[copies[1].0], copies[1].1 + 2000, 5);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("array.json");
+    let rig = Rig::start(ms);
+    rig.fs().keep_damaged_log(&log).expect("keep the log");
+    assert!(rig.fs().damaged_ranges().is_empty());
+    assert!(rig.array_check(false) > 0, "the copies disagree");
+    let logged: Vec<(u64, u64)> = rig
+        .fs()
+        .damaged_ranges()
+        .iter()
+        .map(|d| (d.ino, d.offset))
+        .collect();
+    assert_eq!(logged, vec![(ino, 5 * BLOCK)]);
+
+    // A good copy comes back (the first member's bytes restored): the
+    // recheck a repair runs takes the block off the log.
+    let ms = rig.stop();
+    flip(&ms[copies[0].0], copies[0].1 + 10, 3);
+    let rig = Rig::start(ms);
+    rig.fs().keep_damaged_log(&log).expect("keep the log");
+    assert_eq!(rig.fs().damaged_ranges().len(), 1);
+    assert_eq!(rig.fs().recheck_damaged(), 0);
+    assert!(rig.fs().damaged_ranges().is_empty());
+    assert_eq!(rig.read_all(ino).expect("the file reads"), data);
 }

@@ -174,9 +174,9 @@ fn run_level(level: &str, members: usize, seed: u64) {
     );
 
     // Offline: scrub with repair finds what reads did not meet, then nothing.
-    let (array, _left_out) =
-        assemble_paths(&paths, AssembleOptions::default(), OpenPolicy::default())
-            .expect("assemble");
+    let array = assemble_paths(&paths, AssembleOptions::default(), OpenPolicy::default())
+        .expect("assemble")
+        .array;
     let array = Arc::new(array);
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
     let fs = FileSystem::open(store, FsOptions::default()).expect("open offline");

@@ -545,3 +545,39 @@ fn create_warns_once_per_host_filesystem() {
     }
     assert!(!err.contains(&roomy.path().display().to_string()), "{err}");
 }
+
+/// `examine` names the feature bits it knows in text and JSON, and shows
+/// the ones it does not as numbers.
+#[test]
+fn examine_names_feature_words_and_shows_unknown_bits() {
+    use raidfs::member::file::{FileMember, OpenOptions};
+    use raidfs::superblock::Superblock;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = raidfs(
+        &["create", "--level", "1", "--size", "64M", "a.img", "b.img"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = raidfs(&["examine", "a.img"], dir.path());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("       Features : compat: -; ro_compat: -; incompat: -\n"),
+        "{text}"
+    );
+    // A later raidfs's compat bit: kept, shown by number.
+    let member = FileMember::open(dir.path().join("a.img"), OpenOptions::default()).expect("open");
+    let (mut sb, _) = Superblock::read_from(&member).expect("superblock");
+    sb.features.compat |= 1 << 40;
+    sb.write_to(&member).expect("write superblock");
+    drop(member);
+    let o = raidfs(&["examine", "a.img"], dir.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let want = "compat: unknown bit 40 (0x10000000000); ro_compat: -; incompat: -";
+    assert!(text.contains(&format!("Features : {want}\n")), "{text}");
+    let o = raidfs(&["examine", "--json", "a.img"], dir.path());
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(json[0]["feature_names"], want, "{json:#}");
+    assert_eq!(json[0]["compat_features"], 1u64 << 40);
+    assert!(json[0]["scrub_checkpoint"].is_null(), "{json:#}");
+}

@@ -1,5 +1,6 @@
 //! `make install` / `make uninstall` into a temporary DESTDIR: the binary,
-//! the mount(8) helper pointing at the installed binary, the docs.
+//! the mount(8) helper pointing at the installed binary, the docs, the
+//! raidfs-monitor.service unit.
 
 mod ecosystem_support;
 
@@ -47,6 +48,27 @@ fn make_install_and_uninstall_in_a_destdir() {
     }
     assert!(dest.join("usr/local/share/doc/raidfs/fstab.md").is_file());
     assert!(dest.join("usr/local/share/doc/raidfs/nfs.md").is_file());
+    assert!(dest.join("usr/local/share/doc/raidfs/monitor.md").is_file());
+
+    // The monitor's unit runs the installed binary (without DESTDIR).
+    let unit = dest.join("usr/local/lib/systemd/system/raidfs-monitor.service");
+    let text = std::fs::read_to_string(&unit).unwrap_or_else(|e| panic!("{}: {e}", unit.display()));
+    assert!(
+        text.contains("\nExecStart=/usr/local/bin/raidfs monitor --syslog\n")
+            && text.contains("\nType=simple\n")
+            && text.contains("\nRestart=on-failure\n")
+            && !text.contains('@'),
+        "{text}"
+    );
+    if let Some(analyze) = which("systemd-analyze") {
+        // The unit is well formed (its ExecStart must exist: the staged
+        // binary stands in for the installed one).
+        let staged = text.replace("/usr/local/bin/raidfs", &bin.display().to_string());
+        let check_dir = tempfile::tempdir().unwrap();
+        let copy = check_dir.path().join("raidfs-monitor.service");
+        std::fs::write(&copy, staged).unwrap();
+        check(Command::new(analyze).arg("verify").arg(&copy));
+    }
 
     // The helper names the installed binary (without DESTDIR) and is valid sh.
     let script = std::fs::read_to_string(&helper).unwrap();
@@ -73,6 +95,87 @@ fn make_install_and_uninstall_in_a_destdir() {
     assert!(said.contains("m2.img"), "{said}");
 
     check(&mut make(dest, "uninstall"));
-    assert!(!bin.exists() && !helper.exists() && !fuse_helper.exists());
+    assert!(!bin.exists() && !helper.exists() && !fuse_helper.exists() && !unit.exists());
     assert!(!dest.join("usr/local/share/doc/raidfs").exists());
+}
+
+/// The scheduled-check units: installed with the binary's path, removed by
+/// uninstall, and accepted by `systemd-analyze verify` for an instance.
+#[test]
+fn check_timer_units_are_installed_and_verify() {
+    if which("make").is_none() {
+        eprintln!("skipping: make is not installed");
+        return;
+    }
+    const UNITS: [&str; 4] = [
+        "raidfs-check@.service",
+        "raidfs-check@.timer",
+        "raidfs-check-continue@.service",
+        "raidfs-check-continue@.timer",
+    ];
+    let stage = tempfile::tempdir().unwrap();
+    let dest = stage.path();
+    check(&mut make(dest, "install"));
+    let unit_dir = dest.join("usr/local/lib/systemd/system");
+    for unit in UNITS {
+        let path = unit_dir.join(unit);
+        let meta = std::fs::metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(meta.permissions().mode() & 0o777, 0o644, "{unit}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("@RAIDFS@"), "{text}");
+        assert!(!text.contains("@DOCDIR@"), "{text}");
+    }
+    let service = std::fs::read_to_string(unit_dir.join("raidfs-check@.service")).unwrap();
+    assert!(
+        service.contains("ExecStart=/usr/local/bin/raidfs check --wait --max-time 6h %f"),
+        "{service}"
+    );
+    let timer = std::fs::read_to_string(unit_dir.join("raidfs-check@.timer")).unwrap();
+    for want in [
+        "OnCalendar=",
+        "RandomizedDelaySec=",
+        "Persistent=true",
+        "WantedBy=timers.target",
+    ] {
+        assert!(timer.contains(want), "{want} missing in\n{timer}");
+    }
+    let resume = std::fs::read_to_string(unit_dir.join("raidfs-check-continue@.service")).unwrap();
+    assert!(
+        resume.contains("check --continue --wait --max-time 6h %f"),
+        "{resume}"
+    );
+    check(&mut make(dest, "uninstall"));
+    for unit in UNITS {
+        assert!(!unit_dir.join(unit).exists(), "{unit} left behind");
+    }
+
+    // systemd-analyze checks the command exists, so verify an install whose
+    // paths are real (no DESTDIR) in a scratch prefix.
+    let Some(analyze) = which("systemd-analyze") else {
+        eprintln!("skipping systemd-analyze verify: systemd-analyze is not installed");
+        return;
+    };
+    let prefix = tempfile::tempdir().unwrap();
+    let p = prefix.path();
+    check(
+        Command::new("make")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["--no-print-directory", "install", "NO_BUILD=1"])
+            .arg(format!("RAIDFS_BUILT={RAIDFS}"))
+            .arg(format!("PREFIX={}", p.display()))
+            .arg(format!("SBINDIR={}", p.join("sbin").display())),
+    );
+    let escaped = check(Command::new("systemd-escape").args(["--path", "/srv/array"]));
+    let instance = String::from_utf8_lossy(&escaped.stdout).trim().to_string();
+    assert_eq!(instance, "srv-array");
+    for unit in UNITS {
+        let named = unit.replace("@.", &format!("@{instance}."));
+        let out = check(
+            Command::new(&analyze)
+                .arg("verify")
+                .arg(p.join("lib/systemd/system").join(named)),
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.trim().is_empty(), "{unit}: {said}");
+    }
 }

@@ -92,7 +92,9 @@ fn open(members: &[PathBuf], read_only: bool) -> FileSystem {
         read_only,
         ..Default::default()
     };
-    let (array, left_out) = assemble_paths(members, opts, policy).expect("assembles");
+    let raidfs::array::Assembly {
+        array, left_out, ..
+    } = assemble_paths(members, opts, policy).expect("assembles");
     assert!(left_out.is_empty(), "members left out: {left_out:?}");
     let array = Arc::new(array);
     let fs_opts = FsOptions {
@@ -158,7 +160,9 @@ fn every_released_format_assembles_reads_and_checks_clean() {
                 read_only: true,
                 ..Default::default()
             };
-            let (array, left_out) = assemble_paths(&members, opts, policy).unwrap();
+            let raidfs::array::Assembly {
+                array, left_out, ..
+            } = assemble_paths(&members, opts, policy).unwrap();
             assert!(left_out.is_empty(), "members left out: {left_out:?}");
             let array = Arc::new(array);
             raidfs::fs::upgrade::plan(&ArrayStore::new(array)).unwrap()

@@ -226,6 +226,7 @@ fn superblock(version: u32, level: Level, features: Features) -> Superblock {
             GroupProfile::Unallocated,
         ],
         reshape: None,
+        scrub: None,
     }
 }
 

@@ -131,13 +131,19 @@ fn raid1_becomes_raid5_while_files_are_written() {
     let size_before = blocks(&m.mnt);
     m.ok("speed-limit", &["--max", "16M"]);
     let said = m.ok("grow", &["--level", "5"]);
-    assert!(said.contains("reshape from raid1 to raid5 started"), "{said}");
+    assert!(
+        said.contains("reshape from raid1 to raid5 started"),
+        "{said}"
+    );
     let running = wait_for_detail(&m.mnt, "the reshape", Duration::from_secs(60), |r| {
         r["sync"]["action"] == "reshape"
     });
     assert_eq!(running["level"], "raid5");
     assert_eq!(running["reshape"]["from_level"], "raid1");
-    assert!(running["state"].as_str().unwrap_or_default().contains("reshaping"));
+    assert!(running["state"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("reshaping"));
     let status = raidfs_ok(&["status"], m.dir.path());
     assert!(status.contains("reshape ="), "{status}");
     let detail = m.ok("detail", &[]);
@@ -184,7 +190,10 @@ fn a_stopped_reshape_goes_on_with_grow_and_a_degraded_array_refuses() {
     assert!(paused["sync"].is_null());
     assert!(paused["reshape"]["groups_pending"].as_u64().unwrap_or(0) > 0);
     let detail = m.ok("detail", &[]);
-    assert!(detail.contains("(stopped: `raidfs grow MOUNT` goes on)"), "{detail}");
+    assert!(
+        detail.contains("(stopped: `raidfs grow MOUNT` goes on)"),
+        "{detail}"
+    );
     // Still readable and writable while stopped half way.
     std::fs::write(m.mnt.join("while-stopped"), b"x").expect("write while stopped");
     m.ok("speed-limit", &["--max", "0"]);
@@ -229,9 +238,12 @@ fn a_daemon_killed_anywhere_in_a_reshape_resumes_at_the_next_mount() {
             mid_reshape += 1;
         }
         m.mount();
-        let back = wait_for_detail(&m.mnt, "the resumed reshape", Duration::from_secs(120), |r| {
-            reshaped(r, "raid5")
-        });
+        let back = wait_for_detail(
+            &m.mnt,
+            "the resumed reshape",
+            Duration::from_secs(120),
+            |r| reshaped(r, "raid5"),
+        );
         assert_eq!(back["level"], "raid5", "point {point}");
         verify_files(&m.mnt.join("w"), synced);
         assert!(

@@ -43,6 +43,7 @@ fn sample(events: u64) -> Superblock {
             GroupProfile::Data,
         ],
         reshape: None,
+        scrub: None,
     }
 }
 
@@ -182,6 +183,7 @@ fn arb_superblock() -> impl Strategy<Value = Superblock> {
                     slots,
                     groups,
                     reshape: None,
+                    scrub: None,
                 }
             })
     })
@@ -706,6 +708,39 @@ fn version_2_data_area_over_the_end_copies_is_invalid() {
     assert_eq!(sb.min_member_len(), len + 4096);
 }
 
+/// A paused scrub's checkpoint is kept by every format version, and a kind
+/// code this raidfs does not know (a later one's) reads as none rather
+/// than refusing the member.
+#[test]
+fn scrub_checkpoint_round_trips_and_unknown_kinds_read_as_none() {
+    for version in [1, 2, FORMAT_VERSION] {
+        for repair in [false, true] {
+            let sb = Superblock {
+                version,
+                features: Features {
+                    ro_compat: FEATURE_PPL,
+                    ..Features::default()
+                },
+                scrub: Some(ScrubCheckpoint {
+                    repair,
+                    offset: 3 << 20,
+                }),
+                ..sample(5)
+            };
+            let back = Superblock::decode(&sb.encode(), "m").expect("decodes");
+            assert_eq!(back.scrub, sb.scrub, "version {version}");
+        }
+    }
+    let mut block = sample(5).encode();
+    assert_eq!(block[188], 0, "no checkpoint: zero");
+    block[188] = 9;
+    block[192..200].copy_from_slice(&(7u64 << 20).to_le_bytes());
+    let crc = crc32c::crc32c(&block[..4092]);
+    block[4092..].copy_from_slice(&crc.to_le_bytes());
+    let back = Superblock::decode(&block, "m").expect("an unknown kind is no obstacle");
+    assert_eq!(back.scrub, None);
+}
+
 /// A version 1 superblock, as releases before the end copies wrote it.
 fn sample_v1(events: u64) -> Superblock {
     Superblock {
@@ -897,6 +932,10 @@ fn format_md_superblock_table_matches_the_encoded_bytes() {
     assert_eq!(sb.validate(), Ok(()));
     sb.recovery_offset = 0x1111_2222_3333_4444;
     sb.state = ArrayState::Dirty;
+    sb.scrub = Some(ScrubCheckpoint {
+        repair: true,
+        offset: 0x5555_6666_7777_8888,
+    });
     let block = sb.encode();
     let le64 = |v: u64| v.to_le_bytes().to_vec();
     let le32 = |v: u32| v.to_le_bytes().to_vec();
@@ -940,6 +979,8 @@ fn format_md_superblock_table_matches_the_encoded_bytes() {
                 bits[0] = 0b1010;
                 bits
             }
+            "`scrub_kind`" => vec![2],
+            "`scrub_offset`" => le64(0x5555_6666_7777_8888),
             "`crc`" => le32(crc),
             _ => return None,
         })

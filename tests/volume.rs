@@ -42,7 +42,11 @@ fn formatted() -> Vec<FaultyMember> {
 }
 
 fn assemble_rw(ms: &[FaultyMember]) -> Arc<Array> {
-    Arc::new(assemble(named(ms), AssembleOptions::default()).expect("assemble"))
+    Arc::new(
+        assemble(named(ms), AssembleOptions::default())
+            .expect("assemble")
+            .array,
+    )
 }
 
 fn state_on_disk(ms: &[FaultyMember]) -> String {
@@ -62,7 +66,8 @@ fn assemble_ro(ms: &[FaultyMember]) -> Arc<Array> {
                 ..AssembleOptions::default()
             },
         )
-        .expect("assemble read-only"),
+        .expect("assemble read-only")
+        .array,
     )
 }
 

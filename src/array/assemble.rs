@@ -62,6 +62,18 @@ pub struct OpenPolicy {
 /// Members left out because they cannot be opened read-write: name and why.
 pub type LeftOut = Vec<(String, String)>;
 
+/// What assembly made and decided, for its caller to tell the user.
+pub struct Assembly {
+    pub array: Array,
+    /// What a person starting the array should read: a degraded start,
+    /// stale members re-added or rebuilt, forced members, spares kept.
+    /// Empty for an ordinary start.
+    pub notes: Vec<String>,
+    /// Members left out because they cannot be opened read-write
+    /// ([`assemble_paths`] only; the array starts degraded without them).
+    pub left_out: LeftOut,
+}
+
 /// Opened members and their names, as [`assemble`] takes them.
 pub type Opened = Vec<(Arc<dyn Member>, String)>;
 
@@ -114,14 +126,14 @@ fn os_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Assemble from paths, opening them as `policy` says. Returns the array
-/// and the members left out because they cannot be opened read-write
-/// (the caller tells the user; the array starts degraded without them).
+/// Assemble from paths, opening them as `policy` says. The assembly names
+/// the members left out because they cannot be opened read-write (the
+/// caller tells the user, with the notes).
 pub fn assemble_paths(
     paths: &[PathBuf],
     opts: AssembleOptions,
     policy: OpenPolicy,
-) -> ArrayResult<(Array, LeftOut)> {
+) -> ArrayResult<Assembly> {
     let (members, left_out) = open_members(paths, opts.read_only, policy)?;
     let named = || {
         left_out
@@ -137,7 +149,10 @@ pub fn assemble_paths(
         )));
     }
     match assemble(members, opts) {
-        Ok(array) => Ok((array, left_out)),
+        Ok(assembly) => Ok(Assembly {
+            left_out,
+            ..assembly
+        }),
         Err(e) if !left_out.is_empty() => Err(ArrayError::Refused(format!(
             "{e}; left out because they cannot be opened read-write: {}",
             named()
@@ -162,11 +177,11 @@ struct Found {
 /// (re-added from the bitmap when it covers their absence, rebuilt in full
 /// otherwise), spares stay spares, and with `force` an array whose members
 /// disagree about who failed is started from the freshest set that can
-/// serve. Everything assembly decided is in [`Array::assembly_notes`].
+/// serve. What assembly decided is in the [`Assembly`]'s notes.
 pub fn assemble(
     members: Vec<(Arc<dyn Member>, String)>,
     opts: AssembleOptions,
-) -> ArrayResult<Array> {
+) -> ArrayResult<Assembly> {
     if members.is_empty() {
         return Err(ArrayError::Refused("no members given".into()));
     }
@@ -467,11 +482,11 @@ pub fn assemble(
             ),
         );
     }
-    for n in &notes {
-        log::warn!("{n}");
-    }
-    *array.notes.lock() = notes;
-    Ok(array)
+    Ok(Assembly {
+        array,
+        notes,
+        left_out: LeftOut::new(),
+    })
 }
 
 /// The events of the last bitmap clearing, as the members' bitmaps record it.

@@ -125,6 +125,9 @@ pub struct MemberStats {
     pub latency_us: f64,
     /// Sequential streams this member is serving now.
     pub streams: u32,
+    /// Where each of those streams stands: the member offset its last read
+    /// ended at, lowest first.
+    pub stream_ends: Vec<u64>,
     /// Member offset right after its last read.
     pub head: u64,
 }
@@ -162,6 +165,17 @@ impl HeadState {
             .iter()
             .filter(|s| s.live && s.hits > 0 && tick.saturating_sub(s.last) <= ACTIVE_TICKS)
             .count() as u32
+    }
+
+    fn active_stream_ends(&self, tick: u64) -> Vec<u64> {
+        let mut ends: Vec<u64> = self
+            .streams
+            .iter()
+            .filter(|s| s.live && s.hits > 0 && tick.saturating_sub(s.last) <= ACTIVE_TICKS)
+            .map(|s| s.next)
+            .collect();
+        ends.sort_unstable();
+        ends
     }
 
     /// New streams placed here in the last few reads and not yet issued.
@@ -633,6 +647,7 @@ impl Balancer {
                     pending: m.pending.load(Ordering::Relaxed),
                     latency_us: state.latency_ns as f64 / 1000.0,
                     streams: state.active_streams(tick),
+                    stream_ends: state.active_stream_ends(tick),
                     head: state.head,
                 }
             })

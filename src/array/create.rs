@@ -152,6 +152,7 @@ pub fn create(members: Vec<(Arc<dyn Member>, String)>, spec: &CreateSpec) -> Arr
         slots: vec![SlotState::Active; members.len()],
         groups: vec![GroupProfile::Unallocated; groups],
         reshape: None,
+        scrub: None,
     };
     let slots = members
         .into_iter()

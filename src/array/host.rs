@@ -27,10 +27,12 @@
 
 use super::{Array, ArrayError, ArrayResult};
 use crate::member::Member;
+use crossbeam_channel::{RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::Weak;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Member offset of the 4 KiB probe block (in the reserved gap before the
@@ -119,7 +121,8 @@ pub(crate) struct HostState {
     resumed: Condvar,
     /// Serialises failure decisions (probes, then records).
     deciding: parking_lot::ReentrantMutex<()>,
-    watcher: AtomicBool,
+    /// The watcher thread of a running array, and its wake-up line.
+    watcher: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Default for HostState {
@@ -135,7 +138,7 @@ impl Default for HostState {
             is_suspended: AtomicBool::new(false),
             resumed: Condvar::new(),
             deciding: parking_lot::ReentrantMutex::new(()),
-            watcher: AtomicBool::new(false),
+            watcher: Mutex::new(None),
         }
     }
 }
@@ -385,38 +388,66 @@ impl Array {
                 OnHostError::Wait => "held",
             }
         );
-        self.start_host_watcher();
+        self.wake_host_watcher();
     }
 
-    /// While suspended, probe every member each second; resume when all answer.
-    fn start_host_watcher(&self) {
-        if self.host.watcher.swap(true, Ordering::AcqRel) {
+    /// Start the watcher of a running array: idle until the host suspends
+    /// the array, then it probes the members every [`PROBE_EVERY`] and
+    /// resumes the array when they all answer. It is a thread of its own,
+    /// holding only a `Weak`, because every other thread may be waiting
+    /// for the resume (writes under `on_host_error=wait` do). Without it
+    /// (tools, tests) a suspended array is resumed by hand.
+    pub(super) fn start_host_watcher(&self, weak: Weak<Array>) {
+        let mut watcher = self.host.watcher.lock();
+        if watcher.is_some() {
             return;
         }
-        let Some(array) = self.sync.this.lock().upgrade() else {
-            // Not running its background work (tools, tests): resume by hand.
-            self.host.watcher.store(false, Ordering::Release);
-            return;
-        };
-        let weak = Arc::downgrade(&array);
-        drop(array);
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
         let spawned = std::thread::Builder::new()
             .name("raidfs-host".into())
             .spawn(move || loop {
-                std::thread::sleep(PROBE_EVERY);
-                let Some(array) = weak.upgrade() else { return };
-                if array.sync.stop.load(Ordering::Acquire) {
-                    array.host.watcher.store(false, Ordering::Release);
+                let suspended = match weak.upgrade() {
+                    Some(array) => array.host.suspension().is_some(),
+                    None => return,
+                };
+                let woken = if suspended {
+                    rx.recv_timeout(PROBE_EVERY)
+                        .map_err(|e| e == RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv().map_err(|_| true)
+                };
+                // A hang-up stops the thread.
+                if woken == Err(true) {
                     return;
                 }
-                if array.try_resume() {
-                    array.host.watcher.store(false, Ordering::Release);
-                    return;
+                let Some(array) = weak.upgrade() else { return };
+                if array.host.suspension().is_some() && woken.is_err() {
+                    array.try_resume();
                 }
             });
-        if let Err(e) = spawned {
-            self.host.watcher.store(false, Ordering::Release);
-            log::error!("cannot start the host watcher ({e}); resume with a remount");
+        match spawned {
+            Ok(handle) => *watcher = Some((tx, handle)),
+            Err(e) => log::error!(
+                "cannot start the host watcher ({e}); a suspended array resumes with a remount"
+            ),
+        }
+    }
+
+    /// The host suspended the array: the watcher starts probing.
+    fn wake_host_watcher(&self) {
+        if let Some((tx, _)) = self.host.watcher.lock().as_ref() {
+            // A full line means it is about to look anyway.
+            let _ = tx.try_send(());
+        }
+    }
+
+    pub(super) fn stop_host_watcher(&self) {
+        let watcher = self.host.watcher.lock().take();
+        if let Some((tx, handle)) = watcher {
+            drop(tx);
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
         }
     }
 

@@ -22,6 +22,12 @@ pub trait ContentJudge: Send + Sync {
     /// Called with a stripe lock held, so it must not wait for anything
     /// that may wait for a stripe lock.
     fn judge(&self, addr: u64, data: &[u8]) -> Option<bool>;
+
+    /// Every version of the block at logical `addr` (each copy, or the
+    /// block and its rebuild from parity) was judged wrong: the data is
+    /// lost there, and the layer above may record it. Same locking rule
+    /// as [`ContentJudge::judge`].
+    fn no_good_version(&self, _addr: u64) {}
 }
 
 impl Array {
@@ -57,9 +63,12 @@ pub(super) fn choose_copies(
             if judge.judge(addr, first) != Some(false) {
                 return 0;
             }
-            (1..copies.len())
-                .find(|&i| judge.judge(addr, &copies[i][range.clone()]) == Some(true))
-                .unwrap_or(0)
+            let passing = (1..copies.len())
+                .find(|&i| judge.judge(addr, &copies[i][range.clone()]) == Some(true));
+            if passing.is_none() {
+                judge.no_good_version(addr);
+            }
+            passing.unwrap_or(0)
         })
         .collect()
 }

@@ -13,15 +13,19 @@
 //! `slot`; `state` writes the superblocks and reports the array.
 
 mod assemble;
+mod background;
 pub mod balance;
 pub mod bitmap;
+mod cleaner;
 mod create;
 mod discard;
 pub mod host;
 mod host_space;
 mod io;
+mod iostat;
 pub mod judge;
-mod lifecycle;
+mod members;
+mod pace;
 mod personality;
 mod rebuild;
 mod reshape;
@@ -40,14 +44,18 @@ use personality::Personality;
 pub(crate) use slot::{Slot, SlotDev};
 
 pub use assemble::{
-    assemble, assemble_paths, open_member, open_members, AssembleOptions, LeftOut, OpenPolicy,
+    assemble, assemble_paths, open_member, open_members, AssembleOptions, Assembly, LeftOut,
+    OpenPolicy,
 };
+pub use background::{percent, SyncAction, SyncProgress, SyncResult};
 pub use balance::{MemberStats, ReadPolicy};
 pub use create::{create, create_paths, CreateSpec, Created, PathOptions};
 pub use host::{OnHostError, Suspension};
+pub use iostat::MemberIo;
 pub use judge::ContentJudge;
-pub use lifecycle::{AddOutcome, SyncAction, SyncProgress, SyncResult};
+pub use members::AddOutcome;
 pub use reshape::ReshapeStatus;
+pub use scrub::{PausedScrub, ScrubStarted};
 pub use slot::MemberState;
 pub use state::{ArrayStatus, MemberStatus};
 pub use verify::{BadCopy, MAX_CORRECTED_ERRORS};
@@ -135,7 +143,9 @@ pub struct Array {
     pub(crate) parity: &'static Parity,
     /// Set when more members failed than some group's geometry tolerates.
     pub(crate) broken: AtomicBool,
-    pub(crate) sync: lifecycle::SyncState,
+    pub(crate) sync: background::SyncState,
+    /// The bitmap thread (which also probes a suspended host).
+    pub(crate) cleaner: cleaner::Cleaner,
     pub(crate) bitmap: bitmap::Bitmap,
     /// The array was dirty when assembled: resync the regions the bitmap names.
     pub(crate) needs_resync: AtomicBool,
@@ -154,8 +164,6 @@ pub struct Array {
     pub(crate) judge: RwLock<Option<std::sync::Weak<dyn judge::ContentJudge>>>,
     /// Out-of-space answers and suspension (faults that are the host's).
     pub(crate) host: host::HostState,
-    /// What assembly decided, for the terminal (see [`Array::assembly_notes`]).
-    pub(crate) notes: Mutex<Vec<String>>,
 }
 
 /// The data geometry a superblock describes.
@@ -208,7 +216,8 @@ impl Array {
             locks: stripe_lock::StripeLocks::new(STRIPE_LOCK_SLOTS),
             parity,
             broken: AtomicBool::new(false),
-            sync: lifecycle::SyncState::default(),
+            sync: background::SyncState::default(),
+            cleaner: cleaner::Cleaner::default(),
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
             balance: balance::Balancer::new(slots_len),
@@ -218,18 +227,10 @@ impl Array {
             read_only: false,
             judge: RwLock::new(None),
             host: host::HostState::default(),
-            notes: Mutex::new(Vec::new()),
         };
         (0..array.slots.len()).for_each(|slot| array.detect_rotational(slot));
         array.check_tolerance();
         Ok(array)
-    }
-
-    /// What assembly did that a person starting the array should read:
-    /// a degraded start, stale members re-added or rebuilt, forced members,
-    /// spares kept. Empty for an ordinary start.
-    pub fn assembly_notes(&self) -> Vec<String> {
-        self.notes.lock().clone()
     }
 
     /// Why the array is suspended (the host failed every member), if it is.
@@ -450,6 +451,17 @@ impl Array {
     pub fn member_stats(&self) -> Vec<MemberStats> {
         let names: Vec<String> = self.slots.iter().map(|s| s.name()).collect();
         self.balance.stats(&names)
+    }
+
+    /// Per-slot data operations, bytes and time since assembly, both
+    /// directions (see [`MemberIo`]).
+    pub fn member_io(&self) -> Vec<MemberIo> {
+        self.pool.io_stats()
+    }
+
+    /// How long [`Array::member_io`]'s counters have been counting.
+    pub fn io_elapsed(&self) -> std::time::Duration {
+        self.pool.io_elapsed()
     }
 
     /// Zero the read counters and forget heads and streams (benchmarks).

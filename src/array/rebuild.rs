@@ -16,7 +16,8 @@
 //! Reconstruction works on the read buffers in place (parity kernels over
 //! slices of whole rows), and buffers are reused from step to step.
 
-use super::lifecycle::{Pacer, SyncAction, CHECKPOINT_EVERY};
+use super::background::SyncAction;
+use super::pace::{Pacer, CHECKPOINT_EVERY};
 use super::personality::RebuildFrom;
 use super::worker::{Batch, Op};
 use super::{Array, ArrayError, ArrayResult, Region};

@@ -19,7 +19,7 @@
 //! and every copy is read back and compared before it is switched in.
 
 use super::io::{Caching, Choice};
-use super::lifecycle::Pacer;
+use super::pace::Pacer;
 use super::shape::{Shape, Shapes};
 use super::{Array, ArrayError, ArrayResult, Region, GROUP_SHIFT};
 use crate::geometry::{Geometry, Level};
@@ -219,6 +219,13 @@ impl Array {
             pending,
             groups,
         })
+    }
+
+    /// Member bytes of the groups a reshape has moved (its progress).
+    pub(super) fn reshape_done_bytes(&self) -> u64 {
+        let group_size = self.sb.lock().group_size;
+        self.reshape_counts()
+            .map_or(0, |(pending, all)| (all - pending) as u64 * group_size)
     }
 
     /// Groups still to move, and all allocated groups.

@@ -10,6 +10,7 @@
 //! only copy into a cache (see [`Member::cached_writes`]). Lanes can be attached and
 //! detached while the array runs (add, remove, replace).
 
+use super::iostat::{Direction, IoCounters, MemberIo};
 use crate::member::Member;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
@@ -17,6 +18,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 /// One member operation. Buffers are owned so a worker never borrows from
 /// the caller's stack.
@@ -110,6 +112,10 @@ pub struct WorkerPool {
     sync_marks: Vec<SyncMark>,
     /// Where the next inline write batch starts (see [`WorkerPool::write_inline`]).
     inline_rotor: AtomicUsize,
+    /// Operations, bytes and time per slot (see [`super::iostat`]).
+    io: Arc<[IoCounters]>,
+    /// When the counters started.
+    io_since: Instant,
 }
 
 /// Counts completed writes to one slot (main member and replacement) and
@@ -130,7 +136,32 @@ impl SyncTicket {
     }
 }
 
-fn perform(member: &dyn Member, op: Op) -> Outcome {
+impl Op {
+    /// The direction and bytes a data read or write moves; None for others.
+    fn data_moved(&self) -> Option<(Direction, u64)> {
+        match self {
+            Op::Read { len, .. } => Some((Direction::Read, *len as u64)),
+            Op::ReadInto { buf, .. } => Some((Direction::Read, buf.len() as u64)),
+            Op::Write { range, .. } => Some((Direction::Write, range.len() as u64)),
+            Op::WriteDurable { data, .. } => Some((Direction::Write, data.len() as u64)),
+            Op::Sync | Op::Discard { .. } => None,
+        }
+    }
+}
+
+/// Run `op` on `member`, counting it in `io` (a slot's counters; None for
+/// a replacement's copies) when it moves data.
+fn perform(member: &dyn Member, op: Op, io: Option<&IoCounters>) -> Outcome {
+    let Some((io, (dir, bytes))) = io.zip(op.data_moved()) else {
+        return perform_op(member, op);
+    };
+    let started = Instant::now();
+    let outcome = perform_op(member, op);
+    io.record(dir, bytes, started.elapsed());
+    outcome
+}
+
+fn perform_op(member: &dyn Member, op: Op) -> Outcome {
     match op {
         Op::Read { offset, len } => {
             let mut buf = vec![0u8; len];
@@ -186,6 +217,8 @@ impl WorkerPool {
             threads: Mutex::new(Vec::new()),
             replacement_failed: (0..members.len()).map(|_| AtomicBool::new(false)).collect(),
             inline_rotor: AtomicUsize::new(0),
+            io: (0..members.len()).map(|_| IoCounters::default()).collect(),
+            io_since: Instant::now(),
             // One write counted from the start: the first flush syncs
             // everything, whatever happened before this pool existed.
             sync_marks: (0..members.len())
@@ -206,14 +239,18 @@ impl WorkerPool {
     fn start_queue(&self, slot: usize, member: Arc<dyn Member>, tag: &str) -> io::Result<Queue> {
         let (tx, rx) = unbounded::<Job>();
         let mut threads = self.threads.lock();
+        // Only the main member's operations are the slot's.
+        let counted = tag == "m";
         for n in 0..self.threads_per_member {
             let rx = rx.clone();
             let member = Arc::clone(&member);
+            let io = Arc::clone(&self.io);
             let handle = std::thread::Builder::new()
                 .name(format!("raidfs-{tag}{slot}-{n}"))
                 .spawn(move || {
+                    let io = io.get(slot).filter(|_| counted);
                     for job in rx.iter() {
-                        let outcome = perform(member.as_ref(), job.op);
+                        let outcome = perform(member.as_ref(), job.op, io);
                         // The submitter may have given up; nothing to do then.
                         let _ = job.reply.send((job.tag, outcome));
                     }
@@ -264,7 +301,7 @@ impl WorkerPool {
             .map(|q| Arc::clone(&q.member));
         let is_write = op.changes_member();
         let outcome = match member {
-            Some(m) => perform(m.as_ref(), op),
+            Some(m) => perform(m.as_ref(), op, None),
             None => Err(missing(slot)),
         };
         if is_write && outcome.is_ok() {
@@ -318,10 +355,15 @@ impl WorkerPool {
         let first = self.inline_rotor.fetch_add(1, Ordering::Relaxed) % n.max(1);
         let mut results: Vec<Outcome> = (0..n).map(|_| Ok(Vec::new())).collect();
         for i in (first..n).chain(0..first) {
-            let (_, offset, bytes) = &writes[i];
+            let (slot, offset, bytes) = &writes[i];
+            let started = Instant::now();
             results[i] = members[i]
                 .write_vectored_at(bytes, *offset)
                 .map(|()| Vec::new());
+            if let Some(io) = self.io.get(*slot) {
+                let len = bytes.iter().map(|b| b.len() as u64).sum();
+                io.record(Direction::Write, len, started.elapsed());
+            }
         }
         let tagged: Vec<(usize, usize)> = writes
             .iter()
@@ -377,7 +419,7 @@ impl WorkerPool {
             drop(lanes);
             let is_write = op.changes_member();
             let outcome = vec![match member {
-                Some(m) => perform(m.as_ref(), op),
+                Some(m) => perform(m.as_ref(), op, self.io.get(slot)),
                 None => Err(missing(slot)),
             }];
             if is_write {
@@ -392,8 +434,8 @@ impl WorkerPool {
         // as a fifth of the daemon's time; inline cached writes made a RAID5
         // sequential write 1.4x faster on a loaded 2-CPU machine).
         let (mut batch, inline) = self.queue_jobs(jobs, true);
-        for (tag, member, op) in inline {
-            batch.results[tag] = Some(perform(member.as_ref(), op));
+        for (tag, slot, member, op) in inline {
+            batch.results[tag] = Some(perform(member.as_ref(), op, self.io.get(slot)));
         }
         self.wait(batch)
     }
@@ -409,10 +451,29 @@ impl WorkerPool {
             .get(slot)
             .and_then(|lane| lane.main.as_ref())
             .map(|q| Arc::clone(&q.member));
-        match member {
-            Some(m) => m.read_at(buf, offset),
-            None => Err(missing(slot)),
+        let Some(m) = member else {
+            return Err(missing(slot));
+        };
+        let started = Instant::now();
+        let outcome = m.read_at(buf, offset);
+        if let Some(io) = self.io.get(slot) {
+            io.record(Direction::Read, buf.len() as u64, started.elapsed());
         }
+        outcome
+    }
+
+    /// How long the operation counters have been counting.
+    pub fn io_elapsed(&self) -> std::time::Duration {
+        self.io_since.elapsed()
+    }
+
+    /// Every slot's operation counters since the pool started.
+    pub fn io_stats(&self) -> Vec<MemberIo> {
+        self.io
+            .iter()
+            .enumerate()
+            .map(|(slot, c)| c.snapshot(slot))
+            .collect()
     }
 
     /// Queue `jobs` on the workers and return at once; [`WorkerPool::wait`]
@@ -430,7 +491,7 @@ impl WorkerPool {
         &self,
         jobs: Vec<(usize, Op)>,
         inline_ok: bool,
-    ) -> (Batch, Vec<(usize, Arc<dyn Member>, Op)>) {
+    ) -> (Batch, Vec<(usize, usize, Arc<dyn Member>, Op)>) {
         let lanes = self.lanes.read();
         let mut batch = Batch {
             results: (0..jobs.len()).map(|_| None).collect(),
@@ -462,7 +523,11 @@ impl WorkerPool {
                 if let (Op::Read { offset, len }, Some(q)) = (&op, &lane.main) {
                     if tag != last && q.member.cached_writes() {
                         let (offset, mut buf) = (*offset, vec![0u8; *len]);
+                        let started = Instant::now();
                         if q.member.read_cached(&mut buf, offset).unwrap_or(false) {
+                            if let Some(io) = self.io.get(slot) {
+                                io.record(Direction::Read, buf.len() as u64, started.elapsed());
+                            }
                             batch.results[tag] = Some(Ok(buf));
                             continue;
                         }
@@ -474,7 +539,7 @@ impl WorkerPool {
                         let cached_write =
                             matches!(op, Op::Write { .. }) && q.member.cached_writes();
                         if tag == last || cached_write {
-                            inline.push((tag, Arc::clone(&q.member), op));
+                            inline.push((tag, slot, Arc::clone(&q.member), op));
                             continue;
                         }
                     }

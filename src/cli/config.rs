@@ -14,8 +14,15 @@
 //!             name: "home",                      // optional; `mount.raidfs home` finds it
 //!             members: ["/srv/raid/home-*.img"], // files, directories, globs
 //!             options: "threads=8",              // optional default -o options
+//!             spares: 1,                         // optional: hot spares expected
 //!         ),
 //!     ],
+//!     monitor: (                                 // optional: `raidfs monitor`
+//!         mail: "root@localhost",                // each field optional
+//!         program: "/usr/local/sbin/raidfs-event",
+//!         delay: 60,
+//!         syslog: true,
+//!     ),
 //! )
 //! ```
 
@@ -38,6 +45,47 @@ pub const DEFAULT_CONFIG: &str = "/etc/raidfs.ron";
 pub struct Config {
     #[serde(default)]
     pub arrays: Vec<ArrayEntry>,
+    /// `raidfs monitor`'s settings (mdadm.conf's MAILADDR, PROGRAM...);
+    /// its command-line options win.
+    #[serde(default, skip_serializing_if = "MonitorConfig::is_default")]
+    pub monitor: MonitorConfig,
+}
+
+/// The `monitor: (...)` section; every field is optional.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitorConfig {
+    /// Run for each event as `PROGRAM EVENT MOUNT [MEMBER]` ("": none).
+    pub program: String,
+    /// Mail events to this address through sendmail ("": none).
+    pub mail: String,
+    /// The mails' From: ("": `raidfs monitoring <root>`).
+    pub mail_from: String,
+    /// Seconds between passes.
+    pub delay: f64,
+    /// Log events to syslog.
+    pub syslog: bool,
+}
+
+/// md's default polling interval.
+pub const DEFAULT_MONITOR_DELAY: f64 = 60.0;
+
+impl Default for MonitorConfig {
+    fn default() -> MonitorConfig {
+        MonitorConfig {
+            program: String::new(),
+            mail: String::new(),
+            mail_from: String::new(),
+            delay: DEFAULT_MONITOR_DELAY,
+            syslog: false,
+        }
+    }
+}
+
+impl MonitorConfig {
+    fn is_default(&self) -> bool {
+        *self == MonitorConfig::default()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -53,6 +101,14 @@ pub struct ArrayEntry {
     /// Mount options used before those given on the command line or in fstab.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub options: String,
+    /// Hot spares the array should have: `raidfs monitor` raises
+    /// SparesMissing when it has fewer (mdadm.conf's `spares=`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spares: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(clap::Args)]
@@ -221,8 +277,10 @@ pub fn scan(locations: &[String]) -> Result<Config, String> {
                 name,
                 members: members.iter().map(|p| p.display().to_string()).collect(),
                 options: String::new(),
+                spares: 0,
             })
             .collect(),
+        monitor: MonitorConfig::default(),
     })
 }
 
@@ -309,6 +367,23 @@ mod tests {
     }
 
     #[test]
+    fn the_monitor_section_is_optional_and_its_fields_too() {
+        let plain = parse(r#"(arrays: [])"#).unwrap();
+        assert_eq!(plain.monitor, MonitorConfig::default());
+        let text = r#"(
+            arrays: [(uuid: "9cf61be9-5058-4d46-b508-521058ab4f25", members: ["/a"], spares: 1)],
+            monitor: (mail: "ops@example.com", delay: 300),
+        )"#;
+        let config = parse(text).unwrap();
+        assert_eq!(config.arrays[0].spares, 1);
+        assert_eq!(config.monitor.mail, "ops@example.com");
+        assert_eq!(config.monitor.delay, 300.0);
+        assert_eq!(config.monitor.program, "");
+        assert!(!config.monitor.syslog);
+        assert!(parse(r#"(monitor: (mailaddr: "x"))"#).is_err());
+    }
+
+    #[test]
     fn typos_in_the_config_are_errors() {
         assert!(parse(r#"(arrays: [(uuid: "x", member: [])])"#).is_err());
     }
@@ -321,7 +396,12 @@ mod tests {
                 name: "x".into(),
                 members: vec!["/srv/a.img".into()],
                 options: String::new(),
+                spares: 1,
             }],
+            monitor: MonitorConfig {
+                program: "/usr/local/sbin/raid-event".into(),
+                ..MonitorConfig::default()
+            },
         };
         assert_eq!(parse(&render(&config).unwrap()).unwrap(), config);
     }

@@ -12,26 +12,67 @@ pub struct DetailArgs {
     /// Print JSON (see docs/status-json.md) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Exit status tells the array's health, as `mdadm --detail --test`:
+    /// 0 healthy, 1 degraded, 2 unusable, 4 the mount cannot be read.
+    #[arg(short = 't', long)]
+    pub test: bool,
     /// The mount point.
     pub mount_point: PathBuf,
 }
 
+/// `--test` exit statuses, mdadm's meanings.
+pub const TEST_HEALTHY: i32 = 0;
+pub const TEST_DEGRADED: i32 = 1;
+pub const TEST_UNUSABLE: i32 = 2;
+pub const TEST_UNREADABLE: i32 = 4;
+
 pub fn run(args: DetailArgs) -> i32 {
     let report = match connect(&args.mount_point).and_then(|mut c| query(&mut c)) {
         Ok(report) => report,
-        Err(msg) => return super::fail(msg),
+        Err(msg) => {
+            let code = super::fail(msg);
+            return if args.test { TEST_UNREADABLE } else { code };
+        }
     };
+    let done = if args.test { test_code(&report) } else { 0 };
     if args.json {
         return match serde_json::to_string_pretty(&report) {
             Ok(text) => {
                 println!("{text}");
-                0
+                done
             }
             Err(e) => super::fail(format!("encoding JSON: {e}")),
         };
     }
     print!("{}", detail_text(&report));
-    0
+    done
+}
+
+/// Members a level survives losing at worst, from what the report says:
+/// RAID10's real limit depends on which members go (the engine refuses to
+/// fail the last copy, and suspends instead), so only the count is
+/// bounded here.
+fn tolerance(r: &ArrayReport) -> usize {
+    match r.level.as_str() {
+        "raid0" => 0,
+        "raid5" => 1,
+        "raid6" => 2,
+        _ => r.raid_devices.saturating_sub(1),
+    }
+}
+
+/// `detail --test`'s status for a report: unusable when the array is
+/// suspended (the host fails its members; writes are refused or held) or
+/// misses more members than its level survives; degraded when any slot is
+/// not active; else healthy.
+pub fn test_code(r: &ArrayReport) -> i32 {
+    if r.suspended.is_some() || r.failed_devices > tolerance(r) {
+        TEST_UNUSABLE
+    } else if r.degraded || r.failed_devices > 0 {
+        TEST_DEGRADED
+    } else {
+        TEST_HEALTHY
+    }
 }
 
 /// `N (X.XX MiB Y.YY MB)` for a size in bytes, as mdadm shows sizes (N in KiB).
@@ -139,6 +180,17 @@ pub fn detail_text(r: &ArrayReport) -> String {
         }
         line("Last Sync", text);
     }
+    if let Some(p) = &r.paused_scrub {
+        line(
+            "Paused Scrub",
+            format!(
+                "{} at {:.1}%; `raidfs {}` resumes it",
+                p.action,
+                crate::array::percent(p.done, p.total),
+                p.action
+            ),
+        );
+    }
     line("Read Policy", r.read_policy.clone());
     let _ = writeln!(out);
     let _ = writeln!(
@@ -176,5 +228,32 @@ pub fn detail_text(r: &ArrayReport) -> String {
             "-", "spare", "-", "-", "-"
         );
     }
+    if !r.damaged.is_empty() {
+        let _ = writeln!(out);
+        out.push_str(&crate::cli::status::damaged_text(r));
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::monitor::events::tests::report;
+    use MemberState::{Active, Faulty, Missing};
+
+    #[test]
+    fn test_codes_follow_mdadm() {
+        assert_eq!(test_code(&report(&[Active, Active])), TEST_HEALTHY);
+        assert_eq!(test_code(&report(&[Active, Faulty])), TEST_DEGRADED);
+        assert_eq!(test_code(&report(&[Missing, Faulty])), TEST_UNUSABLE);
+        let mut raid5 = report(&[Active, Faulty, Missing]);
+        raid5.level = "raid5".into();
+        assert_eq!(test_code(&raid5), TEST_UNUSABLE);
+        let mut raid0 = report(&[Active, Faulty]);
+        raid0.level = "raid0".into();
+        assert_eq!(test_code(&raid0), TEST_UNUSABLE);
+        let mut suspended = report(&[Active, Active]);
+        suspended.suspended = Some("the host failed every member".into());
+        assert_eq!(test_code(&suspended), TEST_UNUSABLE);
+    }
 }

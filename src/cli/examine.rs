@@ -5,6 +5,7 @@ use crate::array::data_geometry;
 use crate::member::file::{FileMember, OpenOptions};
 use crate::superblock::{
     ArrayState, CopyState, GroupProfile, SlotState, Superblock, COPY_NAMES, SPARE_SLOT,
+    SUPERBLOCK_FEATURES,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -49,6 +50,11 @@ struct Examined {
     compat_features: u64,
     ro_compat_features: u64,
     incompat_features: u64,
+    /// The three words by name (`compat: -; ro_compat: ppl; incompat: -`),
+    /// unknown bits as numbers.
+    feature_names: String,
+    /// A paused check or repair: where it resumes.
+    scrub_checkpoint: Option<ScrubCheckpointJson>,
     ctime: u64,
     utime: u64,
     checksum: [String; 2],
@@ -65,6 +71,14 @@ struct ExaminedReshape {
     groups_pending: usize,
     staging_group: u32,
     staged_group: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct ScrubCheckpointJson {
+    /// `check` or `repair`.
+    action: &'static str,
+    /// Member offset below which it is done.
+    offset: u64,
 }
 
 /// What each of the four superblock copies held (`CopyState::describe`).
@@ -153,6 +167,11 @@ fn describe(path: &str, sb: &Superblock, copies: [CopyState; 4]) -> Examined {
         compat_features: sb.features.compat,
         ro_compat_features: sb.features.ro_compat,
         incompat_features: sb.features.incompat,
+        feature_names: SUPERBLOCK_FEATURES.describe(&sb.features),
+        scrub_checkpoint: sb.scrub.map(|c| ScrubCheckpointJson {
+            action: if c.repair { "repair" } else { "check" },
+            offset: c.offset,
+        }),
         ctime: sb.ctime,
         utime: sb.utime,
         checksum: [verdict(copies[0]), verdict(copies[1])],
@@ -220,6 +239,13 @@ fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
     println!("     Chunk Size : {}K", e.chunk_bytes / 1024);
     if let Some(r) = e.recovery_offset {
         println!("Recovery Offset : {r} bytes");
+    }
+    println!("       Features : {}", e.feature_names);
+    if let Some(c) = &e.scrub_checkpoint {
+        println!(
+            "Scrub Checkpoint : {} paused at member offset {} bytes",
+            c.action, c.offset
+        );
     }
     println!("    Device Role : {}", e.role);
     println!("    Array State : {states} ('A' == active, '.' == missing, 'F' == faulty, 'R' == rebuilding)");

@@ -76,9 +76,10 @@ pub fn run(args: FsckArgs) -> i32 {
         leave_out_unwritable: false,
     };
     let array = match assemble_paths(&args.members, opts, policy) {
-        Ok((a, left_out)) => {
-            super::mount::tell_left_out(&left_out);
-            Arc::new(a)
+        Ok(assembly) => {
+            super::mount::tell_left_out(&assembly.left_out);
+            super::mount::tell_notes(&assembly.notes);
+            Arc::new(assembly.array)
         }
         Err(e) => {
             super::fail(format!("cannot assemble: {e}"));

@@ -3,10 +3,12 @@
 //! progress bar. Also the request/wait helpers `check` and `repair` share.
 
 use crate::cli::status::{connect, query};
-use crate::control::{ArrayReport, ControlClient, Request};
+use crate::control::{ArrayReport, ControlClient, Request, SyncReport};
 use crate::fuse::mounts;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct FailArgs {
@@ -129,6 +131,83 @@ pub(crate) fn wait_for_background(
     first: &ArrayReport,
     actions: &[&str],
 ) -> Result<(), String> {
+    wait_for_background_until(client, first, actions, None)
+}
+
+/// Set by SIGTERM while a [`Pause`] is armed.
+static TERMINATED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigterm(_: libc::c_int) {
+    TERMINATED.store(true, Ordering::SeqCst);
+}
+
+/// When a waiting client pauses the work it follows: at a deadline, or on
+/// SIGTERM (systemd stopping a scheduled check).
+pub(crate) struct Pause {
+    deadline: Instant,
+}
+
+impl Pause {
+    /// Arm the pause: from now on SIGTERM asks for it instead of ending
+    /// the client (which would leave the work running unattended).
+    pub(crate) fn new(deadline: Instant) -> Pause {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t);
+        }
+        Pause { deadline }
+    }
+
+    /// Why the work should pause now, if it should.
+    fn due(&self) -> Option<&'static str> {
+        if TERMINATED.load(Ordering::SeqCst) {
+            Some("on SIGTERM")
+        } else if Instant::now() >= self.deadline {
+            Some("at its time limit")
+        } else {
+            None
+        }
+    }
+}
+
+/// Plain progress lines for a log (no terminal): one at every tenth of
+/// the work, and at least every few minutes.
+struct Lines {
+    last_tenth: Option<u64>,
+    last_at: Instant,
+}
+
+const LINE_EVERY: Duration = Duration::from_secs(300);
+
+impl Lines {
+    fn show(&mut self, sync: &SyncReport) {
+        let tenth = sync.per_mille() / 100;
+        if self.last_tenth == Some(tenth) && self.last_at.elapsed() < LINE_EVERY {
+            return;
+        }
+        self.last_tenth = Some(tenth);
+        self.last_at = Instant::now();
+        println!(
+            "raidfs: {} {:.1}% ({} of {} MiB, {:.1} MiB/s, eta {} s)",
+            sync.action,
+            sync.per_mille() as f64 / 10.0,
+            sync.done >> 20,
+            sync.total >> 20,
+            sync.speed as f64 / (1 << 20) as f64,
+            sync.eta_secs
+        );
+    }
+}
+
+/// [`wait_for_background`], pausing the work at `pause` (then Ok, with the
+/// daemon's message saying where it will resume).
+pub(crate) fn wait_for_background_until(
+    client: &mut ControlClient,
+    first: &ArrayReport,
+    actions: &[&str],
+    pause: Option<&Pause>,
+) -> Result<(), String> {
     let started = first
         .sync
         .as_ref()
@@ -141,7 +220,12 @@ pub(crate) fn wait_for_background(
         println!("raidfs: no background work to wait for");
         return Ok(());
     }
-    let bar = indicatif::ProgressBar::new(0);
+    let terminal = std::io::stderr().is_terminal();
+    let bar = if terminal {
+        indicatif::ProgressBar::new(0)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{msg:>9} [{bar:30}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
@@ -149,17 +233,52 @@ pub(crate) fn wait_for_background(
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
+    let mut lines = Lines {
+        last_tenth: None,
+        last_at: Instant::now(),
+    };
     let mut report = first.clone();
     while let Some(sync) = &report.sync {
+        if let Some(why) = pause.and_then(Pause::due) {
+            if actions.contains(&sync.action.as_str()) {
+                bar.finish_and_clear();
+                let response = client.request(&Request::Stop).map_err(|e| e.to_string())?;
+                return match (response.ok, response.message) {
+                    (true, Some(message)) => {
+                        println!("raidfs: paused {why}: {message}");
+                        Ok(())
+                    }
+                    (true, None) => Ok(()),
+                    // It ended by itself meanwhile: report how.
+                    (false, _) => finish(query(client)?, true),
+                };
+            }
+        }
         bar.set_message(sync.action.clone());
         bar.set_length(sync.total);
         bar.set_position(sync.done);
+        if !terminal {
+            lines.show(sync);
+        }
         std::thread::sleep(Duration::from_millis(250));
         report = query(client)?;
     }
     bar.finish_and_clear();
-    // The engine records the result before it clears the running entry, so
-    // the report that shows no running work holds this run's result.
+    finish(report, pause.is_some())
+}
+
+/// The result of the work a waiting client followed, from the report that
+/// shows it no longer running. The engine records the result before it
+/// clears the running entry, so that report holds this run's result. A
+/// client that pauses the work itself (`paused_ok`) takes a pause by
+/// someone else (another scheduled run, `check --stop`) as its own.
+fn finish(report: ArrayReport, paused_ok: bool) -> Result<(), String> {
+    if paused_ok && report.paused_scrub.is_some() {
+        if let Some(last) = report.last_sync.as_ref().filter(|l| !l.completed) {
+            println!("raidfs: {}", last.message);
+            return Ok(());
+        }
+    }
     match report.last_sync {
         Some(last) if last.completed => {
             let extra = match last.action.as_str() {

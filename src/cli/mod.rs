@@ -9,7 +9,10 @@ pub mod detail;
 pub mod examine;
 pub mod fsck;
 pub mod grow;
+pub mod iostat;
 pub mod manage;
+pub mod metrics;
+pub mod monitor;
 pub mod mount;
 pub mod mount_helper;
 pub mod scrub;
@@ -50,6 +53,12 @@ enum Command {
     Status(status::StatusArgs),
     /// Show one mounted array in full, like `mdadm --detail`.
     Detail(detail::DetailArgs),
+    /// Print mounted arrays' metrics in the Prometheus text format.
+    Metrics(metrics::MetricsArgs),
+    /// Show operations, bandwidth and latency per array and member, like `zpool iostat`.
+    Iostat(iostat::IostatArgs),
+    /// Watch every raidfs mount and raise events, like `mdadm --monitor`.
+    Monitor(monitor::MonitorArgs),
     /// Mark a member of a mounted array faulty.
     Fail(manage::FailArgs),
     /// Take a faulty member or a spare out of a mounted array.
@@ -88,6 +97,9 @@ pub fn main() -> i32 {
         Command::Upgrade(a) => upgrade::run(a),
         Command::Status(a) => status::run(a),
         Command::Detail(a) => detail::run(a),
+        Command::Metrics(a) => metrics::run(a),
+        Command::Iostat(a) => iostat::run(a),
+        Command::Monitor(a) => monitor::run(a),
         Command::Fail(a) => manage::run_fail(a),
         Command::Remove(a) => manage::run_remove(a),
         Command::Add(a) => manage::run_add(a),

@@ -119,6 +119,14 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
 
 /// Tell the user about members an assembly left out because they cannot
 /// be opened read-write.
+/// What assembly decided that the user should read (a degraded start,
+/// stale members coming back, spares kept).
+pub(crate) fn tell_notes(notes: &[String]) {
+    for note in notes {
+        crate::notice::tell(note);
+    }
+}
+
 pub(crate) fn tell_left_out(left_out: &LeftOut) {
     for (name, why) in left_out {
         crate::notice::tell(&format!(

@@ -16,6 +16,9 @@ pub struct StatusArgs {
     /// Print JSON (see docs/status-json.md) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also list files with damaged data (ranges no copy could correct).
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Show only the array mounted here.
     pub mount_point: Option<PathBuf>,
 }
@@ -149,8 +152,100 @@ pub fn query(client: &mut ControlClient) -> Result<ArrayReport, String> {
     }
 }
 
+/// A raidfs mount whose daemon is gone: the kernel still has the mount,
+/// but every access fails (`Transport endpoint is not connected`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InactiveMount {
+    pub mount_point: String,
+    pub reason: String,
+}
+
+/// Every raidfs mount on the machine: the reports of those whose daemon
+/// answers, and those that are dead.
+pub struct Survey {
+    pub reports: Vec<ArrayReport>,
+    pub inactive: Vec<InactiveMount>,
+    /// Live raidfs mounts whose daemon did not answer us (another user's
+    /// private socket, or a daemon too busy to take the connection).
+    pub unanswered: Vec<String>,
+}
+
+/// How long a mount point may take to answer `stat` before it is left
+/// out of the dead ones (a daemon that is busy or stopped, not gone).
+const STAT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why the raidfs mount at `mount_point` is dead, if it is: `stat` on it
+/// fails with ENOTCONN once its daemon has gone. Any other answer (it
+/// works, or it is another user's mount we may not look into) is not
+/// death; a stat that hangs is not taken as one either.
+pub fn dead_mount_reason(mount_point: &Path) -> Option<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = mount_point.to_path_buf();
+    // A hung daemon would hold the stat; the thread is left to it.
+    std::thread::Builder::new()
+        .name("raidfs-stat".into())
+        .spawn(move || {
+            let _ = tx.send(std::fs::metadata(&path).map(drop));
+        })
+        .ok()?;
+    match rx.recv_timeout(STAT_PATIENCE) {
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let daemon = registry::read(mount_point)
+                .ok()
+                .flatten()
+                .map(|r| format!(" (pid {})", r.pid))
+                .unwrap_or_default();
+            Some(format!("the daemon{daemon} is gone: {e}"))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a raidfs filesystem is mounted at `path` (absolute, normalised).
+pub fn is_raidfs_mount_point(path: &Path) -> bool {
+    matches!(mounts::mount_at(path), Ok(Some(entry)) if crate::fuse::is_raidfs_mount(&entry))
+}
+
+/// The raidfs mounts in the kernel's table, in table order.
+pub fn raidfs_mount_points() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    for entry in mounts::all_mounts().unwrap_or_default() {
+        if crate::fuse::is_raidfs_mount(&entry) && !found.contains(&entry.mount_point) {
+            found.push(entry.mount_point);
+        }
+    }
+    found
+}
+
+/// Every report, and every dead raidfs mount (one without an answering
+/// daemon whose mount point says ENOTCONN).
+pub fn survey() -> Survey {
+    let reports = all_reports();
+    let mut inactive = Vec::new();
+    let mut unanswered = Vec::new();
+    for mount_point in raidfs_mount_points() {
+        let shown = mount_point.display().to_string();
+        if reports.iter().any(|r| r.mount_point == shown) {
+            continue;
+        }
+        match dead_mount_reason(&mount_point) {
+            Some(reason) => inactive.push(InactiveMount {
+                mount_point: shown,
+                reason,
+            }),
+            None => unanswered.push(shown),
+        }
+    }
+    inactive.sort_by(|a, b| a.mount_point.cmp(&b.mount_point));
+    Survey {
+        reports,
+        inactive,
+        unanswered,
+    }
+}
+
 /// Reports of every mount whose daemon answers, by mount point.
-fn all_reports() -> Vec<ArrayReport> {
+pub fn all_reports() -> Vec<ArrayReport> {
     let mut sockets: Vec<PathBuf> = Vec::new();
     for dir in run_dirs() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -189,20 +284,53 @@ fn all_reports() -> Vec<ArrayReport> {
 struct StatusDocument<'a> {
     version: u32,
     arrays: &'a [ArrayReport],
+    inactive: &'a [InactiveMount],
+}
+
+/// The one mount `status MOUNTPOINT` asks about: its report, or why it is
+/// dead, or the error.
+pub fn survey_one(mount_point: &Path) -> Result<Survey, String> {
+    match connect(mount_point).and_then(|mut c| query(&mut c)) {
+        Ok(report) => Ok(Survey {
+            reports: vec![report],
+            inactive: Vec::new(),
+            unanswered: Vec::new(),
+        }),
+        Err(msg) => {
+            let path = mounts::absolute_lexical(mount_point).map_err(|_| msg.clone())?;
+            if !is_raidfs_mount_point(&path) {
+                return Err(msg);
+            }
+            match dead_mount_reason(&path) {
+                Some(reason) => Ok(Survey {
+                    reports: Vec::new(),
+                    inactive: vec![InactiveMount {
+                        mount_point: path.display().to_string(),
+                        reason,
+                    }],
+                    unanswered: Vec::new(),
+                }),
+                None => Err(msg),
+            }
+        }
+    }
 }
 
 pub fn run(args: StatusArgs) -> i32 {
-    let reports = match &args.mount_point {
-        Some(mp) => match connect(mp).and_then(|mut c| query(&mut c)) {
-            Ok(report) => vec![report],
+    let Survey {
+        reports, inactive, ..
+    } = match &args.mount_point {
+        Some(mp) => match survey_one(mp) {
+            Ok(survey) => survey,
             Err(msg) => return super::fail(msg),
         },
-        None => all_reports(),
+        None => survey(),
     };
     if args.json {
         let doc = StatusDocument {
             version: REPORT_VERSION,
             arrays: &reports,
+            inactive: &inactive,
         };
         return match serde_json::to_string_pretty(&doc) {
             Ok(text) => {
@@ -212,7 +340,7 @@ pub fn run(args: StatusArgs) -> i32 {
             Err(e) => super::fail(format!("encoding JSON: {e}")),
         };
     }
-    if reports.is_empty() {
+    if reports.is_empty() && inactive.is_empty() {
         println!("no raidfs arrays are mounted");
     }
     for (i, report) in reports.iter().enumerate() {
@@ -220,8 +348,44 @@ pub fn run(args: StatusArgs) -> i32 {
             println!();
         }
         print!("{}", mdstat(report));
+        if args.verbose {
+            print!("{}", damaged_text(report));
+        }
+    }
+    for (i, dead) in inactive.iter().enumerate() {
+        if i > 0 || !reports.is_empty() {
+            println!();
+        }
+        print!("{}", inactive_line(dead));
     }
     0
+}
+
+/// `zpool status -v`'s error section: the files with damaged data, each
+/// range on a line (offsets and lengths in bytes).
+pub fn damaged_text(r: &ArrayReport) -> String {
+    if r.damaged.is_empty() {
+        return "      errors: No known data errors\n".into();
+    }
+    let mut out =
+        String::from("      errors: Permanent errors have been detected in the following files:\n");
+    for d in &r.damaged {
+        let file = match &d.path {
+            Some(p) => format!("{}{}", r.mount_point.trim_end_matches('/'), p),
+            None => format!("<inode {}>", d.ino),
+        };
+        out.push_str(&format!(
+            "              {file} (offset {}, {} bytes)\n",
+            d.offset, d.length
+        ));
+    }
+    out
+}
+
+/// md shows an array that is not running as `inactive`; a dead mount
+/// says why.
+pub fn inactive_line(dead: &InactiveMount) -> String {
+    format!("{} : inactive ({})\n", dead.mount_point, dead.reason)
 }
 
 fn short_name(name: &str) -> &str {

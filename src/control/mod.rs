@@ -9,6 +9,8 @@
 //! `SO_PEERCRED`) may change the array.
 
 mod client;
+pub mod metrics;
+pub mod metrics_http;
 mod ops;
 mod protocol;
 mod report;
@@ -17,7 +19,7 @@ mod server;
 pub use client::{ControlClient, ControlError};
 pub use protocol::{Request, Response};
 pub use report::{
-    ArrayReport, LastSyncReport, MemberReport, ReplacementReport, SpeedLimitReport, SyncReport,
-    REPORT_VERSION,
+    ArrayReport, DamagedReport, DataErrorReport, IoReport, LastSyncReport, MemberReport,
+    ReplacementReport, SpeedLimitReport, SyncReport, REPORT_VERSION,
 };
 pub use server::{load_saved_limits, saved_limits_path, ControlServer, MountContext};

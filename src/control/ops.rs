@@ -4,7 +4,7 @@
 //! array would not survive, an image that belongs to another array).
 
 use super::protocol::Request;
-use crate::array::{AddOutcome, Array, MemberState, SyncAction};
+use crate::array::{percent, AddOutcome, Array, MemberState, SyncAction};
 use crate::fs::FileSystem;
 use crate::geometry::{Geometry, Level};
 use crate::member::file::{FileMember, OpenOptions};
@@ -55,27 +55,48 @@ pub(crate) fn execute(
             size,
             force,
         } => replace(array, old, new, *size, *force),
-        Request::Check { repair } => {
-            array.start_check(*repair).map_err(|e| e.to_string())?;
-            Done::says(format!(
-                "{} started",
-                if *repair { "repair" } else { "check" }
-            ))
+        Request::Check { repair, restart } => {
+            let started = array
+                .start_scrub(*repair, *restart)
+                .map_err(|e| e.to_string())?;
+            let action = started.action;
+            let mut said = match started.resumed_at {
+                Some(at) => format!(
+                    "{action} resumed at {at:.1}% from its checkpoint (`raidfs {action} --restart` starts over)"
+                ),
+                None => format!("{action} started"),
+            };
+            // A repair also reads the damaged-data log's blocks again:
+            // those that read back correctly (a copy came back) leave it.
+            if *repair && !fs.damaged_ranges().is_empty() {
+                let left = fs.recheck_damaged();
+                said.push_str(&format!("; {left} damaged file range(s) still unreadable"));
+            }
+            Done::says(said)
         }
         Request::Grow { level } => grow(array, *level),
         Request::Stop => {
             let running = array
                 .sync_progress()
                 .ok_or_else(|| "no background work is running".to_string())?;
-            array.stop_background();
+            array.stop_sync();
             let resumes = match running.action {
                 SyncAction::Recovery => {
-                    "; it resumes from its checkpoint when the array is next mounted"
+                    "; it resumes from its checkpoint when the array is next mounted".to_string()
                 }
-                SyncAction::Replace => "; the old member stays in its slot",
-                SyncAction::Resync => "; it resumes when the array is next mounted",
-                SyncAction::Check | SyncAction::Repair => "",
-                SyncAction::Reshape => "; `raidfs grow` goes on with it, and the next mount does",
+                SyncAction::Reshape => {
+                    "; `raidfs grow MOUNT` goes on with it, and so does the next mount".into()
+                }
+                SyncAction::Replace => "; the old member stays in its slot".into(),
+                SyncAction::Resync => "; it resumes when the array is next mounted".into(),
+                SyncAction::Check | SyncAction::Repair => match array.paused_scrub() {
+                    Some(p) => format!(
+                        " at {:.1}%; `raidfs {}` resumes it from there, `--restart` starts over",
+                        percent(p.done, p.total),
+                        p.action
+                    ),
+                    None => String::new(),
+                },
             };
             Done::says(format!("{} stopped{resumes}", running.action))
         }

@@ -32,8 +32,13 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
-    /// Start a scrub; `repair` rewrites redundancy that disagrees.
-    Check { repair: bool },
+    /// Start a scrub; `repair` rewrites redundancy that disagrees. A paused
+    /// one of the same kind resumes from its checkpoint unless `restart`.
+    Check {
+        repair: bool,
+        #[serde(default)]
+        restart: bool,
+    },
     /// Reshape to `level` (`raidfs grow --level`), or, without one, go on
     /// with a reshape that was stopped.
     Grow {

@@ -3,7 +3,8 @@
 //! docs/status-json.md). Built from the engine's snapshots, but owned here
 //! so engine changes do not change the documented format.
 
-use crate::array::{Array, MemberState, SyncProgress};
+use crate::array::{Array, MemberIo, MemberState, SyncProgress};
+use crate::fs::FileSystem;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -67,6 +68,34 @@ pub struct ArrayReport {
     /// Member writes the host refused for lack of space since the mount.
     #[serde(default)]
     pub host_no_space_errors: u64,
+    /// The filesystem's size and free space in bytes, as statfs(2) gives
+    /// them (0 when the daemon could not tell).
+    #[serde(default)]
+    pub fs_size: u64,
+    #[serde(default)]
+    pub fs_free: u64,
+    /// Seconds the members' `io` counters cover (since the mount).
+    #[serde(default)]
+    pub io_seconds: f64,
+    /// File ranges whose data no copy or parity could correct, until the
+    /// file is rewritten, truncated or deleted there, or `raidfs repair`
+    /// finds them readable (`zpool status -v`'s permanent errors).
+    #[serde(default)]
+    pub damaged: Vec<DamagedReport>,
+    /// File data blocks that failed their checksum on a read and were
+    /// served from a good copy, since the mount.
+    #[serde(default)]
+    pub corrected_errors: u64,
+    /// File data blocks no copy could serve (the read failed with EIO).
+    #[serde(default)]
+    pub unrecoverable_errors: u64,
+    /// The last of either, with its file.
+    #[serde(default)]
+    pub last_data_error: Option<DataErrorReport>,
+    /// A check or repair that was paused and resumes from its checkpoint
+    /// when next started, or null.
+    #[serde(default)]
+    pub paused_scrub: Option<PausedScrubReport>,
     /// The reshape under way (`raidfs grow`), running or stopped, or null.
     #[serde(default)]
     pub reshape: Option<ReshapeReport>,
@@ -80,6 +109,39 @@ pub struct ReshapeReport {
     /// Allocated groups still in the old geometry, of all allocated groups.
     pub groups_pending: usize,
     pub groups_total: usize,
+}
+
+/// A file range that read back wrong on every copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DamagedReport {
+    pub ino: u64,
+    /// The file's path from the mount point (the first name found for a
+    /// file with several links), or null when it has none any more.
+    pub path: Option<String>,
+    /// Byte offset in the file and length of the damaged range.
+    pub offset: u64,
+    pub length: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataErrorReport {
+    pub ino: u64,
+    /// A path of the file inside the mount (`/dir/file`), or null when no
+    /// directory holds it any more.
+    pub path: Option<String>,
+    /// Byte offset of the block in the file.
+    pub offset: u64,
+    pub unrecoverable: bool,
+}
+
+/// A paused check or repair (recorded in the superblocks).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PausedScrubReport {
+    /// "check" or "repair".
+    pub action: String,
+    /// Member bytes of allocated groups done before it paused, and in all.
+    pub done: u64,
+    pub total: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -108,6 +170,38 @@ pub struct MemberReport {
     pub rotational: bool,
     #[serde(default)]
     pub write_mostly: bool,
+    /// Where each sequential read stream the balancer keeps on this member
+    /// stands (member offsets, lowest first).
+    #[serde(default)]
+    pub streams: Vec<u64>,
+    /// Every data read and write of the slot since the mount: operations,
+    /// bytes and nanoseconds spent, per direction.
+    #[serde(default)]
+    pub io: IoReport,
+}
+
+/// A slot's data operations since the mount (see docs/status-json.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoReport {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub read_nanos: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    pub write_nanos: u64,
+}
+
+impl From<&MemberIo> for IoReport {
+    fn from(m: &MemberIo) -> IoReport {
+        IoReport {
+            read_ops: m.read_ops,
+            read_bytes: m.read_bytes,
+            read_nanos: m.read_nanos,
+            write_ops: m.write_ops,
+            write_bytes: m.write_bytes,
+            write_nanos: m.write_nanos,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -180,11 +274,14 @@ pub(crate) struct Origin<'a> {
     pub owner_uid: u32,
     pub read_only: bool,
     pub replacing: Option<(usize, String)>,
+    /// The mounted filesystem, for its free space.
+    pub fs: Option<&'a FileSystem>,
 }
 
 impl ArrayReport {
     pub(crate) fn collect(array: &Array, origin: &Origin<'_>) -> ArrayReport {
         let status = array.status();
+        let data_errors = origin.fs.map(FileSystem::data_errors).unwrap_or_default();
         let sb = array.superblock();
         // Before `last_sync_result` below: the engine records a result
         // before it clears the running entry, so a report without running
@@ -200,6 +297,7 @@ impl ArrayReport {
             _ => None,
         };
         let stats = array.member_stats();
+        let io = array.member_io();
         let members: Vec<MemberReport> = status
             .members
             .iter()
@@ -220,6 +318,12 @@ impl ArrayReport {
                     latency_us: st.map_or(0.0, |s| s.latency_us),
                     rotational: st.is_some_and(|s| s.rotational),
                     write_mostly: st.is_some_and(|s| s.write_mostly),
+                    streams: st.map_or_else(Vec::new, |s| s.stream_ends.clone()),
+                    io: io
+                        .iter()
+                        .find(|i| i.slot == m.slot)
+                        .map(IoReport::from)
+                        .unwrap_or_default(),
                 }
             })
             .collect();
@@ -251,6 +355,7 @@ impl ArrayReport {
             });
         }
         let (min, max) = array.speed_limits();
+        let space = origin.fs.and_then(|fs| fs.statfs().ok());
         ArrayReport {
             version: REPORT_VERSION,
             mount_point: origin.mount_point.display().to_string(),
@@ -292,6 +397,23 @@ impl ArrayReport {
             read_policy: array.read_policy().to_string(),
             suspended: array.suspension().map(|s| s.why),
             host_no_space_errors: array.host_no_space_errors(),
+            fs_size: space.as_ref().map_or(0, |s| s.blocks * u64::from(s.frsize)),
+            fs_free: space.map_or(0, |s| s.bavail * u64::from(s.frsize)),
+            io_seconds: array.io_elapsed().as_secs_f64(),
+            damaged: origin.fs.map_or_else(Vec::new, damaged_of),
+            corrected_errors: data_errors.corrected,
+            unrecoverable_errors: data_errors.unrecoverable,
+            last_data_error: data_errors.last.map(|e| DataErrorReport {
+                ino: e.ino,
+                path: origin.fs.and_then(|fs| fs.path_of(e.ino)),
+                offset: e.offset,
+                unrecoverable: e.unrecoverable,
+            }),
+            paused_scrub: array.paused_scrub().map(|p| PausedScrubReport {
+                action: p.action.to_string(),
+                done: p.done,
+                total: p.total,
+            }),
             reshape: array.reshape_status().map(|r| ReshapeReport {
                 from_level: r.from.to_string(),
                 to_level: r.to.to_string(),
@@ -300,4 +422,17 @@ impl ArrayReport {
             }),
         }
     }
+}
+
+/// The damaged ranges `fs` records, with the paths of their files.
+fn damaged_of(fs: &FileSystem) -> Vec<DamagedReport> {
+    fs.damaged_ranges()
+        .into_iter()
+        .map(|d| DamagedReport {
+            ino: d.ino,
+            path: fs.path_of(d.ino),
+            offset: d.offset,
+            length: d.length,
+        })
+        .collect()
 }

@@ -348,6 +348,7 @@ fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
         owner_uid: context.owner_uid,
         read_only: context.read_only,
         replacing: shared.replacing.lock().clone(),
+        fs: Some(&shared.fs),
     };
     Response::done(message, ArrayReport::collect(&shared.array, &origin))
 }

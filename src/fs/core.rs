@@ -10,6 +10,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::alloc::Allocator;
 use super::csum::ChecksumKind;
+use super::data_errors::DataErrorLog;
 use super::extent::Extent;
 use super::inode::{Inode, BLOCK_SIZE};
 use super::journal::{read_slot, DataOrder, Journal};
@@ -68,6 +69,10 @@ pub struct Inner {
     /// Freed space on its way back to the host.
     discards: Discards,
     file_locks: RangeLocks,
+    /// File blocks no copy could correct (see [`super::damaged`]).
+    pub damaged: super::damaged::DamagedLog,
+    /// Data blocks that failed their checksum on a read since the mount.
+    pub data_errors: DataErrorLog,
 }
 
 /// What [`load`] found on the store.
@@ -252,6 +257,8 @@ impl Inner {
             failed_commit: Mutex::new(None),
             discards: Discards::default(),
             file_locks: RangeLocks::default(),
+            damaged: Default::default(),
+            data_errors: DataErrorLog::default(),
         });
         if csum.enabled() {
             let judge: Weak<dyn crate::array::ContentJudge> = Arc::downgrade(&inner) as _;

@@ -13,6 +13,8 @@ pub mod atime;
 mod codes;
 mod core;
 pub mod csum;
+pub mod damaged;
+mod data_errors;
 mod deferred;
 mod dir;
 mod extent;
@@ -46,6 +48,7 @@ use self::ops::namespace::{self, NewNode};
 use self::perm::{R_OK, W_OK, X_OK};
 
 pub use csum::ChecksumKind;
+pub use data_errors::{DataError, DataErrors};
 pub use fsck::{fsck, FsckReport};
 pub use inode::BLOCK_SIZE;
 pub use layout::{OLDEST_VERSION as OLDEST_FORMAT, VERSION as FORMAT_VERSION};
@@ -429,6 +432,50 @@ impl FileSystem {
     /// one. Parity/mirror consistency is left to the array's own scrub.
     pub fn scrub(&self, repair: bool) -> FsResult<ScrubReport> {
         self.inner.scrub(repair)
+    }
+
+    /// Data blocks that failed their checksum on a read since the mount,
+    /// and the last of them.
+    pub fn data_errors(&self) -> DataErrors {
+        self.inner.data_errors.snapshot()
+    }
+
+    /// A path (from the root, `/`-separated) of inode `ino`: the first name
+    /// found for it, as a file with several links has several. None when
+    /// no directory holds it (deleted while open). Walks every directory,
+    /// so it is for reports, not for hot paths.
+    pub fn path_of(&self, ino: u64) -> Option<String> {
+        use std::os::unix::ffi::OsStrExt;
+        let st = self.inner.state.read();
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        let mut at = ino;
+        while at != ROOT_INO {
+            // A directory's parent is recorded; a file's is found by name.
+            let (parent, name) = st.meta.dirs.iter().find_map(|(&dir, entries)| {
+                entries
+                    .iter()
+                    .find(|(_, slot)| slot.ino == at)
+                    .map(|(name, _)| (dir, name.to_vec()))
+            })?;
+            names.push(name);
+            if names.len() > 4096 {
+                return None;
+            }
+            at = parent;
+        }
+        let mut path = Vec::new();
+        for name in names.iter().rev() {
+            path.push(b'/');
+            path.extend_from_slice(name);
+        }
+        if path.is_empty() {
+            path.push(b'/');
+        }
+        Some(
+            std::ffi::OsStr::from_bytes(&path)
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// Where the file's data lives: (file offset, logical address, length)

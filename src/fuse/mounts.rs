@@ -27,6 +27,12 @@ pub fn mount_at(path: &Path) -> io::Result<Option<MountEntry>> {
         .rfind(|entry| entry.mount_point == path))
 }
 
+/// Every mount in `/proc/self/mountinfo`, in table order.
+pub fn all_mounts() -> io::Result<Vec<MountEntry>> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(parse_mountinfo(&table))
+}
+
 fn parse_mountinfo(table: &str) -> Vec<MountEntry> {
     table.lines().filter_map(parse_mountinfo_line).collect()
 }

@@ -46,7 +46,9 @@ pub fn crash_images(ms: &[FaultyMember], lost: &[usize]) -> Vec<(Arc<dyn Member>
 /// Assemble [`crash_images`] of every member but those at `lost` (which
 /// must be the slots the array then misses) and read `len` bytes at `base`.
 pub fn read_after_crash(ms: &[FaultyMember], lost: &[usize], base: u64, len: usize) -> Vec<u8> {
-    let degraded = assemble(crash_images(ms, lost), AssembleOptions::default()).expect("assemble");
+    let degraded = assemble(crash_images(ms, lost), AssembleOptions::default())
+        .expect("assemble")
+        .array;
     assert_eq!(degraded.failed_slots(), lost);
     let mut back = vec![0u8; len];
     degraded.read(base, &mut back).expect("degraded read");

@@ -9,7 +9,7 @@
 //! verified read finds a good version, what scrub compares, where a rebuild
 //! gets a slot's content from, which stripe locks a rebuild step takes and
 //! which sets of lost members the family survives. The rest of the engine
-//! (bitmap, member workers, lifecycle, assembly) asks the personality and
+//! (bitmap, member workers, background work, assembly) asks the personality and
 //! never matches on the level. The parity family also owns the stripe cache,
 //! full-stripe writes, their write-back and the partial parity log.
 //!

@@ -178,6 +178,18 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         return 1;
     }
     let read_only = plan.options.fuse.read_only;
+    // Bound before anything is assembled, so an address that cannot be
+    // served fails the mount instead of leaving it up without metrics.
+    let metrics_listener = match plan.options.metrics {
+        None => None,
+        Some(address) => match crate::control::metrics_http::bind(address) {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                report(Err(e));
+                return 1;
+            }
+        },
+    };
 
     let parity = match &plan.options.parity {
         None => None,
@@ -201,10 +213,13 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
         lock_wait: super::MEMBER_LOCK_WAIT,
         leave_out_unwritable: !read_only,
     };
-    let array = match assemble_paths(&plan.members, assemble_opts, policy) {
-        Ok((array, left_out)) => {
-            super::tell_left_out(&left_out);
-            Arc::new(array)
+    let (array, notes) = match assemble_paths(&plan.members, assemble_opts, policy) {
+        Ok(assembly) => {
+            super::tell_left_out(&assembly.left_out);
+            for note in &assembly.notes {
+                warn!("{note}");
+            }
+            (Arc::new(assembly.array), assembly.notes)
         }
         Err(e) => {
             report(Err(format!("cannot assemble the array: {e}")));
@@ -313,9 +328,25 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     if let Err(e) = registry::write(&record) {
         warn!("cannot record the daemon's state ({e}); `raidfs umount` will not wait for it");
     }
+    keep_damaged_log(volume.fs(), &status.uuid, read_only);
     let control = start_control(plan, volume.array(), volume.fs(), read_only);
+    let metrics = metrics_listener.and_then(|listener| {
+        let context = mount_context(plan, read_only);
+        match crate::control::metrics_http::MetricsServer::start(
+            listener,
+            volume.array().clone(),
+            volume.fs().clone(),
+            context,
+        ) {
+            Ok(server) => Some(server),
+            Err(e) => {
+                warn!("cannot start the metrics endpoint: {e}");
+                None
+            }
+        }
+    });
     stop.arm(handle.unmounter());
-    report(Ok(array.assembly_notes()));
+    report(Ok(notes));
     info!(
         "serving {} from {} members",
         plan.mount_point.display(),
@@ -323,6 +354,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     );
 
     let outcome = handle.wait();
+    drop(metrics);
     if let Some(server) = control {
         server.stop();
     }
@@ -368,19 +400,40 @@ fn start_control(
     read_only: bool,
 ) -> Option<crate::control::ControlServer> {
     let socket = crate::cli::status::socket_path(&plan.mount_point);
-    let context = crate::control::MountContext {
-        mount_point: plan.mount_point.clone(),
-        // SAFETY: getuid has no preconditions and cannot fail.
-        owner_uid: unsafe { libc::getuid() },
-        read_only,
-        saved_limits: Some(crate::control::saved_limits_path(&socket)),
-    };
+    let context = mount_context(plan, read_only);
     match crate::control::ControlServer::start(&socket, array.clone(), fs.clone(), context) {
         Ok(server) => Some(server),
         Err(e) => {
             warn!("no control socket ({e}); `raidfs status` and member changes will not reach this mount");
             None
         }
+    }
+}
+
+fn mount_context(plan: &MountPlan, read_only: bool) -> crate::control::MountContext {
+    let socket = crate::cli::status::socket_path(&plan.mount_point);
+    crate::control::MountContext {
+        mount_point: plan.mount_point.clone(),
+        // SAFETY: getuid has no preconditions and cannot fail.
+        owner_uid: unsafe { libc::getuid() },
+        read_only,
+        saved_limits: Some(crate::control::saved_limits_path(&socket)),
+    }
+}
+
+/// Keep the filesystem's damaged-data log in this user's state directory,
+/// by array UUID, so a later mount lists what an earlier one found. A
+/// read-only mount reads it but keeps what it finds in memory only.
+fn keep_damaged_log(fs: &Arc<FileSystem>, uuid: &str, read_only: bool) {
+    let Some(path) = super::places::Env::current().damaged_log(uuid) else {
+        warn!("no state directory: damaged data found by this mount is not kept after it");
+        return;
+    };
+    if read_only && !path.exists() {
+        return;
+    }
+    if let Err(e) = fs.keep_damaged_log(&path) {
+        warn!("{e}; damaged data found by this mount is not kept after it");
     }
 }
 

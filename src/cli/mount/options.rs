@@ -35,6 +35,8 @@ pub struct MountOptions {
     pub vfs: VfsFlags,
     /// What writes do while the host fails every member (`on_host_error=`).
     pub on_host_error: crate::array::OnHostError,
+    /// Where to serve Prometheus metrics over HTTP (`metrics=IP:PORT`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Per-mount flags (`MS_NOSUID`, `MS_NOEXEC`, atime modes...) to set and to
@@ -140,7 +142,7 @@ pub const MAX_COMMIT_SECS: u64 = 3600;
 pub const KNOWN_OPTIONS: &str =
     "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
     writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, deferred_writes=N, commit=SECS, read_ahead_kb=N, log=PATH, parity=KERNEL, \
-    balance=sticky|round-robin|first|legacy, rotational=0|1, on_host_error=fail|wait; \
+    balance=sticky|round-robin|first|legacy, rotational=0|1, on_host_error=fail|wait, metrics=IP:PORT; \
     and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
     nosuid, nodev, noexec, noatime, ...";
 
@@ -221,6 +223,9 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                 opts.balance = Some(v.parse().map_err(|e| format!("balance={v}: {e}"))?)
             }
             ("on_host_error", Some(v)) => opts.on_host_error = v.parse()?,
+            ("metrics", Some(v)) => {
+                opts.metrics = Some(crate::control::metrics_http::parse_address(v)?)
+            }
             ("rotational", Some("0")) => opts.rotational = Some(false),
             ("rotational", Some("1")) => opts.rotational = Some(true),
             _ if generic_option(key, value).is_some() => {

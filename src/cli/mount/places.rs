@@ -1,5 +1,6 @@
 //! Where a mount keeps its files: the run directory (the daemon's state
-//! file, control socket and saved limits) and the log.
+//! file, control socket and saved limits), the log, and the damaged-data
+//! log of each array (which must outlive a reboot, so not under /run).
 //!
 //! Root uses the system directories. A user cannot write those, and a
 //! shared, world-writable fallback (`/tmp`) would let another user take a
@@ -17,6 +18,8 @@ use std::path::{Path, PathBuf};
 pub const SYSTEM_RUN_DIR: &str = "/run/raidfs/mounts";
 /// Root's log directory, and where its logs go when /var cannot be written.
 const SYSTEM_LOG_DIRS: [&str; 2] = ["/var/log/raidfs", "/run/raidfs/log"];
+/// Root's persistent state: what must outlive a reboot (the damaged-data logs).
+const SYSTEM_STATE_DIR: &str = "/var/lib/raidfs";
 /// The last components of every run directory a user gets: how a listing
 /// of bound sockets tells raidfs control sockets from others.
 pub const RUN_DIR_TAIL: &str = "raidfs/mounts";
@@ -72,6 +75,19 @@ impl Env {
         let runtime = self.runtime_dir.as_ref().map(|d| d.join(RUN_DIR_TAIL));
         let state = self.state_dir().map(|d| d.join("mounts"));
         runtime.into_iter().chain(state).collect()
+    }
+
+    /// Where the damaged-data log of the array `uuid` is kept (see
+    /// `crate::fs::damaged`): under /var/lib/raidfs for root, the state
+    /// directory for a user; None when a user has neither XDG_STATE_HOME
+    /// nor HOME.
+    pub fn damaged_log(&self, uuid: &str) -> Option<PathBuf> {
+        let dir = if self.uid == 0 {
+            PathBuf::from(SYSTEM_STATE_DIR)
+        } else {
+            self.state_dir()?
+        };
+        Some(dir.join("damaged").join(format!("{uuid}.json")))
     }
 
     /// Log directories in order of preference.
@@ -289,6 +305,29 @@ mod tests {
         assert_eq!(
             root.log_dirs(),
             paths(&["/var/log/raidfs", "/run/raidfs/log"])
+        );
+    }
+
+    #[test]
+    fn damaged_data_logs_outlive_a_reboot() {
+        let root = Env {
+            uid: 0,
+            ..Env::default()
+        };
+        assert_eq!(
+            root.damaged_log("u-1"),
+            Some(PathBuf::from("/var/lib/raidfs/damaged/u-1.json"))
+        );
+        let env = user(Some("/run/user/1000"), None, Some("/home/u"));
+        assert_eq!(
+            env.damaged_log("u-1"),
+            Some(PathBuf::from(
+                "/home/u/.local/state/raidfs/damaged/u-1.json"
+            ))
+        );
+        assert_eq!(
+            user(Some("/run/user/1000"), None, None).damaged_log("u-1"),
+            None
         );
     }
 

@@ -6,7 +6,10 @@
 
 use super::super::core::Inner;
 use super::super::csum::CsumMap;
+use super::super::damaged::DamagedRange;
+use super::super::data_errors::DataError;
 use super::super::inode::{Inode, BLOCK_SIZE};
+use super::super::store::StoreError;
 use super::super::FsResult;
 use crate::array::ContentJudge;
 
@@ -51,12 +54,30 @@ impl BlockRead {
     }
 }
 
-/// Whether `inode` maps the block at `addr`.
-fn maps(inode: &Inode, addr: u64) -> bool {
+/// Where in its file `inode` maps the block at `addr`, if it does.
+fn file_offset(inode: &Inode, addr: u64) -> Option<u64> {
     inode
         .extents
         .iter()
-        .any(|(_, e)| addr >= e.addr && addr < e.addr + e.len)
+        .find(|(_, e)| addr >= e.addr && addr < e.addr + e.len)
+        .map(|(file_off, e)| file_off + (addr - e.addr))
+}
+
+/// The damaged-data entry for `inode`'s block at `addr`, which must match `csum`.
+fn damaged_range(inode: &Inode, addr: u64, csum: u32) -> Option<DamagedRange> {
+    let (file_off, e) = inode
+        .extents
+        .iter()
+        .find(|(_, e)| addr >= e.addr && addr < e.addr + e.len)?;
+    let offset = file_off + (addr - e.addr);
+    Some(DamagedRange {
+        ino: inode.ino,
+        generation: inode.generation,
+        offset,
+        length: BLOCK_SIZE.min(inode.size.saturating_sub(offset)),
+        addr,
+        csum,
+    })
 }
 
 impl Inner {
@@ -100,8 +121,10 @@ impl Inner {
         let block = BLOCK_SIZE as usize;
         for &i in bad {
             let at = addr + (i * block) as u64;
-            let still_mapped = st.meta.inodes.get(&ino).is_some_and(|n| maps(n, at));
-            let Some(want) = st.meta.csums.get(at).filter(|_| still_mapped) else {
+            let mapped_at = st.meta.inodes.get(&ino).and_then(|n| file_offset(n, at));
+            let Some((want, offset)) =
+                mapped_at.and_then(|off| Some((st.meta.csums.get(at)?, off)))
+            else {
                 // Unmapped by a racing truncate: nothing left to check against.
                 continue;
             };
@@ -110,11 +133,39 @@ impl Inner {
                 .store
                 .read(at, dest, Some(&|b: &[u8]| kind.block(b) == want))
             {
-                Ok(()) => log::warn!(
-                    "inode {ino}: data block at {at:#x} failed its checksum; served from a good copy"
-                ),
+                Ok(()) => {
+                    log::warn!(
+                        "inode {ino}: data block at {at:#x} failed its checksum; served from a good copy"
+                    );
+                    self.data_errors.record(DataError {
+                        ino,
+                        offset,
+                        unrecoverable: false,
+                    });
+                }
                 Err(e) => {
                     log::error!("inode {ino}: data block at {at:#x} has no good copy: {e}");
+                    if matches!(e, StoreError::Unrecoverable(_)) {
+                        self.data_errors.record(DataError {
+                            ino,
+                            offset,
+                            unrecoverable: true,
+                        });
+                        if let Some(range) = st
+                            .meta
+                            .inodes
+                            .get(&ino)
+                            .and_then(|n| damaged_range(n, at, want))
+                        {
+                            if self.damaged.record(range) {
+                                log::error!(
+                                    "inode {ino}: bytes {}..{} recorded as damaged (raidfs status -v)",
+                                    range.offset,
+                                    range.offset + range.length
+                                );
+                            }
+                        }
+                    }
                     return Err(e.into());
                 }
             }
@@ -136,5 +187,30 @@ impl ContentJudge for Inner {
         // that waits for that heal.
         let want = self.state.read_recursive().meta.csums.get(addr)?;
         Some(self.csum.block(data) == want)
+    }
+
+    fn no_good_version(&self, addr: u64) {
+        // Rare (a scrub or resync found every version wrong), so finding
+        // the file by a walk of every inode's extents is affordable.
+        let st = self.state.read_recursive();
+        let Some(want) = st.meta.csums.get(addr) else {
+            return;
+        };
+        let range = st
+            .meta
+            .inodes
+            .values()
+            .find(|n| file_offset(n, addr).is_some())
+            .and_then(|n| damaged_range(n, addr, want));
+        if let Some(range) = range {
+            if self.damaged.record(range) {
+                log::error!(
+                    "inode {}: bytes {}..{} have no good copy (found by a scrub); recorded as damaged",
+                    range.ino,
+                    range.offset,
+                    range.offset + range.length
+                );
+            }
+        }
     }
 }

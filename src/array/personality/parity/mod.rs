@@ -723,9 +723,13 @@ fn data_from_parity(
                     .zip(&other[range.clone()])
                     .for_each(|(r, o)| *r ^= o);
             }
-            if judge.judge(addr, &rebuilt) == Some(true) {
-                differing += diff_bytes(&blocks[i][range.clone()], &rebuilt);
-                blocks[i][range].copy_from_slice(&rebuilt);
+            match judge.judge(addr, &rebuilt) {
+                Some(true) => {
+                    differing += diff_bytes(&blocks[i][range.clone()], &rebuilt);
+                    blocks[i][range].copy_from_slice(&rebuilt);
+                }
+                Some(false) => judge.no_good_version(addr),
+                None => {}
             }
         }
         if differing > 0 {

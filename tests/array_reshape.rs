@@ -347,3 +347,48 @@ fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
         "only {staged} cuts fell while a group was staged"
     );
 }
+
+#[test]
+fn a_member_failing_mid_reshape_stops_it_until_the_array_is_whole_again() {
+    let ms = common::members::faulty(3, MEMBER_SIZE, "failmid-");
+    let array = new_array(Level::Raid1, &ms);
+    let model = Model::fill(&array, 3, 41);
+    array.set_speed_limits(Some(16 << 20), Some(16 << 20));
+    array
+        .start_reshape(target(&array, Level::Raid5))
+        .expect("start");
+    let (pending_at_start, _) = array.reshape_counts().expect("under way");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while array.reshape_counts().is_some_and(|(p, _)| p == pending_at_start) {
+        assert!(Instant::now() < deadline, "no group moved");
+        std::thread::yield_now();
+    }
+    // A member dies with groups left to move.
+    ms[1].pull();
+    array.wait_background();
+    let last = array.last_sync_result().expect("the reshape ended");
+    assert_eq!(last.action, SyncAction::Reshape);
+    assert!(!last.completed, "{}", last.message);
+    assert!(array.is_degraded());
+    let (pending, _) = array.reshape_counts().expect("still under way");
+    assert!(pending > 0);
+    model.verify(&array, "degraded, mid-reshape");
+    let refused = array.resume_reshape();
+    assert!(
+        refused.is_err_and(|e| e.to_string().contains("degraded")),
+        "a degraded array does not go on"
+    );
+
+    // A new member rebuilds; the reshape then goes on by itself.
+    array.set_speed_limits(Some(0), Some(0));
+    array.remove("m1").expect("remove the dead member");
+    let fresh = FaultyMember::memory(MEMBER_SIZE, "fresh").expect("member");
+    array
+        .add(Arc::new(fresh) as Arc<dyn Member>, "fresh".into())
+        .expect("add");
+    wait_reshaped(&array);
+    assert_eq!(array.level(), Level::Raid5);
+    assert!(!array.is_degraded());
+    model.verify(&array, "after the rebuild and the rest of the reshape");
+    scrub_clean(&array);
+}

@@ -274,6 +274,11 @@ impl Array {
         if self.reshape_counts().is_none() {
             return Err(ArrayError::Refused("no reshape is under way".into()));
         }
+        if self.is_degraded() {
+            return Err(ArrayError::Refused(
+                "the array is degraded: the reshape goes on once it is rebuilt".into(),
+            ));
+        }
         if let Some(p) = self.sync_progress() {
             return Err(ArrayError::Refused(format!(
                 "{} is running ({:.1}%); the reshape goes on once it ends",

@@ -7,13 +7,15 @@
 # $(SBINDIR)/mount.raidfs and $(SBINDIR)/mount.fuse.raidfs (mount(8) looks
 # for helpers in /sbin only: the first for type raidfs, the second for type
 # fuse.raidfs, which live mounts have, so remounts reach it), the docs in
-# $(DOCDIR). NO_BUILD=1 with RAIDFS_BUILT=PATH installs an already
+# $(DOCDIR), the log rotation of /var/log/raidfs in $(LOGROTATEDIR).
+# NO_BUILD=1 with RAIDFS_BUILT=PATH installs an already
 # built binary instead of running cargo (the tests do this).
 
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 SBINDIR ?= /sbin
 DOCDIR ?= $(PREFIX)/share/doc/raidfs
+LOGROTATEDIR ?= /etc/logrotate.d
 DESTDIR ?=
 CARGO ?= cargo
 INSTALL ?= install
@@ -40,9 +42,12 @@ install: $(if $(NO_BUILD),,build)
 	for doc in $(DOCS); do \
 		if [ -f "$$doc" ]; then $(INSTALL) -m 0644 "$$doc" "$(DESTDIR)$(DOCDIR)/"; fi; \
 	done
+	$(INSTALL) -d "$(DESTDIR)$(LOGROTATEDIR)"
+	$(INSTALL) -m 0644 dist/logrotate.raidfs "$(DESTDIR)$(LOGROTATEDIR)/raidfs"
 
 uninstall:
 	rm -f "$(DESTDIR)$(BINDIR)/raidfs"
 	for helper in $(HELPERS); do rm -f "$(DESTDIR)$(SBINDIR)/$$helper"; done
 	for doc in $(DOCS); do rm -f "$(DESTDIR)$(DOCDIR)/$$(basename $$doc)"; done
 	-rmdir "$(DESTDIR)$(DOCDIR)" 2>/dev/null
+	rm -f "$(DESTDIR)$(LOGROTATEDIR)/raidfs"

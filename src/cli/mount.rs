@@ -8,6 +8,7 @@
 
 mod daemon;
 pub mod identity;
+pub mod logging;
 pub mod options;
 pub mod places;
 pub mod registry;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use crate::array::LeftOut;
 use crate::fuse::{is_raidfs_mount, mounts};
-use daemon::MountPlan;
+use daemon::{LogDest, MountPlan};
 
 /// How long a new mount waits for a dead daemon's last threads to exit.
 const STALE_DAEMON_EXIT: Duration = Duration::from_secs(30);
@@ -102,10 +103,13 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
     // logged: a user with nowhere to put the socket hears it now.
     env.ensure_run_dir()?;
     let log = match &options.log {
-        Some(path) => {
-            mounts::absolute_lexical(path).map_err(|e| format!("log={}: {e}", path.display()))?
-        }
-        None => env.log_path(&mount_point)?,
+        Some(path) if path.as_os_str() == "syslog" => LogDest::Syslog,
+        Some(path) => LogDest::File(
+            mounts::absolute_lexical(path).map_err(|e| format!("log={}: {e}", path.display()))?,
+        ),
+        // systemd's journal collects syslog, and the unit's status shows it.
+        None if logging::under_systemd() => LogDest::Syslog,
+        None => LogDest::File(env.log_path(&log_name(&members, &mount_point))?),
     };
     Ok(MountPlan {
         members,
@@ -115,6 +119,27 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         source: args.source.clone(),
         quiet: args.quiet,
     })
+}
+
+/// The default log's file name: the array's (see [`places::log_name`]),
+/// read from the first member with a readable superblock; when none has
+/// one the mount fails anyway, and its log is named by the mount point.
+fn log_name(members: &[PathBuf], mount_point: &Path) -> String {
+    use crate::member::file::{FileMember, OpenOptions};
+    let opts = OpenOptions {
+        read_only: true,
+        lock: false,
+        ..OpenOptions::default()
+    };
+    for member in members {
+        let Ok(opened) = FileMember::open(member, opts.clone()) else {
+            continue;
+        };
+        if let Ok((sb, _)) = crate::superblock::Superblock::read_from(&opened) {
+            return places::log_name(&sb.name, sb.array_uuid);
+        }
+    }
+    format!("{}.log", places::mount_file_stem(mount_point))
 }
 
 /// Tell the user about members an assembly left out because they cannot

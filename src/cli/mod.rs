@@ -8,6 +8,7 @@ pub mod create;
 pub mod detail;
 pub mod examine;
 pub mod fsck;
+pub mod generate;
 pub mod manage;
 pub mod mount;
 pub mod mount_helper;
@@ -24,7 +25,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "RAID arrays of image files, mounted as a POSIX filesystem through FUSE"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -70,6 +71,17 @@ enum Command {
     /// mount(8)'s helper for `-t raidfs`; /sbin/mount.raidfs runs this.
     #[command(hide = true)]
     MountHelper(mount_helper::HelperArgs),
+    /// Write the man pages into a directory (`make install` runs this).
+    #[command(hide = true)]
+    GenerateMan(generate::ManArgs),
+    /// Print the completion script for a shell (`make install` runs this).
+    #[command(hide = true)]
+    Completions(generate::CompletionsArgs),
+}
+
+/// The whole command line's definition, for tests that check the docs.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// Entry point; returns the process exit code.
@@ -95,6 +107,8 @@ pub fn main() -> i32 {
         Command::Sync(a) => sync::run(a),
         Command::Config(a) => config::run(a),
         Command::MountHelper(a) => mount_helper::run(a),
+        Command::GenerateMan(a) => generate::run_man(a),
+        Command::Completions(a) => generate::run_completions(a),
     }
 }
 

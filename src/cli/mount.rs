@@ -38,11 +38,8 @@ pub struct MountArgs {
     /// Stay in the foreground and log to stderr.
     #[arg(short, long)]
     pub foreground: bool,
-    /// Mount options, comma-separated: ro, rw, allow_other,
-    /// default_permissions, force, kernel_cache, writeback_cache,
-    /// attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH,
-    /// parity=KERNEL.
-    #[arg(short = 'o', value_name = "OPTIONS")]
+    /// Mount options, comma-separated (the list: --help).
+    #[arg(short = 'o', value_name = "OPTIONS", long_help = options::long_help())]
     pub options: Vec<String>,
     /// Member image files or block devices, then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "MEMBER... MOUNTPOINT")]

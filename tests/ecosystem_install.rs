@@ -142,11 +142,20 @@ fn man_raidfs_mount_renders_after_make_install() {
         "rotational=0|1",
         "log=PATH",
     ] {
-        assert!(text.contains(needle), "man raidfs-mount lacks {needle}:\n{text}");
+        assert!(
+            text.contains(needle),
+            "man raidfs-mount lacks {needle}:\n{text}"
+        );
     }
     // Every visible subcommand has its page.
-    for sub in raidfs::cli::command().get_subcommands().filter(|s| !s.is_hide_set()) {
-        let page = dest.join(format!("usr/local/share/man/man8/raidfs-{}.8", sub.get_name()));
+    for sub in raidfs::cli::command()
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+    {
+        let page = dest.join(format!(
+            "usr/local/share/man/man8/raidfs-{}.8",
+            sub.get_name()
+        ));
         assert!(page.is_file(), "{}", page.display());
     }
 }

@@ -144,28 +144,67 @@ pub const OPTIONS: &[(&str, &str)] = &[
     ("ro", "read-only: no writes reach the members, no resync"),
     ("rw", "read-write (default)"),
     ("allow_other", "let users other than the mounting one in"),
-    ("default_permissions", "the kernel checks permissions from the mode bits"),
-    ("force", "forced assembly of members that disagree about who failed"),
-    ("auto_unmount", "clear the mount if the daemon dies without unmounting"),
+    (
+        "default_permissions",
+        "the kernel checks permissions from the mode bits",
+    ),
+    (
+        "force",
+        "forced assembly of members that disagree about who failed",
+    ),
+    (
+        "auto_unmount",
+        "clear the mount if the daemon dies without unmounting",
+    ),
     ("kernel_cache", "keep a file's page cache across opens"),
-    ("writeback_cache", "let the kernel cache writes and send them in batches"),
-    ("direct_io", "no page cache for file data (every open as O_DIRECT)"),
-    ("attr_timeout=SECS", "kernel attribute cache lifetime (default 1)"),
-    ("entry_timeout=SECS", "kernel name cache lifetime (default 1)"),
-    ("threads=N", "request-serving threads, 1 to 256 (default: CPU count, 4 to 16)"),
+    (
+        "writeback_cache",
+        "let the kernel cache writes and send them in batches",
+    ),
+    (
+        "direct_io",
+        "no page cache for file data (every open as O_DIRECT)",
+    ),
+    (
+        "attr_timeout=SECS",
+        "kernel attribute cache lifetime (default 1)",
+    ),
+    (
+        "entry_timeout=SECS",
+        "kernel name cache lifetime (default 1)",
+    ),
+    (
+        "threads=N",
+        "request-serving threads, 1 to 256 (default: CPU count, 4 to 16)",
+    ),
     (
         "deferred_writes=N",
         "writes answered before they are done, 0 to 256 (default: half the threads)",
     ),
-    ("commit=SECS", "most seconds between journal commits, 1 to 3600 (default 5)"),
-    ("read_ahead_kb=N", "kernel readahead in KiB, 0 to 65536 (default 1024)"),
-    ("log=PATH", "daemon log file, or `syslog` (default: /var/log/raidfs/ARRAY.log)"),
-    ("parity=KERNEL", "parity kernel instead of the benchmarked one (see `raidfs bench`)"),
+    (
+        "commit=SECS",
+        "most seconds between journal commits, 1 to 3600 (default 5)",
+    ),
+    (
+        "read_ahead_kb=N",
+        "kernel readahead in KiB, 0 to 65536 (default 1024)",
+    ),
+    (
+        "log=PATH",
+        "daemon log file, or `syslog` (default: /var/log/raidfs/ARRAY.log)",
+    ),
+    (
+        "parity=KERNEL",
+        "parity kernel instead of the benchmarked one (see `raidfs bench`)",
+    ),
     (
         "balance=POLICY",
         "how mirror reads choose a member: sticky (default), round-robin, first, legacy",
     ),
-    ("rotational=0|1", "treat image-file members as SSDs (0) or rotating disks (1)"),
+    (
+        "rotational=0|1",
+        "treat image-file members as SSDs (0) or rotating disks (1)",
+    ),
     (
         "on_host_error=fail|wait",
         "writes while the host fails every member: fail with EIO (default) or wait",
@@ -187,10 +226,12 @@ pub fn known_options() -> String {
 
 /// The `-o` help of `raidfs mount --help` and its man page: one option a line.
 pub fn long_help() -> String {
-    let width = OPTIONS.iter().map(|(form, _)| form.len()).max().unwrap_or(0);
-    let mut out = String::from(
-        "Mount options, comma-separated (repeatable; later ones win):\n\n",
-    );
+    let width = OPTIONS
+        .iter()
+        .map(|(form, _)| form.len())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::from("Mount options, comma-separated (repeatable; later ones win):\n\n");
     for (form, what) in OPTIONS {
         out.push_str(&format!("  {form:<width$}  {what}\n"));
     }

@@ -1,0 +1,125 @@
+//! What the reporting commands print agrees between them: `examine` uses
+//! `detail`'s names for the same fields, says when a member is stale, and
+//! shows no parity layout for a level without parity.
+
+mod ecosystem_support;
+
+use std::process::Command;
+
+use ecosystem_support::*;
+
+fn examine(array: &Array, members: &[&str]) -> serde_json::Value {
+    let out = check(
+        raidfs()
+            .args(["examine", "--json"])
+            .args(members)
+            .current_dir(array.dir.path()),
+    );
+    serde_json::from_slice(&out.stdout).expect("examine --json")
+}
+
+/// Unmounts lazily if a test failed with the array mounted.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if mount_options(&self.0).is_some() {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+#[test]
+fn examine_and_detail_use_the_same_names() {
+    let array = Array::new();
+    let examined = examine(&array, &["m0.img"]);
+    let member = &examined[0];
+    for old in ["chunk_bytes", "data_size", "ctime", "utime"] {
+        assert!(
+            member.get(old).is_none(),
+            "{old} is still printed: {member}"
+        );
+    }
+    let _guard = Unmount(array.mnt());
+    check(
+        raidfs()
+            .args(["mount", "-o", &array.log_option()])
+            .args(array.members())
+            .arg(array.mnt()),
+    );
+    let out = check(raidfs().args(["detail", "--json"]).arg(array.mnt()));
+    let detail: serde_json::Value = serde_json::from_slice(&out.stdout).expect("detail --json");
+    let record = daemon(&array.mnt());
+    check(raidfs().arg("umount").arg(array.mnt()));
+    assert_daemon_finished(&record, &array.mnt());
+    for key in [
+        "chunk",
+        "member_size",
+        "data_offset",
+        "created",
+        "layout",
+        "level",
+        "raid_devices",
+        "array_size",
+        "groups_total",
+    ] {
+        assert!(member.get(key).is_some(), "examine lacks {key}: {member}");
+        assert_eq!(member[key], detail[key], "{key}");
+    }
+}
+
+#[test]
+fn examine_says_which_member_is_stale() {
+    let array = Array::new();
+    let _guard = Unmount(array.mnt());
+    check(
+        raidfs()
+            .args(["mount", "-o", &array.log_option()])
+            .args(array.members())
+            .arg(array.mnt()),
+    );
+    check(
+        raidfs()
+            .arg("fail")
+            .arg(array.mnt())
+            .arg(array.path("m2.img")),
+    );
+    let record = daemon(&array.mnt());
+    check(raidfs().arg("umount").arg(array.mnt()));
+    assert_daemon_finished(&record, &array.mnt());
+    let examined = examine(&array, &["m0.img", "m1.img", "m2.img"]);
+    let stale: Vec<bool> = (0..3)
+        .map(|i| examined[i]["stale"].as_bool().expect("stale"))
+        .collect();
+    assert_eq!(stale, [false, false, true], "{examined}");
+    let out = check(
+        raidfs()
+            .args(["examine", "m0.img", "m2.img"])
+            .current_dir(array.dir.path()),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("Stale : yes").count(), 1, "{text}");
+    // Alone, a member cannot be judged.
+    assert_eq!(examine(&array, &["m2.img"])[0]["stale"], false);
+}
+
+#[test]
+fn raid1_shows_no_parity_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    check(
+        raidfs()
+            .args(["create", "-l", "1", "-s", "64M", "a.img", "b.img"])
+            .current_dir(dir.path()),
+    );
+    let out = check(raidfs().args(["examine", "a.img"]).current_dir(dir.path()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("Layout"), "{text}");
+    assert!(!text.contains("symmetric"), "{text}");
+    let out = check(
+        raidfs()
+            .args(["examine", "--json", "a.img"])
+            .current_dir(dir.path()),
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json[0]["layout"], "");
+}

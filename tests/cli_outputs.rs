@@ -123,3 +123,96 @@ fn raid1_shows_no_parity_layout() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json[0]["layout"], "");
 }
+
+#[test]
+fn fsck_free_space_agrees_with_df_and_check_reports_json() {
+    let array = Array::new();
+    let _guard = Unmount(array.mnt());
+    check(
+        raidfs()
+            .args(["mount", "-o", &array.log_option()])
+            .args(array.members())
+            .arg(array.mnt()),
+    );
+    std::fs::write(array.mnt().join("data"), vec![7u8; 3 << 20]).unwrap();
+    check(raidfs().arg("sync").arg(array.mnt()));
+    let out = check(
+        raidfs()
+            .args(["check", "--wait", "--json"])
+            .arg(array.mnt()),
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("check --json");
+    assert_eq!(report["last_sync"]["action"], "check", "{report}");
+    assert_eq!(report["last_sync"]["completed"], true, "{report}");
+    assert_eq!(report["last_sync"]["mismatches"], 0, "{report}");
+    assert!(report["sync"].is_null(), "{report}");
+    let df = statvfs_free(&array.mnt());
+    let record = daemon(&array.mnt());
+    check(raidfs().arg("umount").arg(array.mnt()));
+    assert_daemon_finished(&record, &array.mnt());
+    let out = check(
+        raidfs()
+            .args(["fsck", "--json", "m0.img", "m1.img", "m2.img"])
+            .current_dir(array.dir.path()),
+    );
+    let fsck: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fsck --json");
+    assert_eq!(fsck["result"], "clean", "{fsck}");
+    assert_eq!(fsck["exit_code"], 0, "{fsck}");
+    assert_eq!(fsck["free_bytes"].as_u64(), Some(df), "{fsck}");
+    // And the text says the same figure.
+    let out = check(
+        raidfs()
+            .args(["fsck", "m0.img", "m1.img", "m2.img"])
+            .current_dir(array.dir.path()),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("{df} bytes free")), "{text}");
+}
+
+/// Free bytes of the filesystem at `path`, as df shows them.
+fn statvfs_free(path: &std::path::Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statvfs is plain data, filled by the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c_path is NUL-terminated and st a valid out pointer.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
+    assert_eq!(rc, 0, "statvfs {}", path.display());
+    st.f_bfree * st.f_frsize
+}
+
+#[test]
+fn config_scan_and_show_print_json() {
+    let array = Array::new();
+    let dir = array.dir.path().display().to_string();
+    let out = check(raidfs().args(["config", "scan", "--json", &dir]));
+    let scanned: serde_json::Value = serde_json::from_slice(&out.stdout).expect("scan --json");
+    assert_eq!(
+        scanned["arrays"][0]["uuid"],
+        array.uuid.as_str(),
+        "{scanned}"
+    );
+    let config = array.path("raidfs.ron");
+    let out = check(raidfs().args(["config", "scan", &dir]));
+    std::fs::write(&config, &out.stdout).unwrap();
+    let out = check(
+        raidfs()
+            .args(["config", "show", "--json"])
+            .env("RAIDFS_CONFIG", &config),
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("show --json");
+    assert_eq!(shown["config"], config.display().to_string());
+    let members: Vec<String> = shown["arrays"][0]["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| m.as_str().unwrap_or_default().to_string())
+        .collect();
+    let expected: Vec<String> = array
+        .members()
+        .iter()
+        .map(|m| m.display().to_string())
+        .collect();
+    assert_eq!(members, expected, "{shown}");
+    assert!(shown["arrays"][0]["error"].is_null(), "{shown}");
+}

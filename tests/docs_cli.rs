@@ -74,6 +74,29 @@ fn every_mount_option_is_documented() {
 }
 
 #[test]
+fn every_fsck_json_field_is_documented() {
+    let docs = cli_md();
+    let array = Array::new();
+    let out = check(
+        raidfs()
+            .args(["fsck", "--json", "m0.img", "m1.img", "m2.img"])
+            .current_dir(array.dir.path()),
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fsck --json");
+    assert_eq!(json["result"], "clean", "{json}");
+    let missing: Vec<&String> = json
+        .as_object()
+        .expect("an object")
+        .keys()
+        .filter(|key| !docs.contains(&format!("`{key}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "fsck fields not in docs/cli.md: {missing:?}"
+    );
+}
+
+#[test]
 fn every_examine_json_field_is_documented() {
     let docs = cli_md();
     let array = Array::new();

@@ -30,7 +30,10 @@ fn the_quick_start_needs_no_sudo() {
     let commands = quick_start_commands();
     assert_eq!(
         commands,
-        ["cargo build --release && scripts/demo", "cargo test --locked"],
+        [
+            "cargo build --release && scripts/demo",
+            "cargo test --locked"
+        ],
         "README's quick start changed: keep this test's run of it in step"
     );
     for command in &commands {
@@ -41,9 +44,11 @@ fn the_quick_start_needs_no_sudo() {
 #[test]
 fn the_demo_runs_as_written() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run(Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/demo"))
-        .arg(dir.path())
-        .env("RAIDFS", RAIDFS));
+    let out = run(
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/demo"))
+            .arg(dir.path())
+            .env("RAIDFS", RAIDFS),
+    );
     let said = String::from_utf8_lossy(&out.stdout);
     // The demo unmounts on failure (its trap); make sure anyway.
     let mnt = dir.path().join("mnt");

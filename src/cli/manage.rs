@@ -86,6 +86,21 @@ fn image_arg(image: &Path) -> Result<String, String> {
 
 /// Send `request`; print its message and return the report, or the refusal.
 pub(crate) fn send(client: &mut ControlClient, request: &Request) -> Result<ArrayReport, String> {
+    send_with(client, request, Say::Stdout)
+}
+
+/// Where a request's message goes: stdout, or stderr when stdout carries JSON.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Say {
+    Stdout,
+    Stderr,
+}
+
+pub(crate) fn send_with(
+    client: &mut ControlClient,
+    request: &Request,
+    say: Say,
+) -> Result<ArrayReport, String> {
     let response = client.request(request).map_err(|e| e.to_string())?;
     if !response.ok {
         return Err(response
@@ -93,7 +108,10 @@ pub(crate) fn send(client: &mut ControlClient, request: &Request) -> Result<Arra
             .unwrap_or_else(|| "refused without a reason".into()));
     }
     if let Some(message) = &response.message {
-        println!("raidfs: {message}");
+        match say {
+            Say::Stdout => println!("raidfs: {message}"),
+            Say::Stderr => eprintln!("raidfs: {message}"),
+        }
     }
     response
         .report
@@ -141,7 +159,15 @@ pub(crate) fn wait_for_background(
         println!("raidfs: no background work to wait for");
         return Ok(());
     }
-    let bar = indicatif::ProgressBar::new(0);
+    // The bar starts from where the work is, so its first frame shows the
+    // real position and its speed counts only what is done from here on
+    // (not the work done before `--wait` started, in the first interval).
+    let bar = match &first.sync {
+        Some(sync) => indicatif::ProgressBar::new(sync.total)
+            .with_position(sync.done)
+            .with_message(sync.action.clone()),
+        None => indicatif::ProgressBar::hidden(),
+    };
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{msg:>9} [{bar:30}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
@@ -149,15 +175,35 @@ pub(crate) fn wait_for_background(
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-    let mut report = first.clone();
-    while let Some(sync) = &report.sync {
+    bar.reset_eta();
+    let report = wait_until_idle(client, first, |sync| {
         bar.set_message(sync.action.clone());
         bar.set_length(sync.total);
         bar.set_position(sync.done);
+    })?;
+    bar.finish_and_clear();
+    finished(report)
+}
+
+/// Poll the daemon until no background work runs, calling `progress` with
+/// each report of the running work; the last report, which holds the
+/// result (the engine records it before it clears the running entry).
+pub(crate) fn wait_until_idle(
+    client: &mut ControlClient,
+    first: &ArrayReport,
+    mut progress: impl FnMut(&crate::control::SyncReport),
+) -> Result<ArrayReport, String> {
+    let mut report = first.clone();
+    while let Some(sync) = &report.sync {
+        progress(sync);
         std::thread::sleep(Duration::from_millis(250));
         report = query(client)?;
     }
-    bar.finish_and_clear();
+    Ok(report)
+}
+
+/// The result of the background work that just ended, for the terminal.
+fn finished(report: ArrayReport) -> Result<(), String> {
     // The engine records the result before it clears the running entry, so
     // the report that shows no running work holds this run's result.
     match report.last_sync {

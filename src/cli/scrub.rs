@@ -1,9 +1,10 @@
 //! `raidfs check`, `raidfs repair` (scrub a mounted array; `check --stop`
 //! stops any background work) and `raidfs speed-limit`.
 
-use crate::cli::manage::run_request;
+use crate::cli::manage::{run_request, send_with, wait_until_idle, Say};
+use crate::cli::status::connect;
 use crate::control::Request;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -13,6 +14,10 @@ pub struct CheckArgs {
     /// Stop the running background work (check, repair, recovery or replace).
     #[arg(long, conflicts_with = "wait")]
     pub stop: bool,
+    /// Print the array report (as `detail --json`) once the check started
+    /// or, with --wait, ended: `sync` or `last_sync` holds it.
+    #[arg(long, conflicts_with = "stop")]
+    pub json: bool,
     /// The mount point.
     pub mount_point: PathBuf,
 }
@@ -22,6 +27,10 @@ pub struct RepairArgs {
     /// Wait for the repair to finish, showing its progress.
     #[arg(long)]
     pub wait: bool,
+    /// Print the array report (as `detail --json`) once the repair started
+    /// or, with --wait, ended: `sync` or `last_sync` holds it.
+    #[arg(long)]
+    pub json: bool,
     /// The mount point.
     pub mount_point: PathBuf,
 }
@@ -71,6 +80,9 @@ pub fn run_check(args: CheckArgs) -> i32 {
     if args.stop {
         return run_request(&args.mount_point, Request::Stop, false, &[]);
     }
+    if args.json {
+        return scrub_json(&args.mount_point, false, args.wait);
+    }
     run_request(
         &args.mount_point,
         Request::Check { repair: false },
@@ -80,12 +92,40 @@ pub fn run_check(args: CheckArgs) -> i32 {
 }
 
 pub fn run_repair(args: RepairArgs) -> i32 {
+    if args.json {
+        return scrub_json(&args.mount_point, true, args.wait);
+    }
     run_request(
         &args.mount_point,
         Request::Check { repair: true },
         args.wait,
         &["repair"],
     )
+}
+
+/// `check --json` / `repair --json`: start the scrub, wait for it with
+/// `wait`, and print the array report. Exit 1 when a waited-for scrub
+/// stopped or failed, as without --json.
+fn scrub_json(mount_point: &Path, repair: bool, wait: bool) -> i32 {
+    let outcome = connect(mount_point).and_then(|mut client| {
+        let report = send_with(&mut client, &Request::Check { repair }, Say::Stderr)?;
+        if !wait {
+            return Ok((report, true));
+        }
+        let report = wait_until_idle(&mut client, &report, |_| {})?;
+        let completed = report.last_sync.as_ref().is_some_and(|l| l.completed);
+        Ok((report, completed))
+    });
+    match outcome {
+        Ok((report, completed)) => match serde_json::to_string_pretty(&report) {
+            Ok(text) => {
+                println!("{text}");
+                i32::from(!completed)
+            }
+            Err(e) => super::fail(format!("encoding JSON: {e}")),
+        },
+        Err(msg) => super::fail(msg),
+    }
 }
 
 pub fn run_speed_limit(args: SpeedLimitArgs) -> i32 {

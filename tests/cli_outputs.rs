@@ -216,3 +216,74 @@ fn config_scan_and_show_print_json() {
     assert_eq!(members, expected, "{shown}");
     assert!(shown["arrays"][0]["error"].is_null(), "{shown}");
 }
+
+/// Every key of a JSON document, nested ones included.
+fn keys(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, inner) in map {
+                out.push(key.clone());
+                keys(inner, out);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| keys(i, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_member_read_is_counted_and_every_detail_field_documented() {
+    let array = Array::new();
+    let _guard = Unmount(array.mnt());
+    let mount = || {
+        check(
+            raidfs()
+                .args(["mount", "-o", &array.log_option()])
+                .args(array.members())
+                .arg(array.mnt()),
+        )
+    };
+    let umount = || {
+        let record = daemon(&array.mnt());
+        check(raidfs().arg("umount").arg(array.mnt()));
+        assert_daemon_finished(&record, &array.mnt());
+    };
+    mount();
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(array.mnt().join("data"), &data).unwrap();
+    umount();
+    // A fresh mount: nothing of the file is in any cache.
+    mount();
+    assert_eq!(std::fs::read(array.mnt().join("data")).unwrap(), data);
+    let out = check(raidfs().args(["detail", "--json"]).arg(array.mnt()));
+    let detail: serde_json::Value = serde_json::from_slice(&out.stdout).expect("detail --json");
+    umount();
+    // RAID5: a 4 MiB file's chunks are on every member, and its reads are
+    // counted though no mirror balancer placed them.
+    let mut total = 0;
+    for member in detail["members"].as_array().expect("members") {
+        let reads = member["reads"].as_u64().expect("reads");
+        let bytes = member["read_bytes"].as_u64().expect("read_bytes");
+        assert!(reads > 0 && bytes > 0, "{member}");
+        total += bytes;
+    }
+    assert!(
+        total >= data.len() as u64 * 2 / 3,
+        "{total} bytes read: {detail}"
+    );
+
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/status-json.md"))
+        .expect("docs/status-json.md");
+    let mut all = Vec::new();
+    keys(&detail, &mut all);
+    all.sort();
+    all.dedup();
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|key| !docs.contains(&format!("`{key}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "detail fields not in docs/status-json.md: {missing:?}"
+    );
+}

@@ -441,6 +441,13 @@ impl Array {
         self.balance.stats(&names)
     }
 
+    /// Every read sent to each slot's member since assembly, and its bytes,
+    /// by slot: what `detail` counts as a member's reads (the balancer's
+    /// [`Array::member_stats`] count only the mirror reads it placed).
+    pub fn member_reads(&self) -> Vec<(u64, u64)> {
+        self.pool.read_counts()
+    }
+
     /// Zero the read counters and forget heads and streams (benchmarks).
     pub fn reset_member_stats(&self) {
         self.balance.reset();

@@ -110,6 +110,9 @@ pub struct WorkerPool {
     sync_marks: Vec<SyncMark>,
     /// Where the next inline write batch starts (see [`WorkerPool::write_inline`]).
     inline_rotor: AtomicUsize,
+    /// Per slot: every read sent to its member, whoever asked (file reads
+    /// of any level, reconstruction, scrub, rebuild), and their bytes.
+    reads: Vec<(AtomicU64, AtomicU64)>,
 }
 
 /// Counts completed writes to one slot (main member and replacement) and
@@ -186,6 +189,9 @@ impl WorkerPool {
             threads: Mutex::new(Vec::new()),
             replacement_failed: (0..members.len()).map(|_| AtomicBool::new(false)).collect(),
             inline_rotor: AtomicUsize::new(0),
+            reads: (0..members.len())
+                .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+                .collect(),
             // One write counted from the start: the first flush syncs
             // everything, whatever happened before this pool existed.
             sync_marks: (0..members.len())
@@ -403,6 +409,7 @@ impl WorkerPool {
     /// worker (the caller would only sleep meanwhile), and reading in place
     /// saves allocating, zeroing and copying a buffer per request.
     pub fn read_inline(&self, slot: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.count_read(slot, buf.len());
         let member = self
             .lanes
             .read()
@@ -413,6 +420,21 @@ impl WorkerPool {
             Some(m) => m.read_at(buf, offset),
             None => Err(missing(slot)),
         }
+    }
+
+    fn count_read(&self, slot: usize, len: usize) {
+        if let Some((reads, bytes)) = self.reads.get(slot) {
+            reads.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(len as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads sent to each slot's member and their bytes, by slot.
+    pub fn read_counts(&self) -> Vec<(u64, u64)> {
+        self.reads
+            .iter()
+            .map(|(r, b)| (r.load(Ordering::Relaxed), b.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Queue `jobs` on the workers and return at once; [`WorkerPool::wait`]
@@ -450,6 +472,11 @@ impl WorkerPool {
         };
         let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
         for (tag, (slot, mut op)) in jobs.into_iter().enumerate() {
+            match &op {
+                Op::Read { len, .. } => self.count_read(slot, *len),
+                Op::ReadInto { buf, .. } => self.count_read(slot, buf.len()),
+                _ => {}
+            }
             let Some(lane) = lanes.get(slot) else {
                 batch.results[tag] = Some(Err(missing(slot)));
                 continue;

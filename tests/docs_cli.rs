@@ -97,6 +97,39 @@ fn every_fsck_json_field_is_documented() {
 }
 
 #[test]
+fn every_bench_json_field_is_documented() {
+    let docs = cli_md();
+    let out = check(raidfs().args(["bench", "--kernel", "scalar", "--json"]));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json");
+    let mut all = Vec::new();
+    keys(&json, &mut all);
+    all.sort();
+    all.dedup();
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|key| !docs.contains(&format!("`{key}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "bench fields not in docs/cli.md: {missing:?}"
+    );
+}
+
+/// Every key of a JSON document, nested ones included.
+fn keys(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, inner) in map {
+                out.push(key.clone());
+                keys(inner, out);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| keys(i, out)),
+        _ => {}
+    }
+}
+
+#[test]
 fn every_examine_json_field_is_documented() {
     let docs = cli_md();
     let array = Array::new();

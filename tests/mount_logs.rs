@@ -199,3 +199,70 @@ fn an_ioctl_storm_does_not_grow_the_log() {
     assert!(grown <= 15, "{grown} lines after 2000 ioctls:\n{text}");
     assert_eq!(warnings_and_errors(&text), Vec::<&str>::new(), "{text}");
 }
+
+/// Removes the socket it bound at /dev/log when dropped.
+struct DevLog(std::os::unix::net::UnixDatagram);
+
+impl Drop for DevLog {
+    fn drop(&mut self) {
+        let _ = fs::remove_file("/dev/log");
+    }
+}
+
+#[test]
+fn log_syslog_sends_the_daemons_records_to_syslog() {
+    if Path::new("/dev/log").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: a syslog daemon owns /dev/log here (or not root)");
+        return;
+    }
+    // Stand in for the syslog daemon (journald's /dev/log socket).
+    let socket = match std::os::unix::net::UnixDatagram::bind("/dev/log") {
+        Ok(socket) => DevLog(socket),
+        Err(e) => {
+            eprintln!("skipping: cannot bind /dev/log: {e}");
+            return;
+        }
+    };
+    socket
+        .0
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    // Read as the records come (a datagram socket's queue is short, and a
+    // full one would hold the daemon's writes), until the daemon's last.
+    let reader = socket.0.try_clone().unwrap();
+    let collect = std::thread::spawn(move || {
+        let mut seen: Vec<String> = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        while !seen.iter().any(|m| m.contains("array closed cleanly")) {
+            match reader.recv(&mut buf) {
+                Ok(n) => seen.push(String::from_utf8_lossy(&buf[..n]).to_string()),
+                Err(_) => break,
+            }
+        }
+        seen
+    });
+    let array = Array::new();
+    let mounted = Mounted::new(&array, &["log=syslog"]);
+    assert_eq!(
+        mounted.log.as_deref(),
+        Some(Path::new("syslog, `journalctl -t raidfs`"))
+    );
+    let record = daemon(&array.mnt());
+    assert_eq!(record.log, None, "no log file when logging to syslog");
+    mounted.umount();
+    let seen = collect.join().unwrap();
+    assert!(
+        seen.iter().any(|m| m.contains("array closed cleanly")),
+        "{seen:#?}"
+    );
+    // <PRI>: facility daemon (3), so 24 + severity; ident raidfs[pid].
+    let serving = seen
+        .iter()
+        .find(|m| m.contains(&format!("serving {}", array.mnt().display())))
+        .unwrap_or_else(|| panic!("no 'serving' record: {seen:#?}"));
+    assert!(
+        serving.starts_with("<30>"),
+        "info in facility daemon: {serving}"
+    );
+    assert!(serving.contains("raidfs["), "{serving}");
+}

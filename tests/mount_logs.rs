@@ -122,6 +122,41 @@ fn two_arrays_on_two_mount_points_called_mnt_get_two_logs() {
 }
 
 #[test]
+fn a_clean_unmount_logs_no_warning_at_any_log_level() {
+    for level in ["info", "debug"] {
+        let array = Array::new();
+        let log = array.path("daemon.log");
+        let mnt = array.mnt();
+        let _guard = Mounted {
+            mnt: mnt.clone(),
+            log: None,
+        };
+        check(
+            raidfs()
+                .arg("mount")
+                .env("RUST_LOG", level)
+                .args(["-o", &array.log_option()])
+                .args(array.members())
+                .arg(&mnt),
+        );
+        let record = daemon(&mnt);
+        check(raidfs().arg("umount").arg(&mnt));
+        assert_daemon_finished(&record, &mnt);
+        let text = fs::read_to_string(&log).unwrap();
+        assert!(text.contains("array closed cleanly"), "{text}");
+        assert_eq!(
+            warnings_and_errors(&text),
+            Vec::<&str>::new(),
+            "RUST_LOG={level}:\n{text}"
+        );
+        if level == "debug" {
+            // The benchmark table is there for whoever asks.
+            assert!(text.contains(" gen() "), "{text}");
+        }
+    }
+}
+
+#[test]
 fn a_named_array_logs_under_its_name() {
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipping: the default log directory is root's");

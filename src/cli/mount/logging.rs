@@ -31,6 +31,18 @@ const MAX_KINDS: usize = 1024;
 /// unmount found the mount already gone, the normal end of a session here.
 const DEFAULT_FILTER: &str = "info,fuser::mnt=error";
 
+/// The filter for `RUST_LOG`: its directives, with fuser's unmount
+/// complaint left out unless they name `fuser::mnt` themselves (a
+/// `RUST_LOG=debug` to look into something else must not make every
+/// clean unmount log a warning).
+fn filters(rust_log: Option<&str>) -> String {
+    match rust_log.map(str::trim) {
+        None | Some("") => DEFAULT_FILTER.to_string(),
+        Some(given) if given.contains("fuser::mnt") => given.to_string(),
+        Some(given) => format!("{given},fuser::mnt=error"),
+    }
+}
+
 /// Where the daemon's records go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sink {
@@ -49,10 +61,10 @@ pub fn under_systemd() -> bool {
 /// Install the daemon's logger. A second call (tests that run several
 /// mounts in one process) keeps the first logger.
 pub fn init(sink: Sink) {
-    let inner =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(DEFAULT_FILTER))
-            .format_timestamp_millis()
-            .build();
+    let inner = env_logger::Builder::new()
+        .parse_filters(&filters(std::env::var("RUST_LOG").ok().as_deref()))
+        .format_timestamp_millis()
+        .build();
     if sink == Sink::Syslog {
         // SAFETY: the ident is a static NUL-terminated string, as openlog
         // keeps the pointer.
@@ -301,6 +313,13 @@ mod tests {
             target: "raidfs::x".into(),
             shape: shape(text),
         }
+    }
+
+    #[test]
+    fn fusers_unmount_complaint_stays_out_whatever_rust_log_says() {
+        assert_eq!(filters(None), DEFAULT_FILTER);
+        assert_eq!(filters(Some("debug")), "debug,fuser::mnt=error");
+        assert_eq!(filters(Some("fuser::mnt=warn")), "fuser::mnt=warn");
     }
 
     #[test]

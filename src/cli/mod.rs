@@ -39,6 +39,7 @@ enum Command {
     /// Benchmark the parity kernels and show which one is chosen.
     Bench(bench::BenchArgs),
     /// Assemble an array and mount its filesystem.
+    #[command(override_usage = "raidfs mount [-f] [-o OPTIONS] MEMBER... MOUNTPOINT")]
     Mount(mount::MountArgs),
     /// Unmount a raidfs mount cleanly.
     Umount(mount::UmountArgs),

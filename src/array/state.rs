@@ -308,7 +308,7 @@ impl Array {
             uuid: sb.array_uuid.to_string(),
             name: sb.name.clone(),
             level: self.data_geometry.level.to_string(),
-            layout: sb.layout.to_string(),
+            layout: self.data_geometry.level.layout_shown(sb.layout, sb.copies),
             chunk: sb.chunk,
             degraded: members.iter().any(|m| m.state != MemberState::Active),
             members,

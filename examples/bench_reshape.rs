@@ -79,7 +79,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Reshape the same groups to RAID5.
     let now = array.data_geometry();
-    let to = Geometry::new(Level::Raid5, now.members, now.chunk, 1, Layout::LeftSymmetric)?;
+    let to = Geometry::new(
+        Level::Raid5,
+        now.members,
+        now.chunk,
+        1,
+        Layout::LeftSymmetric,
+    )?;
     drop_caches();
     let t = Instant::now();
     array.start_reshape(to)?;

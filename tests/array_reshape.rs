@@ -359,7 +359,10 @@ fn a_member_failing_mid_reshape_stops_it_until_the_array_is_whole_again() {
         .expect("start");
     let (pending_at_start, _) = array.reshape_counts().expect("under way");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while array.reshape_counts().is_some_and(|(p, _)| p == pending_at_start) {
+    while array
+        .reshape_counts()
+        .is_some_and(|(p, _)| p == pending_at_start)
+    {
         assert!(Instant::now() < deadline, "no group moved");
         std::thread::yield_now();
     }

@@ -70,7 +70,7 @@ fn create_then_examine_raid5() {
     }
     // The data area stops a whole tail reserve (1 MiB) before the end.
     let data_end = v[0]["data_offset"].as_u64().expect("data_offset")
-        + v[0]["data_size"].as_u64().expect("data_size");
+        + v[0]["member_size"].as_u64().expect("member_size");
     assert!(
         data_end <= (256 << 20) - (1 << 20),
         "data ends at {data_end}"

@@ -69,6 +69,26 @@ fn make_install_and_uninstall_in_a_destdir() {
         std::fs::write(&copy, staged).unwrap();
         check(Command::new(analyze).arg("verify").arg(&copy));
     }
+    let logrotate = std::fs::read_to_string(dest.join("etc/logrotate.d/raidfs")).unwrap();
+    assert!(logrotate.contains("/var/log/raidfs/*.log"), "{logrotate}");
+    assert!(logrotate.contains("copytruncate"), "{logrotate}");
+    let man8 = dest.join("usr/local/share/man/man8");
+    assert!(man8.join("raidfs.8").is_file());
+    let completions = [
+        "usr/local/share/bash-completion/completions/raidfs",
+        "usr/local/share/zsh/site-functions/_raidfs",
+        "usr/local/share/fish/vendor_completions.d/raidfs.fish",
+    ];
+    for script in completions {
+        let text = std::fs::read_to_string(dest.join(script)).unwrap();
+        assert!(text.contains("speed-limit"), "{script}: {text}");
+    }
+    check(
+        Command::new("bash")
+            .arg("-n")
+            .arg(dest.join(completions[0])),
+    );
+    assert!(!has_symbols(&bin), "the installed binary is not stripped");
 
     // The helper names the installed binary (without DESTDIR) and is valid sh.
     let script = std::fs::read_to_string(&helper).unwrap();
@@ -97,6 +117,69 @@ fn make_install_and_uninstall_in_a_destdir() {
     check(&mut make(dest, "uninstall"));
     assert!(!bin.exists() && !helper.exists() && !fuse_helper.exists() && !unit.exists());
     assert!(!dest.join("usr/local/share/doc/raidfs").exists());
+    assert!(!dest.join("etc/logrotate.d/raidfs").exists());
+    assert!(!man8.join("raidfs.8").exists() && !man8.join("raidfs-mount.8").exists());
+    for script in completions {
+        assert!(!dest.join(script).exists(), "{script}");
+    }
+}
+
+/// Whether an ELF file has a symbol table (`.symtab`), which strip removes.
+fn has_symbols(path: &Path) -> bool {
+    let out = check(Command::new("readelf").arg("-S").arg("-W").arg(path));
+    String::from_utf8_lossy(&out.stdout).contains(".symtab")
+}
+
+#[test]
+fn man_raidfs_mount_renders_after_make_install() {
+    if which("make").is_none() {
+        eprintln!("skipping: make is not installed");
+        return;
+    }
+    assert!(
+        which("man").is_some(),
+        "man is not installed (Debian: man-db groff-base; .ci/run installs them)"
+    );
+    let stage = tempfile::tempdir().unwrap();
+    let dest = stage.path();
+    check(&mut make(dest, "install"));
+    let page = dest.join("usr/local/share/man/man8/raidfs-mount.8");
+    let out = check(
+        Command::new("man")
+            .arg("-l")
+            .arg(&page)
+            .env("MANWIDTH", "200")
+            .env("MAN_KEEP_FORMATTING", "0")
+            .env("MANPAGER", "cat")
+            .env("PAGER", "cat"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "raidfs-mount",
+        "auto_unmount",
+        "direct_io",
+        "deferred_writes=N",
+        "read_ahead_kb=N",
+        "balance=POLICY",
+        "rotational=0|1",
+        "log=PATH",
+    ] {
+        assert!(
+            text.contains(needle),
+            "man raidfs-mount lacks {needle}:\n{text}"
+        );
+    }
+    // Every visible subcommand has its page.
+    for sub in raidfs::cli::command()
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+    {
+        let page = dest.join(format!(
+            "usr/local/share/man/man8/raidfs-{}.8",
+            sub.get_name()
+        ));
+        assert!(page.is_file(), "{}", page.display());
+    }
 }
 
 /// The scheduled-check units: installed with the binary's path, removed by

@@ -232,19 +232,20 @@ fn a_user_creates_mounts_writes_and_unmounts_their_own_array() {
         return;
     }
     let said = succeeded("mount as the user", mount);
-    let log = dirs
-        .home
-        .join(".local/state/raidfs/log")
-        .join(places::log_name(&mnt));
-    assert!(
-        said.contains(&format!("(log: {})", log.display())),
-        "the log is not in the user's state directory: {said}"
-    );
     let entry = mounted(&mnt).expect("mounted");
     // A user's mount carries the same identity as root's: type
     // fuse.raidfs, the array (unnamed here) as uuid=UUID.
     assert_eq!(entry.fs_type, "fuse.raidfs");
     assert!(entry.source.starts_with("uuid="), "{}", entry.source);
+    let uuid = uuid::Uuid::parse_str(entry.source.trim_start_matches("uuid=")).expect("uuid");
+    let log = dirs
+        .home
+        .join(".local/state/raidfs/log")
+        .join(places::log_name("", uuid));
+    assert!(
+        said.contains(&format!("(log: {})", log.display())),
+        "the log is not in the user's state directory: {said}"
+    );
 
     // The user owns the root directory and can write to it.
     let owner = succeeded(

@@ -464,6 +464,19 @@ impl Array {
         self.pool.io_elapsed()
     }
 
+    /// Every read sent to each slot's member since assembly, and its bytes,
+    /// by slot: what `detail` counts as a member's reads (the balancer's
+    /// [`Array::member_stats`] count only the mirror reads it placed).
+    pub fn member_reads(&self) -> Vec<(u64, u64)> {
+        let mut reads = vec![(0, 0); self.slots.len()];
+        for io in self.member_io() {
+            if let Some(r) = reads.get_mut(io.slot) {
+                *r = (io.read_ops, io.read_bytes);
+            }
+        }
+        reads
+    }
+
     /// Zero the read counters and forget heads and streams (benchmarks).
     pub fn reset_member_stats(&self) {
         self.balance.reset();

@@ -312,7 +312,7 @@ impl Array {
             uuid: sb.array_uuid.to_string(),
             name: sb.name.clone(),
             level: self.level().to_string(),
-            layout: sb.layout.to_string(),
+            layout: self.level().layout_shown(sb.layout, sb.copies),
             chunk: sb.chunk,
             degraded: members.iter().any(|m| m.state != MemberState::Active),
             members,

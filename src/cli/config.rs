@@ -113,8 +113,22 @@ fn is_zero(n: &usize) -> bool {
 
 #[derive(clap::Args)]
 pub struct ConfigArgs {
+    /// Print JSON instead of the configuration file's text (scan) or one
+    /// line per array (show).
+    #[arg(long, global = true)]
+    pub json: bool,
     #[command(subcommand)]
     pub command: ConfigCommand,
+}
+
+/// `config show --json`: one configured array and what it resolves to.
+#[derive(Serialize)]
+struct Shown {
+    uuid: String,
+    name: String,
+    members: Vec<String>,
+    /// Why the members could not be looked up, or null.
+    error: Option<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -306,6 +320,11 @@ pub fn render(config: &Config) -> Result<String, String> {
 
 pub fn run(args: ConfigArgs) -> i32 {
     match args.command {
+        ConfigCommand::Scan { paths } if args.json => match scan(&paths) {
+            Ok(config) => print_json(&config),
+            Err(msg) => super::fail(msg),
+        },
+        ConfigCommand::Show if args.json => show_json(),
         ConfigCommand::Scan { paths } => match scan(&paths).and_then(|c| render(&c)) {
             Ok(text) => {
                 println!("// raidfs arrays found by `raidfs config scan`; see docs/fstab.md");
@@ -316,6 +335,50 @@ pub fn run(args: ConfigArgs) -> i32 {
         },
         ConfigCommand::Show => show(),
     }
+}
+
+fn print_json(value: &impl Serialize) -> i32 {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            0
+        }
+        Err(e) => super::fail(format!("encoding JSON: {e}")),
+    }
+}
+
+fn show_json() -> i32 {
+    let path = config_path();
+    let config = match load(&path) {
+        Ok(c) => c,
+        Err(msg) => return super::fail(msg),
+    };
+    let arrays: Vec<Shown> = config
+        .arrays
+        .iter()
+        .map(|entry| {
+            let resolved = Uuid::parse_str(&entry.uuid)
+                .map_err(|e| format!("UUID {}: {e}", entry.uuid))
+                .and_then(|uuid| members_of(entry, uuid));
+            let (members, error) = match resolved {
+                Ok(members) => (
+                    members.iter().map(|m| m.display().to_string()).collect(),
+                    None,
+                ),
+                Err(msg) => (Vec::new(), Some(msg)),
+            };
+            Shown {
+                uuid: entry.uuid.clone(),
+                name: entry.name.clone(),
+                members,
+                error,
+            }
+        })
+        .collect();
+    print_json(&serde_json::json!({
+        "config": path.display().to_string(),
+        "arrays": arrays,
+    }))
 }
 
 fn show() -> i32 {

@@ -24,7 +24,8 @@ pub struct CreateArgs {
     pub copies: usize,
     /// How redundancy is made consistent after a crash: `bitmap` (resync the
     /// regions the write-intent bitmap marks) or `ppl` (RAID5: also log
-    /// partial parity, closing the write hole at some cost to small writes).
+    /// partial parity, closing the write hole at some cost to small writes);
+    /// `resync`, mdadm's word, is taken as `bitmap`.
     #[arg(long, default_value = "bitmap", value_parser = ["bitmap", "resync", "ppl"])]
     pub consistency_policy: String,
     /// Array name (up to 32 bytes).

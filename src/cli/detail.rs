@@ -118,7 +118,9 @@ pub fn detail_text(r: &ArrayReport) -> String {
     );
     line("Failed Devices", r.failed_devices.to_string());
     line("Spare Devices", r.spares.len().to_string());
-    line("Layout", r.layout.clone());
+    if !r.layout.is_empty() {
+        line("Layout", r.layout.clone());
+    }
     line("Chunk Size", format!("{}K", r.chunk / 1024));
     if let Some(s) = &r.sync {
         let label = match s.action.as_str() {

@@ -30,11 +30,12 @@ struct Examined {
     name: String,
     level: String,
     layout: String,
-    chunk_bytes: u64,
+    /// The names of `detail --json` for the same things (docs/status-json.md).
+    chunk: u64,
     raid_devices: u32,
     copies: u32,
     data_offset: u64,
-    data_size: u64,
+    member_size: u64,
     group_size: u64,
     groups_total: usize,
     groups_metadata: usize,
@@ -45,6 +46,9 @@ struct Examined {
     role: String,
     slots: Vec<String>,
     recovery_offset: Option<u64>,
+    /// Behind another member of the same array examined with it (fewer
+    /// events): the array went on without this member.
+    stale: bool,
     /// The version 1/2 feature word (2: partial parity log), kept for scripts.
     features: u64,
     compat_features: u64,
@@ -55,8 +59,8 @@ struct Examined {
     feature_names: String,
     /// A paused check or repair: where it resumes.
     scrub_checkpoint: Option<ScrubCheckpointJson>,
-    ctime: u64,
-    utime: u64,
+    created: u64,
+    updated: u64,
     checksum: [String; 2],
     superblock_copies: SuperblockCopies,
     /// The reshape under way (`raidfs grow`), or null.
@@ -128,12 +132,12 @@ fn describe(path: &str, sb: &Superblock, copies: [CopyState; 4]) -> Examined {
             staged_group: r.staged,
         }),
         level: sb.level.to_string(),
-        layout: sb.layout.to_string(),
-        chunk_bytes: sb.chunk,
+        layout: sb.level.layout_shown(sb.layout, sb.copies),
+        chunk: sb.chunk,
         raid_devices: sb.members,
         copies: sb.copies,
         data_offset: sb.data_offset,
-        data_size: sb.data_size,
+        member_size: sb.data_size,
         group_size: sb.group_size,
         groups_total: sb.groups.len(),
         groups_metadata: sb
@@ -163,6 +167,7 @@ fn describe(path: &str, sb: &Superblock, copies: [CopyState; 4]) -> Examined {
             .map(|s| format!("{s:?}").to_lowercase())
             .collect(),
         recovery_offset: (sb.recovery_offset != u64::MAX).then_some(sb.recovery_offset),
+        stale: false,
         features: crate::superblock::one_word(&sb.features),
         compat_features: sb.features.compat,
         ro_compat_features: sb.features.ro_compat,
@@ -172,8 +177,8 @@ fn describe(path: &str, sb: &Superblock, copies: [CopyState; 4]) -> Examined {
             action: if c.repair { "repair" } else { "check" },
             offset: c.offset,
         }),
-        ctime: sb.ctime,
-        utime: sb.utime,
+        created: sb.ctime,
+        updated: sb.utime,
         checksum: [verdict(copies[0]), verdict(copies[1])],
         superblock_copies: SuperblockCopies {
             front_0: copies[0].describe(),
@@ -194,7 +199,7 @@ fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
         "           Name : {}",
         if e.name.is_empty() { "(none)" } else { &e.name }
     );
-    println!("  Creation Time : {}", utc(e.ctime));
+    println!("  Creation Time : {}", utc(e.created));
     println!("     Raid Level : {}", e.level);
     println!("   Raid Devices : {}", e.raid_devices);
     if let Some(r) = &e.reshape {
@@ -218,8 +223,8 @@ fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
     );
     println!(
         "  Used Dev Size : {} bytes ({})",
-        e.data_size,
-        super::create::human(e.data_size)
+        e.member_size,
+        super::create::human(e.member_size)
     );
     println!("    Data Offset : {} bytes", e.data_offset);
     println!(
@@ -227,7 +232,7 @@ fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
         e.groups_total, e.group_size, e.groups_metadata, e.groups_data
     );
     println!("    Device UUID : {}", e.member_uuid);
-    println!("    Update Time : {}", utc(e.utime));
+    println!("    Update Time : {}", utc(e.updated));
     let found: Vec<String> = COPY_NAMES
         .iter()
         .zip(copies)
@@ -235,8 +240,10 @@ fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
         .collect();
     println!("Superblock copies : {}", found.join(", "));
     println!("         Events : {}", e.events);
-    println!("         Layout : {}", e.layout);
-    println!("     Chunk Size : {}K", e.chunk_bytes / 1024);
+    if !e.layout.is_empty() {
+        println!("         Layout : {}", e.layout);
+    }
+    println!("     Chunk Size : {}K", e.chunk / 1024);
     if let Some(r) = e.recovery_offset {
         println!("Recovery Offset : {r} bytes");
     }
@@ -250,6 +257,29 @@ fn print_text(e: &Examined, sb: &Superblock, copies: [CopyState; 4]) {
     println!("    Device Role : {}", e.role);
     println!("    Array State : {states} ('A' == active, '.' == missing, 'F' == faulty, 'R' == rebuilding)");
     println!("          State : {}", e.state);
+    if e.stale {
+        println!(
+            "          Stale : yes: another member of this array has more events; the array went on without this one"
+        );
+    }
+}
+
+/// Mark the members that are behind another member of their array.
+fn mark_stale(all: &mut [(Examined, Superblock, [CopyState; 4])]) {
+    let newest = |uuid: &str, all: &[(Examined, Superblock, [CopyState; 4])]| {
+        all.iter()
+            .filter(|(e, ..)| e.array_uuid == uuid)
+            .map(|(e, ..)| e.events)
+            .max()
+            .unwrap_or(0)
+    };
+    let newest: Vec<u64> = all
+        .iter()
+        .map(|(e, ..)| newest(&e.array_uuid, all))
+        .collect();
+    for ((e, ..), newest) in all.iter_mut().zip(newest) {
+        e.stale = e.events < newest;
+    }
 }
 
 /// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC` (civil-from-days).
@@ -292,17 +322,20 @@ pub fn run(args: ExamineArgs) -> i32 {
         };
         match Superblock::read_from(&member) {
             Ok((sb, verdict)) => {
-                let e = describe(&name, &sb, verdict.copies);
-                if args.json {
-                    all.push(e);
-                } else {
-                    print_text(&e, &sb, verdict.copies);
-                }
+                all.push((describe(&name, &sb, verdict.copies), sb, verdict.copies))
             }
             Err(e) => code = super::fail(e),
         }
     }
-    if args.json {
+    mark_stale(&mut all);
+    if !args.json {
+        for (e, sb, copies) in &all {
+            print_text(e, sb, *copies);
+        }
+        return code;
+    }
+    let all: Vec<&Examined> = all.iter().map(|(e, ..)| e).collect();
+    {
         match serde_json::to_string_pretty(&all) {
             Ok(s) => println!("{s}"),
             Err(e) => code = super::fail(e),

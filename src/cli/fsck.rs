@@ -7,8 +7,26 @@ use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use crate::fs::{fsck, ArrayStore};
 use crate::member::file::{FileMember, OpenOptions};
 use crate::superblock::Superblock;
+use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// `fsck --json`: what the text output says, one field each.
+#[derive(Serialize)]
+struct FsckJson<'a> {
+    /// `clean`, `repaired` or `problems`.
+    result: &'static str,
+    exit_code: i32,
+    /// Slots missing or faulty at assembly.
+    degraded_slots: Vec<usize>,
+    problems: Vec<&'a str>,
+    notes: &'a [String],
+    inodes: u64,
+    directories: u64,
+    journal_records: u64,
+    used_bytes: u64,
+    free_bytes: u64,
+}
 
 #[derive(clap::Args)]
 pub struct FsckArgs {
@@ -20,6 +38,10 @@ pub struct FsckArgs {
     /// degraded parity array.
     #[arg(long)]
     pub force: bool,
+    /// Print the result as JSON (see docs/cli.md) instead of text; the exit
+    /// status is the same.
+    #[arg(long)]
+    pub json: bool,
     /// Member image files or block devices.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
@@ -86,7 +108,7 @@ pub fn run(args: FsckArgs) -> i32 {
             return OPERATIONAL;
         }
     };
-    if array.is_degraded() {
+    if array.is_degraded() && !args.json {
         println!(
             "array is degraded: {:?} missing or faulty",
             array.failed_slots()
@@ -106,6 +128,42 @@ pub fn run(args: FsckArgs) -> i32 {
             super::fail(format!("could not rewrite superblocks: {e}"));
         }
     }
+    let problems = sb_problems.len() + report.problems.len();
+    let (result, code) = if problems == 0 {
+        ("clean", CLEAN)
+    } else if args.repair {
+        ("repaired", REPAIRED)
+    } else {
+        ("problems", UNCORRECTED)
+    };
+    if args.json {
+        let json = FsckJson {
+            result,
+            exit_code: code,
+            degraded_slots: array.failed_slots(),
+            problems: sb_problems
+                .iter()
+                .chain(&report.problems)
+                .map(String::as_str)
+                .collect(),
+            notes: &report.notes,
+            inodes: report.inodes,
+            directories: report.directories,
+            journal_records: report.journal_records,
+            used_bytes: report.used_bytes,
+            free_bytes: report.free_bytes,
+        };
+        return match serde_json::to_string_pretty(&json) {
+            Ok(text) => {
+                println!("{text}");
+                code
+            }
+            Err(e) => {
+                super::fail(format!("encoding JSON: {e}"));
+                OPERATIONAL
+            }
+        };
+    }
     for note in &report.notes {
         println!("note: {note}");
     }
@@ -120,15 +178,10 @@ pub fn run(args: FsckArgs) -> i32 {
         report.used_bytes,
         report.free_bytes
     );
-    let problems = sb_problems.len() + report.problems.len();
-    if problems == 0 {
-        println!("clean");
-        CLEAN
-    } else if args.repair {
-        println!("{problems} problems repaired");
-        REPAIRED
-    } else {
-        println!("{problems} problems found; run with --repair to fix them");
-        UNCORRECTED
+    match code {
+        CLEAN => println!("clean"),
+        REPAIRED => println!("{problems} problems repaired"),
+        _ => println!("{problems} problems found; run with --repair to fix them"),
     }
+    code
 }

@@ -88,6 +88,21 @@ fn image_arg(image: &Path) -> Result<String, String> {
 
 /// Send `request`; print its message and return the report, or the refusal.
 pub(crate) fn send(client: &mut ControlClient, request: &Request) -> Result<ArrayReport, String> {
+    send_with(client, request, Say::Stdout)
+}
+
+/// Where a request's message goes: stdout, or stderr when stdout carries JSON.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Say {
+    Stdout,
+    Stderr,
+}
+
+pub(crate) fn send_with(
+    client: &mut ControlClient,
+    request: &Request,
+    say: Say,
+) -> Result<ArrayReport, String> {
     let response = client.request(request).map_err(|e| e.to_string())?;
     if !response.ok {
         return Err(response
@@ -95,7 +110,10 @@ pub(crate) fn send(client: &mut ControlClient, request: &Request) -> Result<Arra
             .unwrap_or_else(|| "refused without a reason".into()));
     }
     if let Some(message) = &response.message {
-        println!("raidfs: {message}");
+        match say {
+            Say::Stdout => println!("raidfs: {message}"),
+            Say::Stderr => eprintln!("raidfs: {message}"),
+        }
     }
     response
         .report
@@ -221,10 +239,14 @@ pub(crate) fn wait_for_background_until(
         return Ok(());
     }
     let terminal = std::io::stderr().is_terminal();
-    let bar = if terminal {
-        indicatif::ProgressBar::new(0)
-    } else {
-        indicatif::ProgressBar::hidden()
+    // The bar starts from where the work is, so its first frame shows the
+    // real position and its speed counts only what is done from here on
+    // (not the work done before `--wait` started, in the first interval).
+    let bar = match (&first.sync, terminal) {
+        (Some(sync), true) => indicatif::ProgressBar::new(sync.total)
+            .with_position(sync.done)
+            .with_message(sync.action.clone()),
+        _ => indicatif::ProgressBar::hidden(),
     };
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -233,6 +255,7 @@ pub(crate) fn wait_for_background_until(
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
+    bar.reset_eta();
     let mut lines = Lines {
         last_tenth: None,
         last_at: Instant::now(),
@@ -265,6 +288,23 @@ pub(crate) fn wait_for_background_until(
     }
     bar.finish_and_clear();
     finish(report, pause.is_some())
+}
+
+/// Poll the daemon until no background work runs, calling `progress` with
+/// each report of the running work; the last report, which holds the
+/// result (the engine records it before it clears the running entry).
+pub(crate) fn wait_until_idle(
+    client: &mut ControlClient,
+    first: &ArrayReport,
+    mut progress: impl FnMut(&crate::control::SyncReport),
+) -> Result<ArrayReport, String> {
+    let mut report = first.clone();
+    while let Some(sync) = &report.sync {
+        progress(sync);
+        std::thread::sleep(Duration::from_millis(250));
+        report = query(client)?;
+    }
+    Ok(report)
 }
 
 /// The result of the work a waiting client followed, from the report that

@@ -8,6 +8,7 @@ pub mod create;
 pub mod detail;
 pub mod examine;
 pub mod fsck;
+pub mod generate;
 pub mod grow;
 pub mod iostat;
 pub mod manage;
@@ -28,7 +29,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "RAID arrays of image files, mounted as a POSIX filesystem through FUSE"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -42,6 +43,7 @@ enum Command {
     /// Benchmark the parity kernels and show which one is chosen.
     Bench(bench::BenchArgs),
     /// Assemble an array and mount its filesystem.
+    #[command(override_usage = "raidfs mount [-f] [-o OPTIONS] MEMBER... MOUNTPOINT")]
     Mount(mount::MountArgs),
     /// Unmount a raidfs mount cleanly.
     Umount(mount::UmountArgs),
@@ -82,6 +84,17 @@ enum Command {
     /// mount(8)'s helper for `-t raidfs`; /sbin/mount.raidfs runs this.
     #[command(hide = true)]
     MountHelper(mount_helper::HelperArgs),
+    /// Write the man pages into a directory (`make install` runs this).
+    #[command(hide = true)]
+    GenerateMan(generate::ManArgs),
+    /// Print the completion script for a shell (`make install` runs this).
+    #[command(hide = true)]
+    Completions(generate::CompletionsArgs),
+}
+
+/// The whole command line's definition, for tests that check the docs.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// Entry point; returns the process exit code.
@@ -111,6 +124,8 @@ pub fn main() -> i32 {
         Command::Sync(a) => sync::run(a),
         Command::Config(a) => config::run(a),
         Command::MountHelper(a) => mount_helper::run(a),
+        Command::GenerateMan(a) => generate::run_man(a),
+        Command::Completions(a) => generate::run_completions(a),
     }
 }
 

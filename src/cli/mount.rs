@@ -8,6 +8,7 @@
 
 mod daemon;
 pub mod identity;
+pub mod logging;
 pub mod options;
 pub mod places;
 pub mod registry;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use crate::array::LeftOut;
 use crate::fuse::{is_raidfs_mount, mounts};
-use daemon::MountPlan;
+use daemon::{LogDest, MountPlan};
 
 /// How long a new mount waits for a dead daemon's last threads to exit.
 const STALE_DAEMON_EXIT: Duration = Duration::from_secs(30);
@@ -37,11 +38,8 @@ pub struct MountArgs {
     /// Stay in the foreground and log to stderr.
     #[arg(short, long)]
     pub foreground: bool,
-    /// Mount options, comma-separated: ro, rw, allow_other,
-    /// default_permissions, force, kernel_cache, writeback_cache,
-    /// attr_timeout=SECS, entry_timeout=SECS, threads=N, log=PATH,
-    /// parity=KERNEL.
-    #[arg(short = 'o', value_name = "OPTIONS")]
+    /// Mount options, comma-separated (the list: --help).
+    #[arg(short = 'o', value_name = "OPTIONS", long_help = options::long_help())]
     pub options: Vec<String>,
     /// Member image files or block devices, then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "MEMBER... MOUNTPOINT")]
@@ -102,10 +100,13 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
     // logged: a user with nowhere to put the socket hears it now.
     env.ensure_run_dir()?;
     let log = match &options.log {
-        Some(path) => {
-            mounts::absolute_lexical(path).map_err(|e| format!("log={}: {e}", path.display()))?
-        }
-        None => env.log_path(&mount_point)?,
+        Some(path) if path.as_os_str() == "syslog" => LogDest::Syslog,
+        Some(path) => LogDest::File(
+            mounts::absolute_lexical(path).map_err(|e| format!("log={}: {e}", path.display()))?,
+        ),
+        // systemd's journal collects syslog, and the unit's status shows it.
+        None if logging::under_systemd() => LogDest::Syslog,
+        None => LogDest::File(env.log_path(&log_name(&members, &mount_point))?),
     };
     Ok(MountPlan {
         members,
@@ -115,6 +116,27 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         source: args.source.clone(),
         quiet: args.quiet,
     })
+}
+
+/// The default log's file name: the array's (see [`places::log_name`]),
+/// read from the first member with a readable superblock; when none has
+/// one the mount fails anyway, and its log is named by the mount point.
+fn log_name(members: &[PathBuf], mount_point: &Path) -> String {
+    use crate::member::file::{FileMember, OpenOptions};
+    let opts = OpenOptions {
+        read_only: true,
+        lock: false,
+        ..OpenOptions::default()
+    };
+    for member in members {
+        let Ok(opened) = FileMember::open(member, opts.clone()) else {
+            continue;
+        };
+        if let Ok((sb, _)) = crate::superblock::Superblock::read_from(&opened) {
+            return places::log_name(&sb.name, sb.array_uuid);
+        }
+    }
+    format!("{}.log", places::mount_file_stem(mount_point))
 }
 
 /// Tell the user about members an assembly left out because they cannot

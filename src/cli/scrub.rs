@@ -5,7 +5,9 @@
 //! `--max-time` they pause it when the time is up, as mdcheck's run-time
 //! limit does, so a timer can scrub a large array in slices.
 
-use crate::cli::manage::{run_request, send, wait_for_background_until, Pause};
+use crate::cli::manage::{
+    run_request, send, send_with, wait_for_background_until, wait_until_idle, Pause, Say,
+};
 use crate::cli::status::{connect, query};
 use crate::control::Request;
 use std::path::{Path, PathBuf};
@@ -33,6 +35,10 @@ pub struct CheckArgs {
     /// pauses it too.
     #[arg(long, requires = "wait", value_parser = parse_duration)]
     pub max_time: Option<Duration>,
+    /// Print the array report (as `detail --json`) once the check started
+    /// or, with --wait, ended: `sync` or `last_sync` holds it.
+    #[arg(long, conflicts_with = "stop")]
+    pub json: bool,
     /// The mount point.
     pub mount_point: PathBuf,
 }
@@ -52,6 +58,10 @@ pub struct RepairArgs {
     /// With --wait: pause the repair after this long (as for check).
     #[arg(long, requires = "wait", value_parser = parse_duration)]
     pub max_time: Option<Duration>,
+    /// Print the array report (as `detail --json`) once the repair started
+    /// or, with --wait, ended: `sync` or `last_sync` holds it.
+    #[arg(long)]
+    pub json: bool,
     /// The mount point.
     pub mount_point: PathBuf,
 }
@@ -143,6 +153,9 @@ pub fn run_check(args: CheckArgs) -> i32 {
     if args.stop {
         return run_request(&args.mount_point, Request::Stop, false, &[]);
     }
+    if args.json {
+        return scrub_json(&args.mount_point, false, args.wait, args.restart);
+    }
     run_scrub(
         &args.mount_point,
         false,
@@ -156,6 +169,9 @@ pub fn run_check(args: CheckArgs) -> i32 {
 }
 
 pub fn run_repair(args: RepairArgs) -> i32 {
+    if args.json {
+        return scrub_json(&args.mount_point, true, args.wait, args.restart);
+    }
     run_scrub(
         &args.mount_point,
         true,
@@ -221,6 +237,35 @@ fn run_scrub(mount_point: &Path, repair: bool, start: Start) -> i32 {
     });
     match outcome {
         Ok(()) => 0,
+        Err(msg) => super::fail(msg),
+    }
+}
+
+/// `check --json` / `repair --json`: start the scrub, wait for it with
+/// `wait`, and print the array report. Exit 1 when a waited-for scrub
+/// stopped or failed, as without --json.
+fn scrub_json(mount_point: &Path, repair: bool, wait: bool, restart: bool) -> i32 {
+    let outcome = connect(mount_point).and_then(|mut client| {
+        let report = send_with(
+            &mut client,
+            &Request::Check { repair, restart },
+            Say::Stderr,
+        )?;
+        if !wait {
+            return Ok((report, true));
+        }
+        let report = wait_until_idle(&mut client, &report, |_| {})?;
+        let completed = report.last_sync.as_ref().is_some_and(|l| l.completed);
+        Ok((report, completed))
+    });
+    match outcome {
+        Ok((report, completed)) => match serde_json::to_string_pretty(&report) {
+            Ok(text) => {
+                println!("{text}");
+                i32::from(!completed)
+            }
+            Err(e) => super::fail(format!("encoding JSON: {e}")),
+        },
         Err(msg) => super::fail(msg),
     }
 }

@@ -154,11 +154,13 @@ pub struct MemberReport {
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
-    /// Read balancer figures for this member (mirror reads only).
+    /// Every read sent to this member since the mount (any level, file
+    /// reads, reconstruction, scrub and rebuild alike), and their bytes.
     #[serde(default)]
     pub reads: u64,
     #[serde(default)]
     pub read_bytes: u64,
+    /// Read balancer figures for this member (mirror reads only).
     /// Reads that did not continue where the member's head was.
     #[serde(default)]
     pub seeks: u64,
@@ -298,6 +300,7 @@ impl ArrayReport {
         };
         let stats = array.member_stats();
         let io = array.member_io();
+        let member_reads = array.member_reads();
         let members: Vec<MemberReport> = status
             .members
             .iter()
@@ -311,8 +314,8 @@ impl ArrayReport {
                     read_errors: m.read_errors,
                     write_errors: m.write_errors,
                     checksum_errors: m.checksum_errors,
-                    reads: st.map_or(0, |s| s.reads),
-                    read_bytes: st.map_or(0, |s| s.bytes),
+                    reads: member_reads.get(m.slot).map_or(0, |r| r.0),
+                    read_bytes: member_reads.get(m.slot).map_or(0, |r| r.1),
                     seeks: st.map_or(0, |s| s.seeks),
                     pending: st.map_or(0, |s| s.pending),
                     latency_us: st.map_or(0.0, |s| s.latency_us),

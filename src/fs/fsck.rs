@@ -31,6 +31,8 @@ pub struct FsckReport {
     pub directories: u64,
     pub journal_records: u64,
     pub used_bytes: u64,
+    /// Free bytes as statfs (`df`) counts them: free space in the data
+    /// groups plus the data capacity of the groups not yet allocated.
     pub free_bytes: u64,
 }
 
@@ -284,7 +286,8 @@ fn check_extents(store: &Arc<dyn BlockStore>, meta: &mut Meta, report: &mut Fsck
         let (alloc, problems) = build_allocator(&groups, meta);
         if problems.is_empty() {
             report.used_bytes = alloc.total_bytes() - alloc.free_bytes();
-            report.free_bytes = alloc.free_bytes();
+            let (free_groups, group_capacity) = store.free_groups();
+            report.free_bytes = alloc.free_bytes() + free_groups.saturating_mul(group_capacity);
             let runs: u64 = alloc.free_runs().iter().map(|r| r.2).sum();
             let used: u64 = meta
                 .inodes

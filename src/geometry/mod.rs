@@ -43,6 +43,17 @@ impl Level {
             Level::Raid10 => (1..=members).contains(&copies),
         }
     }
+
+    /// The layout as md shows it for this level: the parity placement for
+    /// RAID5/6, `near=N` for RAID10, and nothing (empty) for RAID0/1, whose
+    /// recorded layout is a placeholder.
+    pub fn layout_shown(self, layout: Layout, copies: u32) -> String {
+        match self {
+            Level::Raid5 | Level::Raid6 => layout.to_string(),
+            Level::Raid10 => format!("near={copies}"),
+            Level::Raid0 | Level::Raid1 => String::new(),
+        }
+    }
 }
 
 /// Parity placement for RAID5/6, as md names them. RAID0/1/10 use `LeftSymmetric`

@@ -341,6 +341,29 @@ impl Parity {
         lines
     }
 
+    /// The choice in one line, for a mount's log (the [`Parity::report`]
+    /// table behind it is for `raidfs bench` and the debug log).
+    pub fn summary(&self) -> String {
+        let cold = |kernel: Option<&str>| {
+            kernel
+                .map(|k| format!(" (cold sources {k})"))
+                .unwrap_or_default()
+        };
+        let (xor_cold, gen_cold) = self.chosen_cold();
+        let forced = self
+            .forced_by
+            .map(|by| format!("; forced by {by}"))
+            .unwrap_or_default();
+        format!(
+            "parity kernels: xor {}{}, raid6 gen {}{}, raid6 recovery {}{forced}",
+            self.xor.name(),
+            cold(xor_cold),
+            self.gen.name(),
+            cold(gen_cold),
+            self.recov.name(),
+        )
+    }
+
     /// The lines on the cold-source choice: the probe's calibration, the
     /// flushed-memory figures, and which kernel cold calls use.
     fn cold_report(&self, rate: &dyn Fn(&str, Operation) -> u64) -> Vec<String> {

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 
+use super::logging::{self, Sink};
 use super::options::MountOptions;
 use super::registry::{self, DaemonRecord};
 use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
@@ -27,11 +28,37 @@ pub struct MountPlan {
     pub members: Vec<PathBuf>,
     pub mount_point: PathBuf,
     pub options: MountOptions,
-    pub log: PathBuf,
+    pub log: LogDest,
     /// The source the mount shows; by default the array's identity.
     pub source: Option<String>,
     /// No "mounted on" line on success (notices are still relayed).
     pub quiet: bool,
+}
+
+/// Where the daemon logs (see [`super::logging`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogDest {
+    File(PathBuf),
+    /// syslog, so systemd's journal when started by systemd.
+    Syslog,
+}
+
+impl LogDest {
+    fn file(&self) -> Option<&Path> {
+        match self {
+            LogDest::File(path) => Some(path),
+            LogDest::Syslog => None,
+        }
+    }
+}
+
+impl std::fmt::Display for LogDest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogDest::File(path) => write!(f, "{}", path.display()),
+            LogDest::Syslog => write!(f, "syslog, `journalctl -t raidfs`"),
+        }
+    }
 }
 
 /// How the daemon tells the invoking process that the mount is up.
@@ -41,7 +68,10 @@ type Report<'a> = &'a mut dyn FnMut(Result<Vec<String>, String>);
 
 /// `raidfs mount -f`: serve in this process, logging to stderr.
 pub fn run_foreground(plan: &MountPlan) -> i32 {
-    init_logger();
+    logging::init(match plan.log {
+        LogDest::Syslog if plan.options.log.is_some() => Sink::Syslog,
+        _ => Sink::Stderr,
+    });
     let mut report = |outcome: Result<Vec<String>, String>| match outcome {
         Ok(notes) => {
             for note in notes {
@@ -51,7 +81,10 @@ pub fn run_foreground(plan: &MountPlan) -> i32 {
         }
         Err(msg) => eprintln!("raidfs: error: {msg}"),
     };
-    serve(plan, &mut report)
+    let code = serve(plan, &mut report);
+    // Counts of repeated messages still held back.
+    log::logger().flush();
+    code
 }
 
 /// `raidfs mount`: fork a daemon and wait until it reports.
@@ -96,7 +129,7 @@ fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
             println!(
                 "raidfs: mounted on {} (log: {})",
                 plan.mount_point.display(),
-                plan.log.display()
+                plan.log
             );
             return 0;
         }
@@ -104,7 +137,7 @@ fn wait_for_report(read_end: OwnedFd, plan: &MountPlan) -> i32 {
     }
     crate::cli::fail(format!(
         "the mount daemon exited before mounting; see {}",
-        plan.log.display()
+        plan.log
     ))
 }
 
@@ -144,18 +177,24 @@ fn daemon_child(plan: &MountPlan, write_end: OwnedFd) -> i32 {
     };
     // SAFETY: setsid has no preconditions; it fails only if we already lead a group.
     unsafe { libc::setsid() };
-    if let Err(msg) = redirect_stdio(&plan.log) {
+    if let Err(msg) = redirect_stdio(plan.log.file()) {
         report(Err(msg));
         return 1;
     }
-    init_logger();
+    logging::init(match plan.log {
+        LogDest::File(_) => Sink::Stderr,
+        LogDest::Syslog => Sink::Syslog,
+    });
     info!(
         "raidfs {} daemon (pid {}) starting",
         env!("CARGO_PKG_VERSION"),
         std::process::id()
     );
     let _ = std::env::set_current_dir("/");
-    serve(plan, &mut report)
+    let code = serve(plan, &mut report);
+    // Counts of repeated messages still held back.
+    log::logger().flush();
+    code
 }
 
 /// Assemble, open, mount, report, serve; then close cleanly.
@@ -226,9 +265,12 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             return 1;
         }
     };
+    // The benchmark table is for whoever asks (RUST_LOG=debug, `raidfs
+    // bench`); every mount logs which kernels it uses.
     for line in array.parity().report() {
-        info!("{line}");
+        debug!("{line}");
     }
+    info!("{}", array.parity().summary());
     let status = array.status();
     info!(
         "array {} ({}, {} members {}, events {}, {})",
@@ -323,7 +365,7 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     let record = DaemonRecord {
         watcher,
         members: plan.members.clone(),
-        ..DaemonRecord::for_self(&plan.mount_point, Some(plan.log.clone()))
+        ..DaemonRecord::for_self(&plan.mount_point, plan.log.file().map(Path::to_path_buf))
     };
     if let Err(e) = registry::write(&record) {
         warn!("cannot record the daemon's state ({e}); `raidfs umount` will not wait for it");
@@ -544,25 +586,27 @@ fn start_unmount_watcher(mount_point: &Path) -> std::io::Result<(OwnedFd, u32)> 
     }
 }
 
-fn init_logger() {
-    // fuser warns when its own unmount finds the mount already gone, which
-    // is the normal end of a session here.
-    let env = env_logger::Env::default().default_filter_or("info,fuser::mnt=error");
-    // A second init (tests running several mounts) is harmless.
-    let _ = env_logger::Builder::from_env(env)
-        .format_timestamp_millis()
-        .try_init();
-}
-
-/// Point stdin at /dev/null and stdout/stderr at the log file.
-fn redirect_stdio(log: &Path) -> Result<(), String> {
+/// Point stdin at /dev/null and stdout/stderr at the log file. Logging to
+/// syslog, stdout and stderr stay where systemd put them (the journal, so
+/// a panic is seen there too) or, outside systemd, go to /dev/null, as the
+/// terminal that started the daemon goes away.
+fn redirect_stdio(log: Option<&Path>) -> Result<(), String> {
     let devnull = open_fd(Path::new("/dev/null"), libc::O_RDWR)?;
-    let log_fd = open_fd(log, libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND)?;
-    // SAFETY: both fds are open; dup2 onto 0..2 replaces the std streams.
+    let out = match log {
+        Some(log) => Some(open_fd(
+            log,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+        )?),
+        None if std::env::var_os("JOURNAL_STREAM").is_some() => None,
+        None => Some(open_fd(Path::new("/dev/null"), libc::O_WRONLY)?),
+    };
+    // SAFETY: the fds are open; dup2 onto 0..2 replaces the std streams.
     unsafe {
         libc::dup2(devnull.as_raw_fd(), 0);
-        libc::dup2(log_fd.as_raw_fd(), 1);
-        libc::dup2(log_fd.as_raw_fd(), 2);
+        if let Some(out) = &out {
+            libc::dup2(out.as_raw_fd(), 1);
+            libc::dup2(out.as_raw_fd(), 2);
+        }
     }
     Ok(())
 }

@@ -139,12 +139,113 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 /// more than anyone should stand to lose.
 pub const MAX_COMMIT_SECS: u64 = 3600;
 
-pub const KNOWN_OPTIONS: &str =
-    "ro, rw, allow_other, default_permissions, force, auto_unmount, kernel_cache, \
-    writeback_cache, direct_io, attr_timeout=SECS, entry_timeout=SECS, threads=N, deferred_writes=N, commit=SECS, read_ahead_kb=N, log=PATH, parity=KERNEL, \
-    balance=sticky|round-robin|first|legacy, rotational=0|1, on_host_error=fail|wait, metrics=IP:PORT; \
-    and the generic ones of mount(8) and systemd: defaults, nofail, noauto, _netdev, x-*, \
-    nosuid, nodev, noexec, noatime, ...";
+/// raidfs's own options, as `mount --help`, the man page and the error for
+/// an unknown option show them: the form, then what it does (docs/cli.md
+/// has the whole story; a test checks every one is there and parses).
+pub const OPTIONS: &[(&str, &str)] = &[
+    ("ro", "read-only: no writes reach the members, no resync"),
+    ("rw", "read-write (default)"),
+    ("allow_other", "let users other than the mounting one in"),
+    (
+        "default_permissions",
+        "the kernel checks permissions from the mode bits",
+    ),
+    (
+        "force",
+        "forced assembly of members that disagree about who failed",
+    ),
+    (
+        "auto_unmount",
+        "clear the mount if the daemon dies without unmounting",
+    ),
+    ("kernel_cache", "keep a file's page cache across opens"),
+    (
+        "writeback_cache",
+        "let the kernel cache writes and send them in batches",
+    ),
+    (
+        "direct_io",
+        "no page cache for file data (every open as O_DIRECT)",
+    ),
+    (
+        "attr_timeout=SECS",
+        "kernel attribute cache lifetime (default 1)",
+    ),
+    (
+        "entry_timeout=SECS",
+        "kernel name cache lifetime (default 1)",
+    ),
+    (
+        "threads=N",
+        "request-serving threads, 1 to 256 (default: CPU count, 4 to 16)",
+    ),
+    (
+        "deferred_writes=N",
+        "writes answered before they are done, 0 to 256 (default: half the threads)",
+    ),
+    (
+        "commit=SECS",
+        "most seconds between journal commits, 1 to 3600 (default 5)",
+    ),
+    (
+        "read_ahead_kb=N",
+        "kernel readahead in KiB, 0 to 65536 (default 1024)",
+    ),
+    (
+        "log=PATH",
+        "daemon log file, or `syslog` (default: /var/log/raidfs/ARRAY.log)",
+    ),
+    (
+        "parity=KERNEL",
+        "parity kernel instead of the benchmarked one (see `raidfs bench`)",
+    ),
+    (
+        "balance=POLICY",
+        "how mirror reads choose a member: sticky (default), round-robin, first, legacy",
+    ),
+    (
+        "rotational=0|1",
+        "treat image-file members as SSDs (0) or rotating disks (1)",
+    ),
+    (
+        "on_host_error=fail|wait",
+        "writes while the host fails every member: fail with EIO (default) or wait",
+    ),
+    (
+        "metrics=IP:PORT",
+        "serve Prometheus metrics over HTTP at this address (GET /metrics)",
+    ),
+];
+
+/// The options of mount(8), fstab(5) and systemd.mount(5) that are taken.
+pub const GENERIC_OPTIONS: &str = "defaults, nofail, noauto, _netdev, x-*, nosuid, nodev, \
+    noexec, noatime, relatime, strictatime, nodiratime, ...";
+
+/// The forms of every option, for an error.
+pub fn known_options() -> String {
+    let own: Vec<&str> = OPTIONS.iter().map(|(form, _)| *form).collect();
+    format!(
+        "{}; and the generic ones of mount(8) and systemd: {GENERIC_OPTIONS}",
+        own.join(", ")
+    )
+}
+
+/// The `-o` help of `raidfs mount --help` and its man page: one option a line.
+pub fn long_help() -> String {
+    let width = OPTIONS
+        .iter()
+        .map(|(form, _)| form.len())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::from("Mount options, comma-separated (repeatable; later ones win):\n\n");
+    for (form, what) in OPTIONS {
+        out.push_str(&format!("  {form:<width$}  {what}\n"));
+    }
+    out.push_str(&format!(
+        "\nAlso the generic options of mount(8), fstab(5) and systemd: {GENERIC_OPTIONS}"
+    ));
+    out
+}
 
 /// Whether one option (no commas) is accepted by [`parse`].
 pub fn is_accepted(option: &str) -> bool {
@@ -235,7 +336,8 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             }
             _ => {
                 return Err(format!(
-                    "unknown mount option '{option}' (known: {KNOWN_OPTIONS})"
+                    "unknown mount option '{option}' (known: {})",
+                    known_options()
                 ))
             }
         }
@@ -449,5 +551,27 @@ mod tests {
         assert_eq!(mode("strictatime,atime"), AtimeMode::Relative);
         let opts = parse(&["nodiratime".into()]).unwrap();
         assert!(opts.vfs.has(libc::MS_NODIRATIME));
+    }
+
+    #[test]
+    fn every_documented_option_parses() {
+        for (form, _) in OPTIONS {
+            let example = match form.split_once('=') {
+                None => form.to_string(),
+                Some((key, value)) => {
+                    let value = match value {
+                        "SECS" | "N" => "1",
+                        "PATH" => "/tmp/x.log",
+                        "KERNEL" => "scalar",
+                        "POLICY" => "round-robin",
+                        alternatives => alternatives.split('|').next().unwrap_or_default(),
+                    };
+                    format!("{key}={value}")
+                }
+            };
+            assert!(is_accepted(&example), "{example}");
+        }
+        assert!(long_help().contains("auto_unmount"));
+        assert!(known_options().contains("read_ahead_kb=N"));
     }
 }

@@ -167,12 +167,12 @@ impl Env {
         ))
     }
 
-    /// The log of the mount at `mount_point`: the first log directory that
-    /// can be made and where the log can be opened for appending.
-    pub fn log_path(&self, mount_point: &Path) -> Result<PathBuf, String> {
+    /// The log named `name` (see [`log_name`]): in the first log directory
+    /// that can be made and where the log can be opened for appending.
+    pub fn log_path(&self, name: &str) -> Result<PathBuf, String> {
         let mut refused = Vec::new();
         for dir in self.log_dirs() {
-            let path = dir.join(log_name(mount_point));
+            let path = dir.join(name);
             let opened = match self.ensure(&dir) {
                 Some(why) => Err(why),
                 None => std::fs::OpenOptions::new()
@@ -230,29 +230,46 @@ fn writable(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The name of a mount's files: its whole mount point, systemd-style
-/// (`/` becomes `-`, anything unusual `\xNN`), so no two mounts share one.
+/// The name of a mount's run-directory files: its whole mount point,
+/// systemd-style (`/` becomes `-`, anything unusual `\xNN`), so no two
+/// mounts share one.
 pub fn mount_file_stem(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let bytes = path.as_os_str().as_bytes();
     let trimmed = bytes.strip_prefix(b"/").unwrap_or(bytes);
-    let mut out = String::new();
-    for &b in trimmed {
-        match b {
-            b'/' => out.push('-'),
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' => out.push(b as char),
-            _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
+    let mut out = escaped(trimmed);
     if out.is_empty() {
         out.push('-');
     }
     out
 }
 
-/// The log file name of the mount at `mount_point` (absolute, normalised).
-pub fn log_name(mount_point: &Path) -> String {
-    format!("{}.log", mount_file_stem(mount_point))
+/// `bytes` with `/` as `-` and anything but letters, digits, `_` and `.`
+/// as `\xNN`.
+fn escaped(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for &b in bytes {
+        match b {
+            b'/' => out.push('-'),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
+
+/// The log file name of an array: its name and the first 8 hex digits of
+/// its UUID (`home-9cf61be9.log`), or its whole UUID when it has no name.
+/// Named by the array, not the mount point, so an array keeps its log
+/// wherever it is mounted and two arrays never share one; the UUID digits
+/// keep apart two arrays given the same name.
+pub fn log_name(name: &str, uuid: uuid::Uuid) -> String {
+    let uuid = uuid.hyphenated().to_string();
+    if name.is_empty() {
+        format!("{uuid}.log")
+    } else {
+        format!("{}-{}.log", escaped(name.as_bytes()), &uuid[..8])
+    }
 }
 
 #[cfg(test)]
@@ -285,12 +302,14 @@ mod tests {
     }
 
     #[test]
-    fn logs_are_named_by_the_whole_mount_point() {
-        assert_eq!(log_name(Path::new("/srv/a/data")), "srv-a-data.log");
-        assert_ne!(
-            log_name(Path::new("/srv/a/data")),
-            log_name(Path::new("/srv/b/data"))
+    fn logs_are_named_by_the_array() {
+        let uuid = uuid::Uuid::parse_str("9cf61be9-5058-4d46-b508-521058ab4f25").unwrap();
+        assert_eq!(log_name("home", uuid), "home-9cf61be9.log");
+        assert_eq!(
+            log_name("", uuid),
+            "9cf61be9-5058-4d46-b508-521058ab4f25.log"
         );
+        assert_eq!(log_name("a/b c", uuid), "a-b\\x20c-9cf61be9.log");
     }
 
     #[test]

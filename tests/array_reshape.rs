@@ -176,6 +176,71 @@ fn raid1_of_three_becomes_raid5_and_every_group_holds_twice_as_much() {
     model.verify(&array, "after writing the gained space");
 }
 
+/// `from` on `members` members, `add` more added, reshaped to `to`.
+fn add_and_verify(from: Level, members: usize, add: usize, to: Level) {
+    let total = members + add;
+    let ms = common::members::faulty(total, MEMBER_SIZE, &format!("add{from}{to}-"));
+    let array = new_array(from, &ms[..members]);
+    let model = Model::fill(&array, 2, 13);
+    let old_capacity = array.group_capacity(GroupProfile::Data);
+    let copies = if to == Level::Raid1 { total } else { 1 };
+    let target =
+        Geometry::new(to, total, CHUNK, copies, Layout::LeftSymmetric).expect("target geometry");
+    let added = handles(&ms)[members..].to_vec();
+    array
+        .start_reshape_adding(target, added)
+        .expect("start reshape onto the added members");
+    assert_eq!(array.member_count(), total);
+    wait_reshaped(&array);
+    assert_eq!(array.data_geometry(), target);
+    model.verify(&array, "after the reshape");
+    for (addr, _) in &model.groups[..2] {
+        let group = (addr >> GROUP_SHIFT) as u32;
+        assert_eq!(array.group_geometry(group), Some(target));
+        assert!(array.allocated_group_capacity(group) >= old_capacity);
+    }
+    // The added members hold their share: a member lost now is survived.
+    scrub_clean(&array);
+    let sb = superblock_of(&ms[total - 1]);
+    assert_eq!((sb.members as usize, sb.slot as usize), (total, total - 1));
+    assert!(sb.reshape.is_none());
+    drop(array);
+    let again = assemble(handles(&ms), AssembleOptions::default())
+        .expect("assemble every member")
+        .array;
+    model.verify(&again, "after reassembly");
+    again.mark_clean().expect("mark clean");
+    drop(again);
+    // Without one of the old members, the new geometry still serves.
+    if to != Level::Raid0 {
+        let without_first: Vec<_> = handles(&ms).into_iter().skip(1).collect();
+        let degraded = assemble(without_first, AssembleOptions::default())
+            .expect("assemble without slot 0")
+            .array;
+        model.verify(&degraded, "degraded, without slot 0");
+    }
+}
+
+#[test]
+fn raid5_restripes_onto_an_added_member() {
+    add_and_verify(Level::Raid5, 3, 1, Level::Raid5);
+}
+
+#[test]
+fn raid5_becomes_raid6_with_an_added_member() {
+    add_and_verify(Level::Raid5, 3, 1, Level::Raid6);
+}
+
+#[test]
+fn raid1_keeps_one_more_copy_on_an_added_member() {
+    add_and_verify(Level::Raid1, 2, 1, Level::Raid1);
+}
+
+#[test]
+fn raid0_restripes_onto_two_added_members() {
+    add_and_verify(Level::Raid0, 2, 2, Level::Raid0);
+}
+
 #[test]
 fn raid6_becomes_raid5_on_the_same_members() {
     reshape_and_verify(Level::Raid6, 4, Level::Raid5);

@@ -24,6 +24,8 @@ const MEMBERS: [&str; 3] = ["m0", "m1", "m2"];
 struct Mounted {
     dir: tempfile::TempDir,
     mnt: PathBuf,
+    /// The member images, added ones included.
+    members: std::cell::RefCell<Vec<String>>,
     _guard: DaemonGuard,
 }
 
@@ -40,6 +42,7 @@ impl Mounted {
         let m = Mounted {
             dir,
             mnt,
+            members: std::cell::RefCell::new(MEMBERS.iter().map(|s| s.to_string()).collect()),
             _guard: guard,
         };
         m.mount();
@@ -48,8 +51,9 @@ impl Mounted {
 
     fn mount(&self) {
         let log = format!("log={}", self.dir.path().join("daemon.log").display());
+        let members = self.members.borrow().clone();
         let mut args: Vec<&OsStr> = vec![OsStr::new("mount"), OsStr::new("-o"), OsStr::new(&log)];
-        args.extend(MEMBERS.iter().map(OsStr::new));
+        args.extend(members.iter().map(OsStr::new));
         args.push(self.mnt.as_os_str());
         raidfs_ok(&args, self.dir.path());
     }
@@ -81,8 +85,9 @@ impl Mounted {
 
     /// `raidfs fsck` of the unmounted members succeeds.
     fn fsck_clean(&self, when: &str) {
+        let members = self.members.borrow().clone();
         let mut args = vec!["fsck"];
-        args.extend(MEMBERS);
+        args.extend(members.iter().map(String::as_str));
         let out = raidfs(&args, self.dir.path());
         assert!(
             out.status.success(),
@@ -258,4 +263,47 @@ fn a_daemon_killed_anywhere_in_a_reshape_resumes_at_the_next_mount() {
         mid_reshape >= POINTS / 2,
         "only {mid_reshape} of {POINTS} kills fell mid-reshape"
     );
+}
+
+#[test]
+fn raid5_restripes_onto_an_added_member_while_files_are_written() {
+    if !fuse_available() {
+        return;
+    }
+    let m = Mounted::new("5");
+    let big = m.fill(24);
+    let writer = Writer::start(&m.mnt.join("w"));
+    writer.wait_for_more(10);
+    let size_before = blocks(&m.mnt);
+    let said = m.ok("grow", &["--add", "m3", "--wait"]);
+    assert!(said.contains("to raid5 on 4 started"), "{said}");
+    m.members.borrow_mut().push("m3".into());
+    let done = detail_json(&m.mnt);
+    assert!(reshaped(&done, "raid5"), "{done:#}");
+    assert_eq!(done["raid_devices"], 4);
+    assert_eq!(done["map"], "[UUUU]");
+    writer.wait_for_more(5);
+    let files = writer.finish();
+    verify_files(&m.mnt.join("w"), files);
+    assert!(std::fs::read(m.mnt.join("big")).expect("read big") == big);
+    // RAID5 on four holds three members' worth per group, on three two.
+    let size_after = blocks(&m.mnt);
+    assert!(
+        size_after > size_before * 5 / 4,
+        "size {size_before} -> {size_after}"
+    );
+    // A member of another array is refused without --force.
+    let other = tempfile::tempdir().expect("temp dir");
+    raidfs_ok(
+        &["create", "-l", "1", "-s", "96M", "o0", "o1"],
+        other.path(),
+    );
+    let foreign = other.path().join("o0");
+    let out = m.run("grow", &["--add", foreign.to_str().expect("path")]);
+    assert!(!out.status.success(), "a foreign member was taken");
+    m.umount();
+    m.fsck_clean("after the restripe");
+    m.mount();
+    verify_files(&m.mnt.join("w"), files);
+    m.umount();
 }

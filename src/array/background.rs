@@ -257,6 +257,16 @@ impl Array {
     /// Change the array's geometry to `to` while it runs: recorded at once,
     /// then moved group by group in the background.
     pub fn start_reshape(&self, to: crate::geometry::Geometry) -> ArrayResult<()> {
+        self.start_reshape_adding(to, Vec::new())
+    }
+
+    /// [`Array::start_reshape`] onto `added` new members as well (`raidfs
+    /// grow --add`): the target geometry counts them.
+    pub fn start_reshape_adding(
+        &self,
+        to: crate::geometry::Geometry,
+        added: Vec<(Arc<dyn crate::member::Member>, String)>,
+    ) -> ArrayResult<()> {
         if let Some(p) = self.sync_progress() {
             return Err(ArrayError::Refused(format!(
                 "{} is running ({:.1}%); a reshape can start once it ends",
@@ -264,7 +274,7 @@ impl Array {
                 percent(p.done, p.total)
             )));
         }
-        self.begin_reshape(to)?;
+        self.begin_reshape(to, added)?;
         self.spawn(SyncAction::Reshape, None)
     }
 

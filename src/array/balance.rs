@@ -633,6 +633,7 @@ impl Balancer {
         let tick = self.tick.load(Ordering::Relaxed);
         self.mirrors
             .iter()
+            .take(names.len())
             .enumerate()
             .map(|(slot, m)| {
                 let state = m.state.lock();

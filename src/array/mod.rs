@@ -125,7 +125,7 @@ pub type ArrayResult<T> = Result<T, ArrayError>;
 
 /// An assembled, running array.
 pub struct Array {
-    pub(crate) slots: Vec<Slot>,
+    pub(crate) slots: slot::SlotTable,
     /// Hot spares waiting for a slot.
     pub(crate) spares: slot::Spares,
     /// The array-wide superblock fields (events, slot states, groups, state).
@@ -202,11 +202,10 @@ impl Array {
             .iter()
             .map(|s| if s.is_failed() { None } else { s.member() })
             .collect();
-        let slots_len = slots.len();
         let pool = worker::WorkerPool::new(&members, 2)
             .map_err(|e| ArrayError::Refused(format!("cannot start member workers: {e}")))?;
         let array = Array {
-            slots,
+            slots: slot::SlotTable::new(slots),
             spares: slot::Spares::default(),
             sb: Mutex::new(sb),
             sb_write: Mutex::new(()),
@@ -220,7 +219,7 @@ impl Array {
             cleaner: cleaner::Cleaner::default(),
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
-            balance: balance::Balancer::new(slots_len),
+            balance: balance::Balancer::new(crate::superblock::MAX_MEMBERS),
             ppl,
             write_back: write_back::WriteBack::default(),
             stripe_cache: stripe_cache::StripeCache::default(),
@@ -360,6 +359,19 @@ impl Array {
         ))
     }
 
+    /// The regions of every allocated group as they are in force now, in
+    /// member-offset order (background work walks them so; during a reshape
+    /// a staged group lies in its staging slice, out of group order).
+    pub(crate) fn regions_by_offset(&self) -> Vec<Region> {
+        let mut regions: Vec<Region> = self
+            .groups()
+            .into_iter()
+            .filter_map(|(group, _)| self.group_region(group))
+            .collect();
+        regions.sort_by_key(|r| r.base);
+        regions
+    }
+
     /// The region of allocated group `group`.
     pub(crate) fn group_region(&self, group: u32) -> Option<Region> {
         self.region((group as u64) << GROUP_SHIFT, 0)
@@ -456,7 +468,9 @@ impl Array {
     /// Per-slot data operations, bytes and time since assembly, both
     /// directions (see [`MemberIo`]).
     pub fn member_io(&self) -> Vec<MemberIo> {
-        self.pool.io_stats()
+        let mut io = self.pool.io_stats();
+        io.truncate(self.slots.len());
+        io
     }
 
     /// How long [`Array::member_io`]'s counters have been counting.

@@ -245,8 +245,12 @@ impl Array {
         let sources = (self.slots.len() as u64).saturating_sub(1).max(1);
         let fits = READ_BUFFER_BUDGET / ((READ_DEPTH as u64 + 1) * sources);
         let step_bytes = (1u64 << fits.max(1).ilog2()).clamp(MIN_STEP, MAX_STEP);
-        let regions = self.groups().into_iter();
-        let regions = regions.filter_map(|(group, _)| self.group_region(group));
+        // Groups whose geometry does not reach the slot (an old geometry
+        // of fewer members during a reshape) hold nothing of it.
+        let regions = self
+            .regions_by_offset()
+            .into_iter()
+            .filter(move |r| slot < r.geometry.members);
         regions.flat_map(move |region| {
             let geometry = region.geometry;
             let rows = group_size / geometry.chunk;

@@ -109,11 +109,17 @@ impl Drop for Frozen<'_> {
 }
 
 impl Array {
-    /// Begin changing the array's geometry to `to` (same members): the
-    /// superblocks record the target and, for every allocated group whose
-    /// geometry changes, that it still has the old one. Background work
-    /// then moves the groups ([`Array::start_reshape`] starts it).
-    pub(crate) fn begin_reshape(&self, to: Geometry) -> ArrayResult<()> {
+    /// Begin changing the array's geometry to `to`, with `added` members in
+    /// new slots after the present ones: one superblock commit records the
+    /// new slots, the target and, for every allocated group whose geometry
+    /// changes, that it still has the old one. Background work then moves
+    /// the groups ([`Array::start_reshape`] starts it). The new members hold
+    /// nothing of the groups in the old geometry, which never reach them.
+    pub(crate) fn begin_reshape(
+        &self,
+        to: Geometry,
+        added: Vec<(std::sync::Arc<dyn crate::member::Member>, String)>,
+    ) -> ArrayResult<()> {
         self.ensure_writable()?;
         if self.read_only {
             return Err(ArrayError::Refused("the array is read-only".into()));
@@ -129,12 +135,27 @@ impl Array {
                 missing.join(", ")
             )));
         }
-        if to.members != self.slots.len() {
+        let present = self.slots.len();
+        if to.members != present + added.len() {
             return Err(ArrayError::Refused(format!(
-                "the target geometry has {} members, the array {}",
+                "the target geometry has {} members, the array {present} and {} added",
                 to.members,
-                self.slots.len()
+                added.len()
             )));
+        }
+        if !added.is_empty() && self.ppl.is_some() {
+            return Err(ArrayError::Refused(
+                "an array with a partial parity log cannot take members yet (its log is laid out for its members); recreate without --consistency-policy ppl".into(),
+            ));
+        }
+        let need = self.sb.lock().min_member_len();
+        for (m, name) in &added {
+            if m.len() < need {
+                return Err(ArrayError::Refused(format!(
+                    "{name} holds {} bytes; a member of this array needs {need}",
+                    m.len()
+                )));
+            }
         }
         let target = Shape::new(to)?;
         let mut sb = self.sb.lock();
@@ -196,6 +217,14 @@ impl Array {
             staging,
             staged: None,
         });
+        for (i, (m, name)) in added.iter().enumerate() {
+            self.pool
+                .attach(present + i, std::sync::Arc::clone(m))
+                .map_err(|e| {
+                    ArrayError::Refused(format!("cannot start workers for {name}: {e}"))
+                })?;
+        }
+        let new_slots = self.append_slots(&mut sb, added)?;
         sb.features.incompat |= FEATURE_RESHAPE;
         sb.level = to.level;
         sb.layout = to.layout;
@@ -208,12 +237,19 @@ impl Array {
         };
         drop(shapes);
         drop(sb);
+        for &slot in &new_slots {
+            self.detect_rotational(slot);
+        }
         log::info!(
             "reshape from {} to {} begins",
             describe(&from.data),
             describe(&to)
         );
-        self.write_superblocks()
+        self.write_superblocks()?;
+        if !new_slots.is_empty() {
+            self.write_bitmap();
+        }
+        Ok(())
     }
 
     /// The reshape under way, for status reports.

@@ -132,10 +132,7 @@ impl Array {
         pacer: &mut Pacer,
     ) -> ArrayResult<bool> {
         let group_size = self.sb.lock().group_size;
-        for (group, _) in self.groups() {
-            let Some(region) = self.group_region(group) else {
-                continue;
-            };
+        for region in self.regions_by_offset() {
             let geometry = region.geometry;
             let rows = group_size / geometry.chunk;
             let step_rows = (STEP_BYTES / geometry.chunk).max(1);

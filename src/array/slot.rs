@@ -164,6 +164,63 @@ impl Slot {
     }
 }
 
+/// The array's slots. Room for the most slots an array may have is made
+/// at assembly, so a slot added while the array runs (`raidfs grow --add`)
+/// never moves the others: the hot path indexes them without a lock, and
+/// sees only the first [`SlotTable::len`].
+pub(crate) struct SlotTable {
+    slots: Box<[Slot]>,
+    count: std::sync::atomic::AtomicUsize,
+}
+
+impl SlotTable {
+    pub fn new(slots: Vec<Slot>) -> SlotTable {
+        let count = slots.len();
+        let mut all = slots;
+        all.extend(
+            (count..crate::superblock::MAX_MEMBERS)
+                .map(|_| Slot::new(None, String::new(), Uuid::nil(), u64::MAX)),
+        );
+        SlotTable {
+            slots: all.into_boxed_slice(),
+            count: std::sync::atomic::AtomicUsize::new(count),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Slot `slot`, when it is one of the array's.
+    pub fn get(&self, slot: usize) -> Option<&Slot> {
+        self.slots[..self.len()].get(slot)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.slots[..self.len()].iter()
+    }
+
+    /// Put `dev` in service in a new slot at the end; its number. The
+    /// caller records it in the superblock in the same transition.
+    pub(super) fn append(&self, dev: SlotDev) -> Option<usize> {
+        let slot = self.len();
+        let next = self.slots.get(slot)?;
+        *next.dev.write() = dev;
+        next.valid_below.store(u64::MAX, Ordering::Release);
+        next.failed.store(false, Ordering::Release);
+        self.count.store(slot + 1, Ordering::Release);
+        Some(slot)
+    }
+}
+
+impl std::ops::Index<usize> for SlotTable {
+    type Output = Slot;
+
+    fn index(&self, slot: usize) -> &Slot {
+        &self.slots[slot]
+    }
+}
+
 /// Hot spares: members claimed for this array, waiting for a slot.
 #[derive(Default)]
 pub(crate) struct Spares {
@@ -198,6 +255,35 @@ impl Spares {
 }
 
 impl Array {
+    /// Put `added` members in service in new slots after the present ones
+    /// (`raidfs grow --add`), recorded in `sb`'s slot table as active; the
+    /// caller holds the superblock, changes the geometry fields and counts
+    /// the event in the same transition. The slots' numbers.
+    pub(super) fn append_slots(
+        &self,
+        sb: &mut Superblock,
+        added: Vec<(Arc<dyn Member>, String)>,
+    ) -> super::ArrayResult<Vec<usize>> {
+        let mut slots = Vec::with_capacity(added.len());
+        for (member, name) in added {
+            let dev = SlotDev {
+                member: Some(member),
+                name,
+                uuid: Uuid::new_v4(),
+            };
+            let slot = self.slots.append(dev).ok_or_else(|| {
+                super::ArrayError::Refused(format!(
+                    "an array has at most {} members",
+                    crate::superblock::MAX_MEMBERS
+                ))
+            })?;
+            sb.slots.push(SlotState::Active);
+            slots.push(slot);
+        }
+        sb.members = self.slots.len() as u32;
+        Ok(slots)
+    }
+
     /// Change the array superblock and count the change as an event: every
     /// change other members must be able to tell is newer goes through here.
     pub(crate) fn record_event(&self, change: impl FnOnce(&mut Superblock)) {

@@ -211,17 +211,20 @@ impl WorkerPool {
         members: &[Option<Arc<dyn Member>>],
         threads_per_member: usize,
     ) -> io::Result<WorkerPool> {
+        // Room for every slot an array may have: one added while the array
+        // runs (`raidfs grow --add`) gets its lane with `attach`.
+        let room = crate::superblock::MAX_MEMBERS.max(members.len());
         let pool = WorkerPool {
-            lanes: RwLock::new((0..members.len()).map(|_| Lane::default()).collect()),
+            lanes: RwLock::new((0..room).map(|_| Lane::default()).collect()),
             threads_per_member: threads_per_member.max(1),
             threads: Mutex::new(Vec::new()),
-            replacement_failed: (0..members.len()).map(|_| AtomicBool::new(false)).collect(),
+            replacement_failed: (0..room).map(|_| AtomicBool::new(false)).collect(),
             inline_rotor: AtomicUsize::new(0),
-            io: (0..members.len()).map(|_| IoCounters::default()).collect(),
+            io: (0..room).map(|_| IoCounters::default()).collect(),
             io_since: Instant::now(),
             // One write counted from the start: the first flush syncs
             // everything, whatever happened before this pool existed.
-            sync_marks: (0..members.len())
+            sync_marks: (0..room)
                 .map(|_| SyncMark {
                     written: AtomicU64::new(1),
                     synced: AtomicU64::new(0),

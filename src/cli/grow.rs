@@ -1,6 +1,6 @@
-//! `raidfs grow`: change a mounted array's geometry (md's `--grow`). Today
-//! the level, on the same members; the array moves group by group in the
-//! background and stays mounted and writable throughout.
+//! `raidfs grow`: change a mounted array's geometry (md's `--grow`): its
+//! level, and members added to restripe onto; the array moves group by
+//! group in the background and stays mounted and writable throughout.
 
 use crate::cli::manage::run_request;
 use crate::control::Request;
@@ -13,12 +13,24 @@ pub struct GrowArgs {
     /// RAID6; 6 from RAID5 when the array holds as much per group as RAID6.
     #[arg(short, long, value_parser = super::create::parse_level)]
     pub level: Option<Level>,
+    /// Image files or block devices to add as members (created sparse if
+    /// missing); the data is restriped over all of them (RAID1: one more
+    /// copy each).
+    #[arg(short, long, num_args = 1.., value_name = "IMAGE")]
+    pub add: Vec<PathBuf>,
+    /// Size of an added image that does not exist yet (default: what the
+    /// array needs per member), e.g. 64M.
+    #[arg(long, value_parser = crate::cli::create::parse_size, requires = "add")]
+    pub size: Option<u64>,
+    /// Overwrite an added image that belongs to another array.
+    #[arg(short, long, requires = "add")]
+    pub force: bool,
     /// Wait for the reshape to finish, showing its progress.
     #[arg(long)]
     pub wait: bool,
     /// Pause the running reshape; `raidfs grow MOUNT` without `--level`
     /// goes on with it, and so does the next mount.
-    #[arg(long, conflicts_with_all = ["wait", "level"])]
+    #[arg(long, conflicts_with_all = ["wait", "level", "add"])]
     pub stop: bool,
     /// The mount point.
     pub mount_point: PathBuf,
@@ -28,9 +40,21 @@ pub fn run(args: GrowArgs) -> i32 {
     if args.stop {
         return run_request(&args.mount_point, Request::Stop, false, &[]);
     }
+    let mut add = Vec::with_capacity(args.add.len());
+    for image in &args.add {
+        match crate::cli::manage::image_arg(image) {
+            Ok(p) => add.push(p),
+            Err(msg) => return super::fail(msg),
+        }
+    }
     run_request(
         &args.mount_point,
-        Request::Grow { level: args.level },
+        Request::Grow {
+            level: args.level,
+            add,
+            size: args.size,
+            force: args.force,
+        },
         args.wait,
         &["reshape"],
     )

@@ -77,7 +77,7 @@ fn member_arg(who: &str) -> String {
 }
 
 /// An image to add, as an absolute path (it may not exist yet).
-fn image_arg(image: &Path) -> Result<String, String> {
+pub(crate) fn image_arg(image: &Path) -> Result<String, String> {
     let shown = image.display();
     let path = match image.canonicalize() {
         Ok(p) => p,

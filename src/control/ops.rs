@@ -74,7 +74,12 @@ pub(crate) fn execute(
             }
             Done::says(said)
         }
-        Request::Grow { level } => grow(array, *level),
+        Request::Grow {
+            level,
+            add,
+            size,
+            force,
+        } => grow(array, *level, add, *size, *force),
         Request::Stop => {
             let running = array
                 .sync_progress()
@@ -110,9 +115,16 @@ pub(crate) fn execute(
     }
 }
 
-/// `raidfs grow`: start a level change, or go on with one that stopped.
-fn grow(array: &Array, level: Option<Level>) -> Result<Done, String> {
-    let Some(level) = level else {
+/// `raidfs grow`: start a level change and/or a restripe onto added
+/// members, or go on with one that stopped.
+fn grow(
+    array: &Array,
+    level: Option<Level>,
+    add: &[String],
+    size: Option<u64>,
+    force: bool,
+) -> Result<Done, String> {
+    if level.is_none() && add.is_empty() {
         // `grow --wait` attaches to a reshape that runs already.
         if array
             .sync_progress()
@@ -122,17 +134,28 @@ fn grow(array: &Array, level: Option<Level>) -> Result<Done, String> {
         }
         array.resume_reshape().map_err(|e| e.to_string())?;
         return Done::says("reshape resumed".into());
-    };
+    }
     let now = array.data_geometry();
+    let level = level.unwrap_or(now.level);
+    let members = now.members + add.len();
     let copies = match level {
-        Level::Raid1 => now.members,
-        Level::Raid10 => now.copies.max(2).min(now.members),
+        Level::Raid1 => members,
+        Level::Raid10 => now.copies.clamp(2, members),
         Level::Raid0 | Level::Raid5 | Level::Raid6 => 1,
     };
-    let to = Geometry::new(level, now.members, now.chunk, copies, now.layout)
-        .map_err(|e| format!("cannot reshape to {level}: {e}"))?;
-    array.start_reshape(to).map_err(|e| e.to_string())?;
-    Done::says(format!("reshape from {} to {level} started", now.level))
+    let to = Geometry::new(level, members, now.chunk, copies, now.layout)
+        .map_err(|e| format!("cannot reshape to {level} on {members} members: {e}"))?;
+    let mut added = Vec::with_capacity(add.len());
+    for path in add {
+        added.push((open_new_member(array, path, size, force)?, path.clone()));
+    }
+    array
+        .start_reshape_adding(to, added)
+        .map_err(|e| e.to_string())?;
+    Done::says(format!(
+        "reshape from {} on {} members to {level} on {members} started",
+        now.level, now.members
+    ))
 }
 
 /// `raidfs sync`: commit the journal and flush every member, returning once

@@ -39,11 +39,19 @@ pub enum Request {
         #[serde(default)]
         restart: bool,
     },
-    /// Reshape to `level` (`raidfs grow --level`), or, without one, go on
-    /// with a reshape that was stopped.
+    /// Reshape to `level` and/or onto more members (`raidfs grow --level
+    /// --add`), or, with neither, go on with a reshape that was stopped.
     Grow {
         #[serde(default)]
         level: Option<crate::geometry::Level>,
+        /// Images to add as new members (`--add`); `size` and `force` as
+        /// for `Add`.
+        #[serde(default)]
+        add: Vec<String>,
+        #[serde(default)]
+        size: Option<u64>,
+        #[serde(default)]
+        force: bool,
     },
     /// Stop the running background work (it checkpoints first).
     Stop,

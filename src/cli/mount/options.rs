@@ -564,6 +564,7 @@ mod tests {
                         "PATH" => "/tmp/x.log",
                         "KERNEL" => "scalar",
                         "POLICY" => "round-robin",
+                        "IP:PORT" => "127.0.0.1:9100",
                         alternatives => alternatives.split('|').next().unwrap_or_default(),
                     };
                     format!("{key}={value}")

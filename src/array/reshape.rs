@@ -44,13 +44,17 @@ pub struct ReshapeStatus {
     pub groups: usize,
 }
 
-/// Holds writes away from the group a reshape is moving.
+/// Holds writes away from the group a reshape is moving. A write costs a
+/// shared lock and an atomic load; only writes to the frozen group wait.
 pub(crate) struct Gate {
     /// Writers hold it shared for the length of their write, so a freeze
     /// can wait for the writes already under way.
     passage: RwLock<()>,
     /// The frozen group, or [`NONE`].
-    frozen: Mutex<u64>,
+    frozen: AtomicU64,
+    /// Waiters for the thaw sleep on `thawed` under this lock, which the
+    /// thaw also takes, so none misses it.
+    sleepers: Mutex<()>,
     thawed: Condvar,
 }
 
@@ -58,7 +62,8 @@ impl Default for Gate {
     fn default() -> Gate {
         Gate {
             passage: RwLock::new(()),
-            frozen: Mutex::new(NONE),
+            frozen: AtomicU64::new(NONE),
+            sleepers: Mutex::new(()),
             thawed: Condvar::new(),
         }
     }
@@ -67,27 +72,29 @@ impl Default for Gate {
 impl Gate {
     /// Let a write to `group` through, waiting while that group is frozen.
     pub(crate) fn enter(&self, group: u32) -> RwLockReadGuard<'_, ()> {
+        let group = u64::from(group);
         loop {
             let pass = self.passage.read();
-            let mut frozen = self.frozen.lock();
-            if *frozen != u64::from(group) {
+            if self.frozen.load(Ordering::Acquire) != group {
                 return pass;
             }
             drop(pass);
-            while *frozen == u64::from(group) {
-                self.thawed.wait(&mut frozen);
+            let mut sleeping = self.sleepers.lock();
+            while self.frozen.load(Ordering::Acquire) == group {
+                self.thawed.wait(&mut sleeping);
             }
         }
     }
 
     /// Stop new writes to `group` and wait for those under way anywhere.
     fn freeze(&self, group: u32) {
-        *self.frozen.lock() = u64::from(group);
+        self.frozen.store(u64::from(group), Ordering::Release);
         drop(self.passage.write());
     }
 
     fn thaw(&self) {
-        *self.frozen.lock() = NONE;
+        let _sleepers = self.sleepers.lock();
+        self.frozen.store(NONE, Ordering::Release);
         self.thawed.notify_all();
     }
 }

@@ -548,6 +548,8 @@ pub(crate) mod tests {
             latency_us: 0.0,
             rotational: false,
             write_mostly: false,
+            streams: Vec::new(),
+            io: Default::default(),
         }
     }
 
@@ -597,9 +599,15 @@ pub(crate) mod tests {
             read_policy: String::new(),
             suspended: None,
             host_no_space_errors: 0,
+            fs_size: 0,
+            fs_free: 0,
+            io_seconds: 0.0,
+            damaged: Vec::new(),
             corrected_errors: 0,
             unrecoverable_errors: 0,
             last_data_error: None,
+            paused_scrub: None,
+            reshape: None,
         }
     }
 

@@ -137,7 +137,7 @@ fn raid1_becomes_raid5_while_files_are_written() {
     m.ok("speed-limit", &["--max", "16M"]);
     let said = m.ok("grow", &["--level", "5"]);
     assert!(
-        said.contains("reshape from raid1 to raid5 started"),
+        said.contains("reshape from raid1 on 3 members to raid5 on 3 started"),
         "{said}"
     );
     let running = wait_for_detail(&m.mnt, "the reshape", Duration::from_secs(60), |r| {

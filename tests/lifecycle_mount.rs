@@ -11,84 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::cli::{
-    detail_json, raidfs, raidfs_ok, stderr, stdout, verify_files, wait_for_detail, Writer,
-};
-use common::{fuse_available, DaemonGuard};
+use common::cli::{raidfs_ok, stderr, stdout, verify_files, wait_for_detail, Writer};
+use common::fuse_available;
+use common::mounted::Mounted;
 
-/// An array of four images in a temporary directory, mounted on `mnt`.
-struct Mounted {
-    dir: tempfile::TempDir,
-    mnt: PathBuf,
-    _guard: DaemonGuard,
-}
-
-impl Mounted {
-    fn new(level: &str, size: &str) -> Mounted {
-        let dir = tempfile::tempdir().expect("temp dir");
-        raidfs_ok(
-            &["create", "-l", level, "-s", size, "m0", "m1", "m2", "m3"],
-            dir.path(),
-        );
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mount point");
-        let mnt = mnt.canonicalize().expect("mount point path");
-        let guard = DaemonGuard::new(&mnt);
-        let m = Mounted {
-            dir,
-            mnt,
-            _guard: guard,
-        };
-        m.mount(&["m0", "m1", "m2", "m3"]);
-        m
-    }
-
-    fn mount(&self, members: &[&str]) {
-        let log = format!("log={}", self.path("daemon.log").display());
-        let mut args: Vec<&OsStr> = vec![OsStr::new("mount"), OsStr::new("-o"), OsStr::new(&log)];
-        args.extend(members.iter().map(OsStr::new));
-        args.push(self.mnt.as_os_str());
-        raidfs_ok(&args, self.dir.path());
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `raidfs VERB MOUNT_POINT ARGS...` from the image directory.
-    fn run(&self, verb: &str, args: &[&str]) -> Output {
-        let mut all: Vec<&OsStr> = vec![OsStr::new(verb), self.mnt.as_os_str()];
-        all.extend(args.iter().map(OsStr::new));
-        raidfs(&all, self.dir.path())
-    }
-
-    fn ok(&self, verb: &str, args: &[&str]) -> String {
-        let out = self.run(verb, args);
-        assert!(
-            out.status.success(),
-            "raidfs {verb} {args:?} failed\nstdout: {}\nstderr: {}",
-            stdout(&out),
-            stderr(&out)
-        );
-        stdout(&out)
-    }
-
-    /// SIGKILL the daemon and wait until all of it is gone (its members
-    /// are free to assemble again); its pid.
-    fn kill_daemon(&self) -> i32 {
-        common::kill_daemon(&self.mnt, Duration::from_secs(30)).pid as i32
-    }
-
-    fn detail(&self) -> serde_json::Value {
-        detail_json(&self.mnt)
-    }
-
-    fn umount(&self) {
-        raidfs_ok(
-            &[OsStr::new("umount"), self.mnt.as_os_str()],
-            self.dir.path(),
-        );
-    }
+/// An array of four images (m0..m3) in a temporary directory, mounted.
+fn four(level: &str, size: &str) -> Mounted {
+    Mounted::new(level, size, &["m0", "m1", "m2", "m3"])
 }
 
 fn member_names(report: &serde_json::Value) -> Vec<String> {
@@ -126,7 +55,7 @@ fn raid5_fail_add_then_fail_another_while_writing() {
     if !fuse_available() {
         return;
     }
-    let array = Mounted::new("5", "64M");
+    let array = four("5", "64M");
     let writer = Writer::start(&array.mnt.join("data"));
     writer.wait_for_more(5);
 
@@ -165,7 +94,7 @@ fn raid6_two_members_failed_and_rebuilt_while_writing() {
     if !fuse_available() {
         return;
     }
-    let array = Mounted::new("6", "64M");
+    let array = four("6", "64M");
     let writer = Writer::start(&array.mnt.join("data"));
     writer.wait_for_more(5);
     array.ok("fail", &["m1"]);
@@ -208,7 +137,7 @@ fn raid5_replace_while_writing_then_fail_another() {
     if !fuse_available() {
         return;
     }
-    let array = Mounted::new("5", "64M");
+    let array = four("5", "64M");
     let writer = Writer::start(&array.mnt.join("data"));
     writer.wait_for_more(5);
     let said = array.ok("replace", &["--wait", "m2", "new2"]);
@@ -232,7 +161,7 @@ fn raid5_replace_while_writing_then_fail_another() {
 /// bitmap regions) with a writer of small files running, 40 files in; and
 /// the writer's directory.
 fn large_raid5_being_written() -> (Mounted, Writer, PathBuf) {
-    let array = Mounted::new("5", "2G");
+    let array = four("5", "2G");
     let writer = Writer::start(&array.mnt.join("data"));
     writer.wait_for_more(40);
     let dir = writer.dir().to_path_buf();
@@ -286,7 +215,7 @@ fn rebuild_resumes_from_its_checkpoint_after_the_daemon_is_killed() {
     );
 
     assert_eq!(array.kill_daemon(), daemon_pid(&killed_at));
-    array.mount(&["m0", "new1", "m2", "m3"]);
+    array.mount_members(&["m0", "new1", "m2", "m3"]);
 
     // The limits survive the crash, so the resumed rebuild is still slow
     // enough to be seen starting from its checkpoint, not from zero.
@@ -352,7 +281,7 @@ fn kill_during_writes_resyncs_only_the_dirty_regions() {
     array.kill_daemon();
     let count = writer.finish_after_crash();
 
-    array.mount(&["m0", "m1", "m2", "m3"]);
+    array.mount_members(&["m0", "m1", "m2", "m3"]);
     let finished = wait_for_detail(
         &array.mnt,
         "the end of the resync",
@@ -411,7 +340,7 @@ fn status_and_detail_views_and_other_users_are_refused() {
     if !fuse_available() {
         return;
     }
-    let array = Mounted::new("5", "64M");
+    let array = four("5", "64M");
     std::fs::write(array.mnt.join("f"), vec![7u8; 300_000]).expect("write a file");
     let mnt = array.mnt.display().to_string();
 
@@ -527,7 +456,7 @@ fn remove_and_re_add_with_the_refusals_on_the_way() {
     if !fuse_available() {
         return;
     }
-    let array = Mounted::new("5", "64M");
+    let array = four("5", "64M");
     let writer = Writer::start(&array.mnt.join("data"));
     writer.wait_for_more(5);
     array.ok("fail", &["m1"]);

@@ -7,109 +7,50 @@
 
 mod common;
 
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::path::Path;
 use std::time::Duration;
 
 use common::cli::{
     detail_json, raidfs, raidfs_ok, stderr, stdout, verify_files, wait_for_detail, Writer,
 };
-use common::{fuse_available, DaemonGuard};
+use common::fuse_available;
+use common::mounted::Mounted;
 use rand::{Rng, SeedableRng};
 
 const MEMBERS: [&str; 3] = ["m0", "m1", "m2"];
 
-/// Three images in a temporary directory, mounted on `mnt`.
-struct Mounted {
-    dir: tempfile::TempDir,
-    mnt: PathBuf,
-    /// The member images, added ones included.
-    members: std::cell::RefCell<Vec<String>>,
-    _guard: DaemonGuard,
+/// Three 96 MiB images in a temporary directory, mounted on `mnt`.
+fn three(level: &str) -> Mounted {
+    Mounted::new(level, "96M", &MEMBERS)
 }
 
-impl Mounted {
-    fn new(level: &str) -> Mounted {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut args = vec!["create", "-l", level, "-s", "96M"];
-        args.extend(MEMBERS);
-        raidfs_ok(&args, dir.path());
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mount point");
-        let mnt = mnt.canonicalize().expect("mount point path");
-        let guard = DaemonGuard::new(&mnt);
-        let m = Mounted {
-            dir,
-            mnt,
-            members: std::cell::RefCell::new(MEMBERS.iter().map(|s| s.to_string()).collect()),
-            _guard: guard,
-        };
-        m.mount();
-        m
-    }
+/// `raidfs fsck` of the unmounted members succeeds.
+fn fsck_clean(m: &Mounted, when: &str) {
+    let members = m.members();
+    let mut args = vec!["fsck"];
+    args.extend(members.iter().map(String::as_str));
+    let out = raidfs(&args, m.dir.path());
+    assert!(
+        out.status.success(),
+        "{when}: fsck failed\nstdout: {}\nstderr: {}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
 
-    fn mount(&self) {
-        let log = format!("log={}", self.dir.path().join("daemon.log").display());
-        let members = self.members.borrow().clone();
-        let mut args: Vec<&OsStr> = vec![OsStr::new("mount"), OsStr::new("-o"), OsStr::new(&log)];
-        args.extend(members.iter().map(OsStr::new));
-        args.push(self.mnt.as_os_str());
-        raidfs_ok(&args, self.dir.path());
-    }
+/// A file of `mib` MiB of seeded bytes, so several data groups are in use.
+fn fill(m: &Mounted, mib: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; mib << 20];
+    rand::rngs::StdRng::seed_from_u64(mib as u64).fill(&mut bytes[..]);
+    std::fs::write(m.mnt.join("big"), &bytes).expect("write big");
+    bytes
+}
 
-    /// `raidfs VERB MOUNT_POINT ARGS...` from the image directory.
-    fn run(&self, verb: &str, args: &[&str]) -> Output {
-        let mut all: Vec<&OsStr> = vec![OsStr::new(verb), self.mnt.as_os_str()];
-        all.extend(args.iter().map(OsStr::new));
-        raidfs(&all, self.dir.path())
-    }
-
-    fn ok(&self, verb: &str, args: &[&str]) -> String {
-        let out = self.run(verb, args);
-        assert!(
-            out.status.success(),
-            "raidfs {verb} {args:?} failed\nstdout: {}\nstderr: {}",
-            stdout(&out),
-            stderr(&out)
-        );
-        stdout(&out)
-    }
-
-    fn umount(&self) {
-        raidfs_ok(
-            &[OsStr::new("umount"), self.mnt.as_os_str()],
-            self.dir.path(),
-        );
-    }
-
-    /// `raidfs fsck` of the unmounted members succeeds.
-    fn fsck_clean(&self, when: &str) {
-        let members = self.members.borrow().clone();
-        let mut args = vec!["fsck"];
-        args.extend(members.iter().map(String::as_str));
-        let out = raidfs(&args, self.dir.path());
-        assert!(
-            out.status.success(),
-            "{when}: fsck failed\nstdout: {}\nstderr: {}",
-            stdout(&out),
-            stderr(&out)
-        );
-    }
-
-    /// A file of `mib` MiB of seeded bytes, so several data groups are in use.
-    fn fill(&self, mib: usize) -> Vec<u8> {
-        let mut bytes = vec![0u8; mib << 20];
-        rand::rngs::StdRng::seed_from_u64(mib as u64).fill(&mut bytes[..]);
-        std::fs::write(self.mnt.join("big"), &bytes).expect("write big");
-        bytes
-    }
-
-    fn level_of_member(&self) -> String {
-        let out = raidfs_ok(&["examine", "--json", "m0"], self.dir.path());
-        let json: serde_json::Value = serde_json::from_str(&out).expect("examine --json");
-        json[0]["level"].as_str().unwrap_or_default().to_string()
-    }
+/// The level member m0's superblock records.
+fn level_of_member(m: &Mounted) -> String {
+    let out = raidfs_ok(&["examine", "--json", "m0"], m.dir.path());
+    let json: serde_json::Value = serde_json::from_str(&out).expect("examine --json");
+    json[0]["level"].as_str().unwrap_or_default().to_string()
 }
 
 fn blocks(path: &Path) -> u64 {
@@ -129,8 +70,8 @@ fn raid1_becomes_raid5_while_files_are_written() {
     if !fuse_available() {
         return;
     }
-    let m = Mounted::new("1");
-    let big = m.fill(20);
+    let m = three("1");
+    let big = fill(&m, 20);
     let writer = Writer::start(&m.mnt.join("w"));
     writer.wait_for_more(10);
     let size_before = blocks(&m.mnt);
@@ -170,8 +111,8 @@ fn raid1_becomes_raid5_while_files_are_written() {
         "size {size_before} -> {size_after}"
     );
     m.umount();
-    m.fsck_clean("after the reshape");
-    assert_eq!(m.level_of_member(), "raid5");
+    fsck_clean(&m, "after the reshape");
+    assert_eq!(level_of_member(&m), "raid5");
     m.mount();
     verify_files(&m.mnt.join("w"), files);
     m.umount();
@@ -182,8 +123,8 @@ fn a_stopped_reshape_goes_on_with_grow_and_a_degraded_array_refuses() {
     if !fuse_available() {
         return;
     }
-    let m = Mounted::new("1");
-    let big = m.fill(24);
+    let m = three("1");
+    let big = fill(&m, 24);
     m.ok("speed-limit", &["--max", "4M"]);
     m.ok("grow", &["--level", "5"]);
     wait_for_detail(&m.mnt, "the reshape", Duration::from_secs(60), |r| {
@@ -223,8 +164,8 @@ fn a_daemon_killed_anywhere_in_a_reshape_resumes_at_the_next_mount() {
     let mut mid_reshape = 0;
     const POINTS: usize = 20;
     for point in 0..POINTS {
-        let m = Mounted::new("1");
-        let big = m.fill(16);
+        let m = three("1");
+        let big = fill(&m, 16);
         let writer = Writer::start(&m.mnt.join("w"));
         writer.wait_for_more(5);
         m.ok("speed-limit", &["--max", "32M"]);
@@ -256,7 +197,7 @@ fn a_daemon_killed_anywhere_in_a_reshape_resumes_at_the_next_mount() {
             "point {point}: big differs"
         );
         m.umount();
-        m.fsck_clean(&format!("point {point}"));
+        fsck_clean(&m, &format!("point {point}"));
     }
     eprintln!("{mid_reshape} of {POINTS} kills fell mid-reshape");
     assert!(
@@ -270,14 +211,14 @@ fn raid5_restripes_onto_an_added_member_while_files_are_written() {
     if !fuse_available() {
         return;
     }
-    let m = Mounted::new("5");
-    let big = m.fill(24);
+    let m = three("5");
+    let big = fill(&m, 24);
     let writer = Writer::start(&m.mnt.join("w"));
     writer.wait_for_more(10);
     let size_before = blocks(&m.mnt);
     let said = m.ok("grow", &["--add", "m3", "--wait"]);
     assert!(said.contains("to raid5 on 4 started"), "{said}");
-    m.members.borrow_mut().push("m3".into());
+    m.add_member("m3");
     let done = detail_json(&m.mnt);
     assert!(reshaped(&done, "raid5"), "{done:#}");
     assert_eq!(done["raid_devices"], 4);
@@ -302,7 +243,7 @@ fn raid5_restripes_onto_an_added_member_while_files_are_written() {
     let out = m.run("grow", &["--add", foreign.to_str().expect("path")]);
     assert!(!out.status.success(), "a foreign member was taken");
     m.umount();
-    m.fsck_clean("after the restripe");
+    fsck_clean(&m, "after the restripe");
     m.mount();
     verify_files(&m.mnt.join("w"), files);
     m.umount();

@@ -7,13 +7,12 @@
 
 mod common;
 
-use std::ffi::OsStr;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::cli::{detail_json, raidfs, raidfs_ok, stderr, stdout, wait_for_detail};
-use common::{fuse_available, DaemonGuard};
+use common::cli::{raidfs_ok, stderr, stdout, wait_for_detail};
+use common::fuse_available;
+use common::mounted::Mounted;
 
 const MIB: u64 = 1 << 20;
 const MEMBERS: [&str; 4] = ["m0", "m1", "m2", "m3"];
@@ -21,78 +20,20 @@ const MEMBERS: [&str; 4] = ["m0", "m1", "m2", "m3"];
 /// A RAID5 of four 2 GiB sparse images (large groups, so a check at a few
 /// MiB/s takes long enough to be paused mid-way), mounted, with 48 MiB of
 /// files written.
-struct Mounted {
-    dir: tempfile::TempDir,
-    mnt: PathBuf,
-    _guard: DaemonGuard,
+fn scrubbed_array() -> Mounted {
+    let m = Mounted::new("5", "2G", &MEMBERS);
+    for i in 0..3u8 {
+        let data = common::pattern(i, 16 << 20);
+        common::write_synced(&m.mnt.join(format!("f{i}")), &data).expect("write a file");
+    }
+    m
 }
 
-impl Mounted {
-    fn new() -> Mounted {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut args = vec!["create", "-l", "5", "-s", "2G"];
-        args.extend(MEMBERS);
-        raidfs_ok(&args, dir.path());
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mount point");
-        let mnt = mnt.canonicalize().expect("mount point path");
-        let guard = DaemonGuard::new(&mnt);
-        let m = Mounted {
-            dir,
-            mnt,
-            _guard: guard,
-        };
-        m.mount();
-        for i in 0..3u8 {
-            let data = common::pattern(i, 16 << 20);
-            common::write_synced(&m.mnt.join(format!("f{i}")), &data).expect("write a file");
-        }
-        m
-    }
-
-    fn mount(&self) {
-        let log = format!("log={}", self.dir.path().join("daemon.log").display());
-        let mut args: Vec<&OsStr> = vec![OsStr::new("mount"), OsStr::new("-o"), OsStr::new(&log)];
-        args.extend(MEMBERS.iter().map(OsStr::new));
-        args.push(self.mnt.as_os_str());
-        raidfs_ok(&args, self.dir.path());
-    }
-
-    fn umount(&self) {
-        raidfs_ok(
-            &[OsStr::new("umount"), self.mnt.as_os_str()],
-            self.dir.path(),
-        );
-    }
-
-    /// `raidfs VERB MOUNT_POINT ARGS...` from the image directory.
-    fn run(&self, verb: &str, args: &[&str]) -> Output {
-        let mut all: Vec<&OsStr> = vec![OsStr::new(verb), self.mnt.as_os_str()];
-        all.extend(args.iter().map(OsStr::new));
-        raidfs(&all, self.dir.path())
-    }
-
-    fn ok(&self, verb: &str, args: &[&str]) -> String {
-        let out = self.run(verb, args);
-        assert!(
-            out.status.success(),
-            "raidfs {verb} {args:?} failed\nstdout: {}\nstderr: {}",
-            stdout(&out),
-            stderr(&out)
-        );
-        stdout(&out)
-    }
-
-    fn detail(&self) -> serde_json::Value {
-        detail_json(&self.mnt)
-    }
-
-    /// Wait until no background work runs (a resync after a kill, say).
-    fn settle(&self, what: &str) -> serde_json::Value {
-        wait_for_detail(&self.mnt, what, Duration::from_secs(120), |r| {
-            r["sync"].is_null()
-        })
-    }
+/// Wait until no background work runs (a resync after a kill, say).
+fn settle(m: &Mounted, what: &str) -> serde_json::Value {
+    wait_for_detail(&m.mnt, what, Duration::from_secs(120), |r| {
+        r["sync"].is_null()
+    })
 }
 
 fn u64_at(v: &serde_json::Value, path: &[&str]) -> u64 {
@@ -109,7 +50,7 @@ fn check_paused_resumes_from_its_checkpoint_across_remount_and_kill() {
     if !fuse_available() {
         return;
     }
-    let array = Mounted::new();
+    let array = scrubbed_array();
     array.ok("speed-limit", &["--max", "4M"]);
     let said = array.ok("check", &[]);
     assert!(said.contains("check started"), "{said}");
@@ -165,7 +106,7 @@ fn check_paused_resumes_from_its_checkpoint_across_remount_and_kill() {
     );
     common::kill_daemon(&array.mnt, Duration::from_secs(30));
     array.mount();
-    let settled = array.settle("the resync after the kill");
+    let settled = settle(&array, "the resync after the kill");
     assert_eq!(settled["paused_scrub"]["action"], "check", "{settled:#}");
     let at_kill = u64_at(&settled, &["paused_scrub", "done"]);
     assert!(
@@ -196,7 +137,7 @@ fn wait_attaches_max_time_pauses_and_a_rebuild_is_named() {
     if !fuse_available() {
         return;
     }
-    let array = Mounted::new();
+    let array = scrubbed_array();
     array.ok("speed-limit", &["--max", "4M"]);
     array.ok("check", &[]);
 
@@ -257,7 +198,7 @@ fn wait_attaches_max_time_pauses_and_a_rebuild_is_named() {
         "{why}"
     );
     array.ok("speed-limit", &["--max", "0"]);
-    let rebuilt = array.settle("the end of recovery");
+    let rebuilt = settle(&array, "the end of recovery");
     assert_eq!(rebuilt["map"], "[UUUU]", "{rebuilt:#}");
 
     // --continue resumes the paused check (kept through the rebuild), and

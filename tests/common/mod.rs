@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod fs;
 pub mod members;
+pub mod mounted;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

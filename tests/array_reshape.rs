@@ -259,21 +259,58 @@ fn raid5_to_raid1_on_the_same_members_is_refused_as_groups_would_shrink() {
     assert!(superblock_of(&ms[0]).reshape.is_none());
 }
 
-#[test]
-fn writes_and_reads_go_on_while_groups_move() {
-    let ms = common::members::faulty(3, MEMBER_SIZE, "live-");
-    let array = new_array(Level::Raid1, &ms);
+/// `from` on `members` members reshaped to `to` with `add` more, while a
+/// writer changes (and reads back) the lower half of every group and a
+/// reader checks the upper half, both until the reshape ends; then every
+/// byte and a clean check.
+fn live(from: Level, members: usize, add: usize, to: Level) {
+    let total = members + add;
+    let ms = common::members::faulty(total, MEMBER_SIZE, &format!("live{from}{to}{add}-"));
+    let array = new_array(from, &ms[..members]);
     let mut model = Model::fill(&array, 3, 11);
-    // Slow the reshape so the writer overlaps every group's move.
+    // Slow the reshape so the writer and reader overlap every group's move.
     array.set_speed_limits(Some(8 << 20), Some(8 << 20));
+    let copies = match to {
+        Level::Raid1 => total,
+        Level::Raid10 => 2,
+        _ => 1,
+    };
+    let target =
+        Geometry::new(to, total, CHUNK, copies, Layout::LeftSymmetric).expect("target geometry");
     array
-        .start_reshape(target(&array, Level::Raid5))
+        .start_reshape_adding(target, handles(&ms)[members..].to_vec())
         .expect("start");
+    let fixed: Vec<(u64, Vec<u8>)> = model
+        .groups
+        .iter()
+        .map(|(addr, data)| {
+            let half = data.len() / 2;
+            (addr + half as u64, data[half..].to_vec())
+        })
+        .collect();
+    let reader = {
+        let array = Arc::clone(&array);
+        std::thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(7);
+            let mut reads = 0u64;
+            while array.reshape_counts().is_some() {
+                let (addr, data) = &fixed[rng.gen_range(0..fixed.len())];
+                let at = rng.gen_range(0..data.len() - 65536) & !4095;
+                let mut back = vec![0u8; 65536];
+                array
+                    .read(addr + at as u64, &mut back)
+                    .expect("read during reshape");
+                assert!(back == data[at..at + 65536], "reader at {addr:#x}+{at}");
+                reads += 1;
+            }
+            reads
+        })
+    };
     let mut rng = StdRng::seed_from_u64(99);
     let mut writes = 0;
     while array.reshape_counts().is_some() {
         let (addr, data) = &mut model.groups[rng.gen_range(0..4)];
-        let at = rng.gen_range(0..data.len() - 8192) & !511;
+        let at = rng.gen_range(0..data.len() / 2 - 8192) & !511;
         let len = rng.gen_range(1..16) * 512;
         let bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
         array
@@ -287,13 +324,50 @@ fn writes_and_reads_go_on_while_groups_move() {
         assert!(back == bytes, "read during reshape at {at}");
         writes += 1;
     }
+    let reads = reader.join().expect("reader");
     wait_reshaped(&array);
+    assert_eq!(array.data_geometry(), target);
     assert!(
-        writes > 10,
-        "the writer overlapped the reshape ({writes} writes)"
+        writes > 10 && reads > 10,
+        "the writer and reader overlapped the reshape ({writes} writes, {reads} reads)"
     );
     model.verify(&array, "after writes during the reshape");
     scrub_clean(&array);
+}
+
+#[test]
+fn live_raid1_to_raid5() {
+    live(Level::Raid1, 3, 0, Level::Raid5);
+}
+
+#[test]
+fn live_raid6_to_raid5() {
+    live(Level::Raid6, 4, 0, Level::Raid5);
+}
+
+#[test]
+fn live_raid5_add_one() {
+    live(Level::Raid5, 3, 1, Level::Raid5);
+}
+
+#[test]
+fn live_raid5_to_raid6_adding_one() {
+    live(Level::Raid5, 3, 1, Level::Raid6);
+}
+
+#[test]
+fn live_raid1_add_a_copy() {
+    live(Level::Raid1, 2, 1, Level::Raid1);
+}
+
+#[test]
+fn live_raid0_add_two() {
+    live(Level::Raid0, 2, 2, Level::Raid0);
+}
+
+#[test]
+fn live_raid10_add_two() {
+    live(Level::Raid10, 4, 2, Level::Raid10);
 }
 
 #[test]

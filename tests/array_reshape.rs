@@ -403,33 +403,49 @@ fn what_cannot_be_reshaped_is_refused_with_the_reason() {
     assert!(none.to_string().contains("free space first"), "{none}");
 }
 
-/// Member writes the whole reshape of `model`'s array takes, measured once.
-fn reshape_writes() -> u64 {
-    let ms = common::members::faulty(3, MEMBER_SIZE, "count-");
-    let array = new_array(Level::Raid1, &ms);
-    let _model = Model::fill(&array, 2, 21);
-    let before: u64 = ms.iter().map(|m| m.counts().writes).sum();
-    array
-        .start_reshape(target(&array, Level::Raid5))
-        .expect("start");
-    wait_reshaped(&array);
-    ms.iter().map(|m| m.counts().writes).sum::<u64>() - before
+/// The target of `from` on `members` with `add` more, and the members.
+fn cut_setup(
+    from: Level,
+    members: usize,
+    add: usize,
+    to: Level,
+    prefix: &str,
+) -> (Vec<FaultyMember>, Arc<Array>, Model, Geometry) {
+    let total = members + add;
+    let ms = common::members::faulty(total, MEMBER_SIZE, prefix);
+    let array = new_array(from, &ms[..members]);
+    let model = Model::fill(&array, 2, 21);
+    let copies = if to == Level::Raid1 { total } else { 1 };
+    let target =
+        Geometry::new(to, total, CHUNK, copies, Layout::LeftSymmetric).expect("target geometry");
+    (ms, array, model, target)
 }
 
-#[test]
-fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
-    let total = reshape_writes();
+/// Power cuts at `seeds` random points of a reshape of `from` on `members`
+/// (with `add` more) to `to`: the crash images of every member, taken at
+/// one instant, assemble, resume and finish with every flushed byte and a
+/// clean check. Returns (cuts mid-reshape, cuts with a group staged).
+fn power_cuts(from: Level, members: usize, add: usize, to: Level, seeds: u64) -> (u64, u64) {
+    // Member writes the whole reshape takes, measured once.
+    let total = {
+        let (ms, array, _model, target) = cut_setup(from, members, add, to, "count-");
+        array
+            .start_reshape_adding(target, handles(&ms)[members..].to_vec())
+            .expect("start");
+        let before: u64 = ms.iter().map(|m| m.counts().writes).sum();
+        wait_reshaped(&array);
+        ms.iter().map(|m| m.counts().writes).sum::<u64>() - before
+    };
     assert!(total > 20, "a reshape takes {total} member writes");
     let (mut mid_reshape, mut staged) = (0, 0);
-    for seed in 0..24u64 {
-        let ms = common::members::faulty(3, MEMBER_SIZE, &format!("cut{seed}-"));
-        let array = new_array(Level::Raid1, &ms);
-        let model = Model::fill(&array, 2, 21);
+    for seed in 0..seeds {
+        let (ms, array, model, target) =
+            cut_setup(from, members, add, to, &format!("cut{from}{add}-{seed}-"));
         let cut_at = StdRng::seed_from_u64(seed).gen_range(1..total);
-        let before: u64 = ms.iter().map(|m| m.counts().writes).sum();
         array
-            .start_reshape(target(&array, Level::Raid5))
+            .start_reshape_adding(target, handles(&ms)[members..].to_vec())
             .expect("start");
+        let before: u64 = ms.iter().map(|m| m.counts().writes).sum();
         // Wait for the cut point, then freeze every member at once.
         let deadline = Instant::now() + Duration::from_secs(60);
         while ms.iter().map(|m| m.counts().writes).sum::<u64>() - before < cut_at
@@ -459,7 +475,7 @@ fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
             .0;
         if let Some(r) = &cut.reshape {
             mid_reshape += 1;
-            staged += usize::from(r.staged.is_some());
+            staged += u64::from(r.staged.is_some());
         }
         let back = Arc::new(
             assemble(images, AssembleOptions::default())
@@ -468,13 +484,19 @@ fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
         );
         back.start_background();
         wait_reshaped(&back);
-        assert_eq!(back.level(), Level::Raid5, "seed {seed}");
+        assert_eq!(back.data_geometry(), target, "seed {seed}");
         model.verify(
             &back,
             &format!("seed {seed} (cut after {cut_at} of {total} writes)"),
         );
         scrub_clean(&back);
     }
+    (mid_reshape, staged)
+}
+
+#[test]
+fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
+    let (mid_reshape, staged) = power_cuts(Level::Raid1, 3, 0, Level::Raid5, 24);
     // The cuts fell inside the reshape, in both of a group's copies.
     eprintln!("{mid_reshape} of 24 cuts mid-reshape, {staged} with a group staged");
     assert!(
@@ -483,6 +505,20 @@ fn a_power_cut_anywhere_in_a_reshape_loses_nothing() {
     );
     assert!(
         staged >= 3,
+        "only {staged} cuts fell while a group was staged"
+    );
+}
+
+#[test]
+fn a_power_cut_anywhere_in_a_restripe_onto_an_added_member_loses_nothing() {
+    let (mid_reshape, staged) = power_cuts(Level::Raid5, 3, 1, Level::Raid5, 12);
+    eprintln!("{mid_reshape} of 12 cuts mid-reshape, {staged} with a group staged");
+    assert!(
+        mid_reshape >= 6,
+        "only {mid_reshape} of 12 cuts fell mid-reshape"
+    );
+    assert!(
+        staged >= 2,
         "only {staged} cuts fell while a group was staged"
     );
 }

@@ -214,7 +214,7 @@ pub struct ReplacementReport {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SyncReport {
-    /// "recovery", "replace", "check" or "repair".
+    /// "resync", "recovery", "replace", "check", "repair" or "reshape".
     pub action: String,
     pub slot: Option<usize>,
     /// Member bytes done and to do (allocated groups only).

@@ -237,6 +237,46 @@ fn raid1_keeps_one_more_copy_on_an_added_member() {
 }
 
 #[test]
+fn a_third_mirror_is_rebuilt_as_a_copy_not_restriped() {
+    let ms = common::members::faulty(3, MEMBER_SIZE, "mirror3-");
+    let array = new_array(Level::Raid1, &ms[..2]);
+    let model = Model::fill(&array, 2, 17);
+    let written = |m: &FaultyMember| m.counts().bytes_written;
+    let before = written(&ms[0]);
+    let target = Geometry::new(Level::Raid1, 3, CHUNK, 3, Layout::LeftSymmetric).expect("RAID1 x3");
+    array
+        .start_reshape_adding(target, handles(&ms)[2..].to_vec())
+        .expect("add a mirror");
+    assert!(
+        array.reshape_counts().is_none(),
+        "no group moves: the new member is rebuilt"
+    );
+    let running = array.sync_progress().expect("a recovery runs");
+    assert_eq!(
+        (running.action, running.slot),
+        (SyncAction::Recovery, Some(2))
+    );
+    wait_reshaped(&array);
+    assert!(!array.is_degraded());
+    // The old members were only read (superblocks and bitmap aside).
+    assert!(
+        written(&ms[0]) - before < 1 << 20,
+        "{} bytes written to an old member",
+        written(&ms[0]) - before
+    );
+    assert!(written(&ms[2]) >= 2 * array.group_capacity(GroupProfile::Data));
+    model.verify(&array, "after the new mirror was rebuilt");
+    scrub_clean(&array);
+    drop(array);
+    // The new mirror alone holds every byte.
+    let alone: Vec<_> = handles(&ms).into_iter().skip(2).collect();
+    let only_new = assemble(alone, AssembleOptions::default())
+        .expect("assemble the new mirror alone")
+        .array;
+    model.verify(&only_new, "from the new mirror alone");
+}
+
+#[test]
 fn raid0_restripes_onto_two_added_members() {
     add_and_verify(Level::Raid0, 2, 2, Level::Raid0);
 }
@@ -293,7 +333,7 @@ fn live(from: Level, members: usize, add: usize, to: Level) {
         std::thread::spawn(move || {
             let mut rng = StdRng::seed_from_u64(7);
             let mut reads = 0u64;
-            while array.reshape_counts().is_some() {
+            while array.sync_progress().is_some() || array.reshape_counts().is_some() {
                 let (addr, data) = &fixed[rng.gen_range(0..fixed.len())];
                 let at = rng.gen_range(0..data.len() - 65536) & !4095;
                 let mut back = vec![0u8; 65536];
@@ -308,7 +348,7 @@ fn live(from: Level, members: usize, add: usize, to: Level) {
     };
     let mut rng = StdRng::seed_from_u64(99);
     let mut writes = 0;
-    while array.reshape_counts().is_some() {
+    while array.sync_progress().is_some() || array.reshape_counts().is_some() {
         let (addr, data) = &mut model.groups[rng.gen_range(0..4)];
         let at = rng.gen_range(0..data.len() / 2 - 8192) & !511;
         let len = rng.gen_range(1..16) * 512;

@@ -248,3 +248,23 @@ fn raid5_restripes_onto_an_added_member_while_files_are_written() {
     verify_files(&m.mnt.join("w"), files);
     m.umount();
 }
+
+#[test]
+fn a_mirror_takes_a_third_copy_by_rebuilding_it() {
+    if !fuse_available() {
+        return;
+    }
+    let m = Mounted::new("1", "96M", &["m0", "m1"]);
+    let big = fill(&m, 16);
+    let said = m.ok("grow", &["--add", "m2", "--wait"]);
+    assert!(said.contains("raid1 grows to 3 copies"), "{said}");
+    m.add_member("m2");
+    let done = detail_json(&m.mnt);
+    assert_eq!(done["raid_devices"], 3, "{done:#}");
+    assert_eq!(done["map"], "[UUU]");
+    assert!(done["reshape"].is_null());
+    assert_eq!(done["last_sync"]["action"], "recovery");
+    assert!(std::fs::read(m.mnt.join("big")).expect("read big") == big);
+    m.umount();
+    fsck_clean(&m, "after the third mirror");
+}

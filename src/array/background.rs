@@ -274,8 +274,10 @@ impl Array {
                 percent(p.done, p.total)
             )));
         }
-        self.begin_reshape(to, added)?;
-        self.spawn(SyncAction::Reshape, None)
+        match self.begin_reshape(to, added)? {
+            super::reshape::Begun::Reshape => self.spawn(SyncAction::Reshape, None),
+            super::reshape::Begun::Recovery(slot) => self.spawn(SyncAction::Recovery, Some(slot)),
+        }
     }
 
     /// Go on with a reshape that was stopped (`raidfs grow --stop`) or

@@ -119,7 +119,7 @@ impl Array {
         &self,
         to: Geometry,
         added: Vec<(std::sync::Arc<dyn crate::member::Member>, String)>,
-    ) -> ArrayResult<()> {
+    ) -> ArrayResult<Begun> {
         self.ensure_writable()?;
         if self.read_only {
             return Err(ArrayError::Refused("the array is read-only".into()));
@@ -187,6 +187,9 @@ impl Array {
                 describe(&from.data)
             )));
         }
+        if mirrors_only_gain_copies(&from, &target) {
+            return self.begin_mirror_growth(sb, shapes, target, added);
+        }
         let pending: Vec<bool> = sb
             .groups
             .iter()
@@ -224,7 +227,7 @@ impl Array {
                     ArrayError::Refused(format!("cannot start workers for {name}: {e}"))
                 })?;
         }
-        let new_slots = self.append_slots(&mut sb, added)?;
+        let new_slots = self.append_slots(&mut sb, added, u64::MAX)?;
         sb.features.incompat |= FEATURE_RESHAPE;
         sb.level = to.level;
         sb.layout = to.layout;
@@ -249,7 +252,51 @@ impl Array {
         if !new_slots.is_empty() {
             self.write_bitmap();
         }
-        Ok(())
+        Ok(Begun::Reshape)
+    }
+
+    /// RAID1 onto more members, where every group keeps its placement on
+    /// the members it has (data and metadata both mirrored on every
+    /// member): md's way, the new members are rebuilt as copies, one after
+    /// another, instead of every group being moved. One commit records the
+    /// new slots as rebuilding and the new copy count.
+    fn begin_mirror_growth(
+        &self,
+        mut sb: parking_lot::MutexGuard<'_, crate::superblock::Superblock>,
+        mut shapes: parking_lot::RwLockWriteGuard<'_, Shapes>,
+        target: Shape,
+        added: Vec<(std::sync::Arc<dyn crate::member::Member>, String)>,
+    ) -> ArrayResult<Begun> {
+        let present = self.slots.len();
+        for (i, (m, name)) in added.iter().enumerate() {
+            self.pool
+                .attach(present + i, std::sync::Arc::clone(m))
+                .map_err(|e| {
+                    ArrayError::Refused(format!("cannot start workers for {name}: {e}"))
+                })?;
+        }
+        let data_offset = sb.data_offset;
+        let new_slots = self.append_slots(&mut sb, added, data_offset)?;
+        sb.copies = target.data.copies as u32;
+        sb.events += 1;
+        let from = shapes.current;
+        shapes.current = target;
+        drop(shapes);
+        drop(sb);
+        for &slot in &new_slots {
+            self.detect_rotational(slot);
+        }
+        log::info!(
+            "{} grows to {}: the new members are rebuilt as copies",
+            describe(&from.data),
+            describe(&target.data)
+        );
+        self.write_superblocks()?;
+        self.write_bitmap();
+        match new_slots.first() {
+            Some(&slot) => Ok(Begun::Recovery(slot)),
+            None => Err(ArrayError::Refused("no member to add".into())),
+        }
     }
 
     /// The reshape under way, for status reports.
@@ -491,6 +538,27 @@ impl Array {
         log::info!("reshape to {} is complete", describe(&self.data_geometry()));
         Ok(())
     }
+}
+
+/// What [`Array::begin_reshape`] set going.
+pub(crate) enum Begun {
+    /// Groups to move to the new geometry.
+    Reshape,
+    /// Added mirrors to rebuild, starting with this slot.
+    Recovery(usize),
+}
+
+/// Whether going from `from` to `to` only adds members that every group
+/// mirrors in full, each group keeping its place on the members it has:
+/// RAID1 data and metadata on every member before and after.
+fn mirrors_only_gain_copies(from: &Shape, to: &Shape) -> bool {
+    let every = |g: &Geometry| g.level == Level::Raid1 && g.copies == g.members;
+    every(&from.data)
+        && every(&to.data)
+        && every(&from.meta)
+        && every(&to.meta)
+        && from.data.chunk == to.data.chunk
+        && to.data.members > from.data.members
 }
 
 /// "RAID5 on 4 members (chunk 64 KiB)", for messages.

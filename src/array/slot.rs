@@ -202,11 +202,11 @@ impl SlotTable {
 
     /// Put `dev` in service in a new slot at the end; its number. The
     /// caller records it in the superblock in the same transition.
-    pub(super) fn append(&self, dev: SlotDev) -> Option<usize> {
+    pub(super) fn append(&self, dev: SlotDev, valid_below: u64) -> Option<usize> {
         let slot = self.len();
         let next = self.slots.get(slot)?;
         *next.dev.write() = dev;
-        next.valid_below.store(u64::MAX, Ordering::Release);
+        next.valid_below.store(valid_below, Ordering::Release);
         next.failed.store(false, Ordering::Release);
         self.count.store(slot + 1, Ordering::Release);
         Some(slot)
@@ -256,13 +256,16 @@ impl Spares {
 
 impl Array {
     /// Put `added` members in service in new slots after the present ones
-    /// (`raidfs grow --add`), recorded in `sb`'s slot table as active; the
-    /// caller holds the superblock, changes the geometry fields and counts
-    /// the event in the same transition. The slots' numbers.
+    /// (`raidfs grow --add`), valid below `valid_below` (u64::MAX: whole,
+    /// for groups a reshape will write; else rebuilding from there),
+    /// recorded in `sb`'s slot table as active or rebuilding; the caller
+    /// holds the superblock, changes the geometry fields and counts the
+    /// event in the same transition. The slots' numbers.
     pub(super) fn append_slots(
         &self,
         sb: &mut Superblock,
         added: Vec<(Arc<dyn Member>, String)>,
+        valid_below: u64,
     ) -> super::ArrayResult<Vec<usize>> {
         let mut slots = Vec::with_capacity(added.len());
         for (member, name) in added {
@@ -271,13 +274,17 @@ impl Array {
                 name,
                 uuid: Uuid::new_v4(),
             };
-            let slot = self.slots.append(dev).ok_or_else(|| {
+            let slot = self.slots.append(dev, valid_below).ok_or_else(|| {
                 super::ArrayError::Refused(format!(
                     "an array has at most {} members",
                     crate::superblock::MAX_MEMBERS
                 ))
             })?;
-            sb.slots.push(SlotState::Active);
+            sb.slots.push(if valid_below == u64::MAX {
+                SlotState::Active
+            } else {
+                SlotState::Rebuilding
+            });
             slots.push(slot);
         }
         sb.members = self.slots.len() as u32;

@@ -56,6 +56,7 @@ pub fn run(args: GrowArgs) -> i32 {
             force: args.force,
         },
         args.wait,
-        &["reshape"],
+        // A mirror that only gains copies rebuilds them instead.
+        &["reshape", "recovery"],
     )
 }

@@ -152,6 +152,16 @@ fn grow(
     array
         .start_reshape_adding(to, added)
         .map_err(|e| e.to_string())?;
+    if array
+        .sync_progress()
+        .is_some_and(|p| p.action == SyncAction::Recovery)
+    {
+        // Mirrors that only gain copies rebuild the new members instead.
+        return Done::says(format!(
+            "{} grows to {members} copies: recovery of the new members started",
+            now.level
+        ));
+    }
     Done::says(format!(
         "reshape from {} on {} members to {level} on {members} started",
         now.level, now.members

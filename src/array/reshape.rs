@@ -220,13 +220,7 @@ impl Array {
             staging,
             staged: None,
         });
-        for (i, (m, name)) in added.iter().enumerate() {
-            self.pool
-                .attach(present + i, std::sync::Arc::clone(m))
-                .map_err(|e| {
-                    ArrayError::Refused(format!("cannot start workers for {name}: {e}"))
-                })?;
-        }
+        self.attach_added(present, &added)?;
         let new_slots = self.append_slots(&mut sb, added, u64::MAX)?;
         sb.features.incompat |= FEATURE_RESHAPE;
         sb.level = to.level;
@@ -267,14 +261,7 @@ impl Array {
         target: Shape,
         added: Vec<(std::sync::Arc<dyn crate::member::Member>, String)>,
     ) -> ArrayResult<Begun> {
-        let present = self.slots.len();
-        for (i, (m, name)) in added.iter().enumerate() {
-            self.pool
-                .attach(present + i, std::sync::Arc::clone(m))
-                .map_err(|e| {
-                    ArrayError::Refused(format!("cannot start workers for {name}: {e}"))
-                })?;
-        }
+        self.attach_added(self.slots.len(), &added)?;
         let data_offset = sb.data_offset;
         let new_slots = self.append_slots(&mut sb, added, data_offset)?;
         sb.copies = target.data.copies as u32;
@@ -297,6 +284,22 @@ impl Array {
             Some(&slot) => Ok(Begun::Recovery(slot)),
             None => Err(ArrayError::Refused("no member to add".into())),
         }
+    }
+
+    /// Start the member workers of `added`, to be slots `present..`.
+    fn attach_added(
+        &self,
+        present: usize,
+        added: &[(std::sync::Arc<dyn crate::member::Member>, String)],
+    ) -> ArrayResult<()> {
+        for (i, (m, name)) in added.iter().enumerate() {
+            self.pool
+                .attach(present + i, std::sync::Arc::clone(m))
+                .map_err(|e| {
+                    ArrayError::Refused(format!("cannot start workers for {name}: {e}"))
+                })?;
+        }
+        Ok(())
     }
 
     /// The reshape under way, for status reports.

@@ -268,3 +268,63 @@ fn a_mirror_takes_a_third_copy_by_rebuilding_it() {
     m.umount();
     fsck_clean(&m, "after the third mirror");
 }
+
+#[test]
+fn members_made_larger_give_their_space_while_files_are_written() {
+    if !fuse_available() {
+        return;
+    }
+    let m = three("5");
+    let big = fill(&m, 20);
+    let writer = Writer::start(&m.mnt.join("w"));
+    writer.wait_for_more(10);
+    // Nothing to gain yet: said so, and not an error.
+    let said = m.ok("grow", &["--size", "max"]);
+    assert!(said.contains("unchanged"), "{said}");
+    let size_before = blocks(&m.mnt);
+    let member_size = |m: &Mounted| -> u64 {
+        let out = raidfs_ok(&["examine", "--json", "m0"], m.dir.path());
+        let json: serde_json::Value = serde_json::from_str(&out).expect("examine --json");
+        json[0]["member_size"].as_u64().expect("member_size")
+    };
+    let data_before = member_size(&m);
+    // The host makes every image larger (as `truncate -s 288M` would).
+    for name in MEMBERS {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path(name))
+            .expect("open image");
+        f.set_len(288 << 20).expect("enlarge image");
+    }
+    let out = m.run("grow", &["--size", "max", "--add", "m3"]);
+    assert!(!out.status.success(), "--size max with --add was taken");
+    assert!(stderr(&out).contains("without --add"), "{}", stderr(&out));
+    let said = m.ok("grow", &["--size", "max"]);
+    assert!(said.contains("grew from"), "{said}");
+    // RAID5 on three: two members' worth of every new group, at once.
+    let size_after = blocks(&m.mnt);
+    eprintln!("filesystem size {size_before} -> {size_after} bytes: {said}");
+    assert!(
+        size_after > size_before * 5 / 2,
+        "size {size_before} -> {size_after}"
+    );
+    // More than the array held before fits now.
+    let large: Vec<u8> = (0..size_before as usize + (16 << 20))
+        .map(|i| (i % 251) as u8)
+        .collect();
+    std::fs::write(m.mnt.join("large"), &large).expect("write past the old size");
+    writer.wait_for_more(5);
+    let files = writer.finish();
+    verify_files(&m.mnt.join("w"), files);
+    m.umount();
+    assert!(
+        member_size(&m) > data_before * 5 / 2,
+        "examine shows the new size"
+    );
+    fsck_clean(&m, "after growing onto larger members");
+    m.mount();
+    verify_files(&m.mnt.join("w"), files);
+    assert!(std::fs::read(m.mnt.join("big")).expect("read big") == big);
+    assert!(std::fs::read(m.mnt.join("large")).expect("read large") == large);
+    m.umount();
+}

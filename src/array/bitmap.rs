@@ -91,7 +91,34 @@ impl Header {
     }
 }
 
+/// How the bits map the data area: the region each bit covers and how many
+/// there are. Fixed but for [`Bitmap::resize`], so it lives with the bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    region: u64,
+    nbits: usize,
+}
+
+impl Layout {
+    fn of(data_size: u64) -> Layout {
+        let region = region_size(data_size);
+        Layout {
+            region,
+            nbits: data_size.div_ceil(region) as usize,
+        }
+    }
+
+    fn bytes_len(&self) -> usize {
+        self.nbits.div_ceil(8)
+    }
+
+    fn area_len(&self) -> usize {
+        HEADER_SIZE + self.bytes_len().div_ceil(BLOCK) * BLOCK
+    }
+}
+
 struct State {
+    layout: Layout,
     /// Bits as they must be on the members before their regions are written.
     bits: Vec<u64>,
     /// Bits as the last completed bitmap write left them on the members.
@@ -121,8 +148,6 @@ struct State {
 pub struct Bitmap {
     /// Member offset where bit 0's region starts.
     data_offset: u64,
-    region: u64,
-    nbits: usize,
     state: Mutex<State>,
     /// Serialises bitmap block writes so an older block never lands last.
     writing: Mutex<()>,
@@ -152,14 +177,12 @@ pub enum Intent {
 
 impl Bitmap {
     pub fn new(data_offset: u64, data_size: u64) -> Bitmap {
-        let region = region_size(data_size);
-        let nbits = data_size.div_ceil(region) as usize;
-        let words = nbits.div_ceil(64);
+        let layout = Layout::of(data_size);
+        let (nbits, words) = (layout.nbits, layout.nbits.div_ceil(64));
         Bitmap {
             data_offset,
-            region,
-            nbits,
             state: Mutex::new(State {
+                layout,
                 bits: vec![0; words],
                 durable: vec![0; words],
                 premark_queued: false,
@@ -175,29 +198,63 @@ impl Bitmap {
         }
     }
 
-    fn bit_range(&self, start: u64, end: u64) -> std::ops::Range<usize> {
-        let first = (start.saturating_sub(self.data_offset) / self.region) as usize;
-        let last =
-            (end.saturating_sub(self.data_offset).div_ceil(self.region) as usize).min(self.nbits);
+    /// The bits covering member offsets `[start, end)` in `layout`.
+    fn bit_range(&self, layout: &Layout, start: u64, end: u64) -> std::ops::Range<usize> {
+        let first = (start.saturating_sub(self.data_offset) / layout.region) as usize;
+        let last = (end.saturating_sub(self.data_offset).div_ceil(layout.region) as usize)
+            .min(layout.nbits);
         first.min(last)..last
-    }
-
-    fn bytes_len(&self) -> usize {
-        self.nbits.div_ceil(8)
-    }
-
-    fn area_len(&self) -> usize {
-        HEADER_SIZE + self.bytes_len().div_ceil(BLOCK) * BLOCK
     }
 
     /// The header block this bitmap writes.
     pub fn encode_header(&self, events_cleared: u64) -> Vec<u8> {
+        Self::header(&self.state.lock().layout, events_cleared)
+    }
+
+    fn header(layout: &Layout, events_cleared: u64) -> Vec<u8> {
         Header {
-            region_size: self.region,
-            bits: self.nbits as u64,
+            region_size: layout.region,
+            bits: layout.nbits as u64,
             events_cleared,
         }
         .encode()
+    }
+
+    /// Cover a data area of `data_size` bytes from now on (the array grew
+    /// onto larger members). Bits keep their meaning: where the region
+    /// doubles, a bit covers its old pair and is set if either was. Called
+    /// with writers held back (no write in flight), and followed by
+    /// [`Bitmap::write_all`], since the header changes.
+    pub fn resize(&self, data_size: u64) {
+        let _serial = self.writing.lock();
+        let mut st = self.state.lock();
+        let (old, new) = (st.layout, Layout::of(data_size));
+        if old == new {
+            return;
+        }
+        let per = (new.region / old.region).max(1) as usize;
+        let regroup = |words: &[u64]| {
+            let mut out = vec![0u64; new.nbits.div_ceil(64)];
+            for b in (0..old.nbits).filter(|&b| test(words, b)) {
+                set(&mut out, b / per);
+            }
+            out
+        };
+        st.bits = regroup(&st.bits);
+        st.recent = regroup(&st.recent);
+        st.suspect = regroup(&st.suspect);
+        // Nothing of the new layout is on the members until `write_all`.
+        st.durable = vec![0; new.nbits.div_ceil(64)];
+        // The caller holds writers back, so nothing should be in flight;
+        // were anything, its count stays (a write over two old bits counts
+        // twice, so the bit is kept set too long rather than cleared early).
+        let mut pending = vec![0u16; new.nbits];
+        for (b, &n) in st.pending.iter().enumerate() {
+            pending[b / per] = pending[b / per].saturating_add(n);
+        }
+        st.pending = pending;
+        st.header_missing = true;
+        st.layout = new;
     }
 
     fn bit_bytes(words: &[u64], nbytes: usize) -> Vec<u8> {
@@ -210,8 +267,9 @@ impl Bitmap {
     /// counts). A member with no valid bitmap contributes nothing.
     pub fn load(&self, members: &[Arc<dyn Member>]) {
         let mut st = self.state.lock();
+        let layout = st.layout;
         for m in members {
-            let mut area = vec![0u8; self.area_len()];
+            let mut area = vec![0u8; layout.area_len()];
             if m.read_at(&mut area, BITMAP_OFFSET).is_err() {
                 st.header_missing = true;
                 continue;
@@ -227,13 +285,13 @@ impl Bitmap {
                     continue;
                 }
             };
-            if header.region_size != self.region || header.bits != self.nbits as u64 {
+            if header.region_size != layout.region || header.bits != layout.nbits as u64 {
                 log::warn!("{}: bitmap geometry differs; ignored", m.name());
                 st.header_missing = true;
                 continue;
             }
             st.events_cleared = st.events_cleared.max(header.events_cleared);
-            let bytes = &area[HEADER_SIZE..HEADER_SIZE + self.bytes_len()];
+            let bytes = &area[HEADER_SIZE..HEADER_SIZE + layout.bytes_len()];
             for (i, chunk) in bytes.chunks(8).enumerate() {
                 let mut w = [0u8; 8];
                 w[..chunk.len()].copy_from_slice(chunk);
@@ -246,14 +304,15 @@ impl Bitmap {
     /// Write the whole bitmap (header and bits) to `members`, synced.
     pub fn write_all(&self, members: &[Arc<dyn Member>]) -> Vec<(usize, io::Error)> {
         let _w = self.writing.lock();
-        let (header, snapshot) = {
+        let (layout, header, snapshot) = {
             let mut st = self.state.lock();
             st.header_missing = false;
-            (self.encode_header(st.events_cleared), st.bits.clone())
+            let header = Self::header(&st.layout, st.events_cleared);
+            (st.layout, header, st.bits.clone())
         };
         let mut area = header;
-        area.extend_from_slice(&Self::bit_bytes(&snapshot, self.bytes_len()));
-        area.resize(self.area_len(), 0);
+        area.extend_from_slice(&Self::bit_bytes(&snapshot, layout.bytes_len()));
+        area.resize(layout.area_len(), 0);
         let failures: Vec<(usize, io::Error)> = members
             .iter()
             .enumerate()
@@ -281,8 +340,9 @@ impl Bitmap {
     /// not wait for the bitmap at all. After a crash that costs at most that
     /// many regions of extra resync.
     pub fn begin_write(&self, start: u64, end: u64) -> Intent {
-        let range = self.bit_range(start, end);
         let mut st = self.state.lock();
+        let nbits = st.layout.nbits;
+        let range = self.bit_range(&st.layout, start, end);
         let mut mark_now = false;
         for b in range.clone() {
             st.pending[b] = st.pending[b].saturating_add(1);
@@ -298,12 +358,12 @@ impl Bitmap {
                 Intent::Ready
             };
         }
-        let runway = (range.end..self.nbits)
+        let runway = (range.end..nbits)
             .take_while(|&b| test(&st.bits, b))
             .count();
         let extend = runway < SEQUENTIAL_LOOKAHEAD / 2 && (mark_now || !st.premark_queued);
         if extend {
-            for b in range.end + runway..(range.end + SEQUENTIAL_LOOKAHEAD).min(self.nbits) {
+            for b in range.end + runway..(range.end + SEQUENTIAL_LOOKAHEAD).min(nbits) {
                 set(&mut st.recent, b);
                 set(&mut st.bits, b);
             }
@@ -321,7 +381,8 @@ impl Bitmap {
     /// Whether every bit covering member offsets `[start, end)` is durable.
     pub fn is_durable(&self, start: u64, end: u64) -> bool {
         let st = self.state.lock();
-        self.bit_range(start, end).all(|b| test(&st.durable, b))
+        self.bit_range(&st.layout, start, end)
+            .all(|b| test(&st.durable, b))
     }
 
     /// The bits block to write now (member offset and contents) and the
@@ -335,10 +396,10 @@ impl Bitmap {
         if st.bits == st.durable {
             return None;
         }
-        let mut block = Self::bit_bytes(&st.bits, self.bytes_len());
+        let mut block = Self::bit_bytes(&st.bits, st.layout.bytes_len());
         block.resize(BLOCK, 0);
         if std::mem::take(&mut st.header_missing) {
-            let mut area = self.encode_header(st.events_cleared);
+            let mut area = Self::header(&st.layout, st.events_cleared);
             area.extend_from_slice(&block);
             return Some((BITMAP_OFFSET, area, st.bits.clone()));
         }
@@ -358,8 +419,8 @@ impl Bitmap {
 
     /// The write to `[start, end)` is done.
     pub fn end_write(&self, start: u64, end: u64) {
-        let range = self.bit_range(start, end);
         let mut st = self.state.lock();
+        let range = self.bit_range(&st.layout, start, end);
         for b in range {
             st.pending[b] = st.pending[b].saturating_sub(1);
             set(&mut st.recent, b);
@@ -376,7 +437,7 @@ impl Bitmap {
     pub fn clean(&self, events: u64) -> usize {
         let mut st = self.state.lock();
         let mut cleared = 0;
-        for b in 0..self.nbits {
+        for b in 0..st.layout.nbits {
             if test(&st.bits, b)
                 && !test(&st.recent, b)
                 && !test(&st.suspect, b)
@@ -399,8 +460,8 @@ impl Bitmap {
     /// A write to member offsets `[start, end)` failed for the host's sake:
     /// keep its regions set until a resync.
     pub fn mark_suspect(&self, start: u64, end: u64) {
-        let range = self.bit_range(start, end);
         let mut st = self.state.lock();
+        let range = self.bit_range(&st.layout, start, end);
         for b in range {
             set(&mut st.suspect, b);
             set(&mut st.bits, b);
@@ -425,7 +486,8 @@ impl Bitmap {
         if st.suspect.iter().all(|&w| w == 0) {
             return false;
         }
-        self.bit_range(start, end).any(|b| test(&st.suspect, b))
+        self.bit_range(&st.layout, start, end)
+            .any(|b| test(&st.suspect, b))
     }
 
     pub fn has_suspect(&self) -> bool {
@@ -472,14 +534,15 @@ impl Bitmap {
     /// Whether any bit covering member offsets `[start, end)` is set.
     pub fn any_dirty(&self, start: u64, end: u64) -> bool {
         let st = self.state.lock();
-        self.bit_range(start, end).any(|b| test(&st.bits, b))
+        self.bit_range(&st.layout, start, end)
+            .any(|b| test(&st.bits, b))
     }
 
     /// Number of set bits and the bytes they cover.
     pub fn dirty(&self) -> (usize, u64) {
         let st = self.state.lock();
-        let n = (0..self.nbits).filter(|&b| test(&st.bits, b)).count();
-        (n, n as u64 * self.region)
+        let n = (0..st.layout.nbits).filter(|&b| test(&st.bits, b)).count();
+        (n, n as u64 * st.layout.region)
     }
 }
 
@@ -493,7 +556,7 @@ mod tests {
     /// A bitmap of 256 regions of 4 MiB.
     fn bitmap() -> Bitmap {
         let b = Bitmap::new(DATA_OFFSET, 256 * REGION);
-        assert_eq!(b.region, REGION);
+        assert_eq!(b.state.lock().layout.region, REGION);
         b
     }
 
@@ -661,5 +724,56 @@ mod tests {
             BITMAP_OFFSET + HEADER_SIZE as u64,
             "every header valid"
         );
+    }
+
+    #[test]
+    fn resizing_keeps_every_set_bit_covering_its_region() {
+        // 1000 regions of 4 MiB; growing past 1024 of them doubles the region.
+        let b = Bitmap::new(DATA_OFFSET, 1000 * REGION);
+        // No two next to each other: a sequential writer is marked ahead.
+        for r in [0, 5, 9, 999] {
+            begin(&b, r);
+            let (s, e) = span(r);
+            b.end_write(s, e);
+        }
+        b.mark_suspect(span(7).0, span(7).1);
+        make_durable(&b);
+
+        // Room for more regions of the same size: bits stay where they are.
+        let same = Bitmap::new(DATA_OFFSET, 1000 * REGION);
+        begin(&same, 3);
+        same.resize(1020 * REGION);
+        assert_eq!(
+            same.state.lock().layout,
+            Layout {
+                region: REGION,
+                nbits: 1020
+            }
+        );
+        assert!(same.any_dirty(span(3).0, span(3).1));
+        assert!(!same.any_dirty(span(4).0, span(1019).1));
+
+        b.resize(3000 * REGION);
+        let layout = b.state.lock().layout;
+        assert_eq!(layout.region, 4 * REGION);
+        assert_eq!(layout.nbits, 750);
+        // Every old dirty region is still covered, and only those.
+        for r in [0, 5, 7, 9, 999] {
+            let (s, e) = span(r);
+            assert!(b.any_dirty(s, e), "region {r}");
+        }
+        assert!(!b.any_dirty(span(12).0, span(995).1));
+        assert!(b.is_suspect(span(7).0, span(7).1));
+        assert!(!b.is_suspect(span(0).0, span(3).1));
+        // The new region past the old end is clean.
+        assert!(!b.any_dirty(span(1000).0, span(2999).1));
+        // Nothing of the new layout is durable: the next write carries the
+        // header, which names the new layout.
+        let (s, e) = span(0);
+        assert!(!b.is_durable(s, e));
+        let (offset, block, _) = b.snapshot().expect("bits to write");
+        assert_eq!(offset, BITMAP_OFFSET);
+        let header = Header::decode(&block[..HEADER_SIZE]).expect("header");
+        assert_eq!((header.region_size, header.bits), (4 * REGION, 750));
     }
 }

@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const STEP_BYTES: u64 = 4 << 20;
 /// No group is frozen.
 const NONE: u64 = u64::MAX;
+/// Every group is frozen (the array's size is changing).
+const ALL: u64 = u64::MAX - 1;
 
 /// A reshape under way, as `raidfs detail` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -73,17 +75,26 @@ impl Gate {
     /// Let a write to `group` through, waiting while that group is frozen.
     pub(crate) fn enter(&self, group: u32) -> RwLockReadGuard<'_, ()> {
         let group = u64::from(group);
+        let holds = |frozen: u64| frozen == group || frozen == ALL;
         loop {
             let pass = self.passage.read();
-            if self.frozen.load(Ordering::Acquire) != group {
+            if !holds(self.frozen.load(Ordering::Acquire)) {
                 return pass;
             }
             drop(pass);
             let mut sleeping = self.sleepers.lock();
-            while self.frozen.load(Ordering::Acquire) == group {
+            while holds(self.frozen.load(Ordering::Acquire)) {
                 self.thawed.wait(&mut sleeping);
             }
         }
+    }
+
+    /// Stop new writes to every group and wait for those under way; they
+    /// go on when the returned guard is dropped.
+    pub(crate) fn freeze_all(&self) -> Frozen<'_> {
+        self.frozen.store(ALL, Ordering::Release);
+        drop(self.passage.write());
+        Frozen(self)
     }
 
     /// Stop new writes to `group` and wait for those under way anywhere.
@@ -100,7 +111,7 @@ impl Gate {
 }
 
 /// Thaws the gate however a group's move ends.
-struct Frozen<'a>(&'a Gate);
+pub(crate) struct Frozen<'a>(&'a Gate);
 
 impl Drop for Frozen<'_> {
     fn drop(&mut self) {

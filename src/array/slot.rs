@@ -252,6 +252,15 @@ impl Spares {
     pub fn names(&self) -> Vec<String> {
         self.waiting.lock().iter().map(|d| d.name.clone()).collect()
     }
+
+    /// The waiting spares' names and devices.
+    pub fn members(&self) -> Vec<(String, Arc<dyn Member>)> {
+        self.waiting
+            .lock()
+            .iter()
+            .filter_map(|d| Some((d.name.clone(), Arc::clone(d.member.as_ref()?))))
+            .collect()
+    }
 }
 
 impl Array {

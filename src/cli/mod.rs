@@ -73,7 +73,7 @@ enum Command {
     Check(scrub::CheckArgs),
     /// Scrub a mounted array, rewriting redundancy that disagrees.
     Repair(scrub::RepairArgs),
-    /// Change a mounted array's RAID level while it runs (md's --grow).
+    /// Change a mounted array's level, members or size while it runs (md's --grow).
     Grow(grow::GrowArgs),
     /// Show or set a mounted array's background speed limits.
     SpeedLimit(scrub::SpeedLimitArgs),

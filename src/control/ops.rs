@@ -4,7 +4,7 @@
 //! array would not survive, an image that belongs to another array).
 
 use super::protocol::Request;
-use crate::array::{percent, AddOutcome, Array, MemberState, SyncAction};
+use crate::array::{percent, AddOutcome, Array, MemberState, SizeTarget, SyncAction};
 use crate::fs::FileSystem;
 use crate::geometry::{Geometry, Level};
 use crate::member::file::{FileMember, OpenOptions};
@@ -75,10 +75,15 @@ pub(crate) fn execute(
             Done::says(said)
         }
         Request::Grow {
+            member_size: Some(target),
+            ..
+        } => grow_size(array, *target),
+        Request::Grow {
             level,
             add,
             size,
             force,
+            member_size: None,
         } => grow(array, *level, add, *size, *force),
         Request::Stop => {
             let running = array
@@ -165,6 +170,25 @@ fn grow(
     Done::says(format!(
         "reshape from {} on {} members to {level} on {members} started",
         now.level, now.members
+    ))
+}
+
+/// `raidfs grow --size`: members made larger give their space to the array.
+fn grow_size(array: &Array, target: SizeTarget) -> Result<Done, String> {
+    let r = array.grow_size(target).map_err(|e| e.to_string())?;
+    if !r.changed() {
+        return Done::says(format!(
+            "the data area is unchanged at {} MiB per member ({} groups): the members offer no room for another group",
+            r.from >> 20,
+            r.groups_from
+        ));
+    }
+    Done::says(format!(
+        "the data area grew from {} MiB to {} MiB per member ({} groups to {}); the new space is free at once",
+        r.from >> 20,
+        r.to >> 20,
+        r.groups_from,
+        r.groups_to
     ))
 }
 

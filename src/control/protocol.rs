@@ -40,7 +40,8 @@ pub enum Request {
         restart: bool,
     },
     /// Reshape to `level` and/or onto more members (`raidfs grow --level
-    /// --add`), or, with neither, go on with a reshape that was stopped.
+    /// --add`), grow onto larger members (`member_size`, `--size max`),
+    /// or, with none of them, go on with a reshape that was stopped.
     Grow {
         #[serde(default)]
         level: Option<crate::geometry::Level>,
@@ -52,6 +53,9 @@ pub enum Request {
         size: Option<u64>,
         #[serde(default)]
         force: bool,
+        /// The data area every member should have (`grow --size`), alone.
+        #[serde(default)]
+        member_size: Option<crate::array::SizeTarget>,
     },
     /// Stop the running background work (it checkpoints first).
     Stop,

@@ -506,6 +506,10 @@ impl Member for FaultyMember {
         self.shared.inner.len()
     }
 
+    fn refresh_len(&self) -> io::Result<u64> {
+        self.shared.inner.refresh_len()
+    }
+
     fn name(&self) -> String {
         self.shared.inner.name()
     }

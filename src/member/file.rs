@@ -16,7 +16,7 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,9 @@ pub struct FileMember {
     file: Arc<File>,
     /// Starts the writeback of large buffered writes (write-behind).
     write_behind: WriteBehind,
-    len: u64,
+    /// The size as last looked at: at open, and again at
+    /// [`Member::refresh_len`] when the array grows onto a larger member.
+    len: AtomicU64,
     direct: bool,
     /// A regular file (an image), not a block device.
     is_file: bool,
@@ -133,10 +135,10 @@ impl FileMember {
         if !self.is_file {
             return Ok(());
         }
-        libc::off_t::try_from(self.len)
+        libc::off_t::try_from(self.len())
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         loop {
-            let Err(e) = self.fallocate(0, 0, self.len) else {
+            let Err(e) = self.fallocate(0, 0, self.len()) else {
                 self.keep_allocated.store(true, Ordering::Release);
                 return Ok(());
             };
@@ -150,7 +152,7 @@ impl FileMember {
                     ))
                 }
                 _ => {
-                    let what = format!("reserve {} MiB", self.len >> 20);
+                    let what = format!("reserve {} MiB", self.len() >> 20);
                     return Err(with_path(&self.path, &what, e));
                 }
             }
@@ -167,25 +169,10 @@ impl FileMember {
             file.set_len(size)
                 .map_err(|e| with_path(path, "set size of new image", e))?;
             size
-        } else if file_type.is_file() {
-            metadata.len()
-        } else if file_type.is_block_device() {
-            block_device_size(path, &file)?
         } else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{}: not a regular file or block device", path.display()),
-            ));
+            device_len(path, &file, &metadata)?
         };
-        if options.direct && len % DIRECT_ALIGN as u64 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: size {len} is not a multiple of {DIRECT_ALIGN}, which direct I/O needs",
-                    path.display()
-                ),
-            ));
-        }
+        check_direct_len(path, len, options.direct)?;
         let file = Arc::new(file);
         let device = if file_type.is_block_device() {
             metadata.rdev()
@@ -196,7 +183,7 @@ impl FileMember {
             path: path.to_path_buf(),
             write_behind: WriteBehind::new(Arc::clone(&file), device),
             file,
-            len,
+            len: AtomicU64::new(len),
             direct: options.direct,
             is_file: file_type.is_file(),
             keep_allocated: AtomicBool::new(
@@ -227,13 +214,13 @@ impl FileMember {
 
     fn check_bounds(&self, len: usize, offset: u64, what: &str) -> io::Result<()> {
         match offset.checked_add(len as u64) {
-            Some(end) if end <= self.len => Ok(()),
+            Some(end) if end <= self.len() => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!(
                     "{}: {what} of {len} bytes at offset {offset} is beyond the end ({} bytes)",
                     self.path.display(),
-                    self.len
+                    self.len()
                 ),
             )),
         }
@@ -469,7 +456,18 @@ impl Member for FileMember {
     }
 
     fn len(&self) -> u64 {
-        self.len
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn refresh_len(&self) -> io::Result<u64> {
+        let metadata = self
+            .file
+            .metadata()
+            .map_err(|e| with_path(&self.path, "stat", e))?;
+        let len = device_len(&self.path, &self.file, &metadata)?;
+        check_direct_len(&self.path, len, self.direct)?;
+        self.len.store(len, Ordering::Release);
+        Ok(len)
     }
 
     fn name(&self) -> String {
@@ -796,6 +794,36 @@ const BLKGETSIZE64: u64 = 0x4008_1272;
     target_arch = "sparc64"
 )))]
 const BLKGETSIZE64: u64 = 0x8008_1272;
+
+/// The size of an open image file or block device.
+fn device_len(path: &Path, file: &File, metadata: &std::fs::Metadata) -> io::Result<u64> {
+    let file_type = metadata.file_type();
+    if file_type.is_file() {
+        Ok(metadata.len())
+    } else if file_type.is_block_device() {
+        block_device_size(path, file)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a regular file or block device", path.display()),
+        ))
+    }
+}
+
+/// Direct I/O moves whole 4 KiB blocks, so a member opened with it must be
+/// a whole number of them long.
+fn check_direct_len(path: &Path, len: u64, direct: bool) -> io::Result<()> {
+    if direct && !len.is_multiple_of(DIRECT_ALIGN as u64) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: size {len} is not a multiple of {DIRECT_ALIGN}, which direct I/O needs",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
 
 fn block_device_size(path: &Path, file: &File) -> io::Result<u64> {
     let mut size: u64 = 0;

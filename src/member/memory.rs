@@ -1,6 +1,7 @@
 //! In-memory member device, for tests and crash images.
 //!
-//! A [`MemoryMember`] is a fixed-size byte vector behind a lock. It behaves like
+//! A [`MemoryMember`] is a byte vector behind a lock (resized only by
+//! [`MemoryMember::set_len`], as a device made larger would be). It behaves like
 //! a device that never loses data: `sync` is a no-op and every completed write
 //! is immediately "durable". Accesses past the end fail, as on a real device.
 
@@ -43,6 +44,19 @@ impl MemoryMember {
     pub fn with_name(mut self, name: impl Into<String>) -> MemoryMember {
         self.name = name.into();
         self
+    }
+
+    /// Make the member `size` bytes long, as a device made larger (or
+    /// smaller) outside the array would be: new bytes read as zeros.
+    pub fn set_len(&self, size: u64) -> io::Result<()> {
+        let size = usize::try_from(size).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("memory member of {size} bytes does not fit in memory"),
+            )
+        })?;
+        self.bytes.write().resize(size, 0);
+        Ok(())
     }
 
     /// A copy of the whole contents.

@@ -43,6 +43,13 @@ pub trait Member: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Size of the device in bytes.
     fn len(&self) -> u64;
+    /// Look at the device's size again (an image file extended with
+    /// `truncate`, a block device or volume made larger) and use it from
+    /// now on; returns the new length. Devices whose size cannot change
+    /// return [`Member::len`].
+    fn refresh_len(&self) -> io::Result<u64> {
+        Ok(self.len())
+    }
     /// Whether the device has no bytes at all.
     fn is_empty(&self) -> bool {
         self.len() == 0

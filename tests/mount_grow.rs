@@ -1,9 +1,10 @@
-//! `raidfs grow --level` on live mounts over real image files: the array
-//! changes level while a writer keeps writing fsync'd files, shows the
-//! reshape the way mdstat does, gives the space it gained to the
-//! filesystem, and a daemon killed at any point of a reshape leaves an
-//! array whose next mount resumes it, with every fsync'd byte and a clean
-//! fsck.
+//! `raidfs grow` on live mounts over real image files and loop devices:
+//! the array changes level or takes members while a writer keeps writing
+//! fsync'd files, shows the reshape the way mdstat does, gives the space it
+//! gained to the filesystem, and a daemon killed at any point of a reshape
+//! leaves an array whose next mount resumes it, with every fsync'd byte and
+//! a clean fsck; members made larger (images extended, loop devices
+//! resized) give their space at once.
 
 mod common;
 
@@ -326,5 +327,107 @@ fn members_made_larger_give_their_space_while_files_are_written() {
     verify_files(&m.mnt.join("w"), files);
     assert!(std::fs::read(m.mnt.join("big")).expect("read big") == big);
     assert!(std::fs::read(m.mnt.join("large")).expect("read large") == large);
+    m.umount();
+}
+
+/// Loop devices over sparse images in a directory of their own, detached
+/// however the test ends (after the mount declared later is gone).
+struct Loops {
+    _dir: tempfile::TempDir,
+    images: Vec<std::path::PathBuf>,
+    devices: Vec<String>,
+}
+
+impl Loops {
+    /// `n` loop devices of `size` bytes, or None where the machine has no
+    /// loop devices to give (`losetup` missing, no loop module).
+    fn new(n: usize, size: u64) -> Option<Loops> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut loops = Loops {
+            images: Vec::new(),
+            devices: Vec::new(),
+            _dir: dir,
+        };
+        for i in 0..n {
+            let image = loops._dir.path().join(format!("l{i}.img"));
+            std::fs::File::create(&image)
+                .and_then(|f| f.set_len(size))
+                .expect("backing image");
+            let out = std::process::Command::new("losetup")
+                .args(["--find", "--show"])
+                .arg(&image)
+                .output();
+            match out {
+                Ok(out) if out.status.success() => {
+                    loops.images.push(image);
+                    loops
+                        .devices
+                        .push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+                }
+                other => {
+                    eprintln!("skipping: no loop device ({other:?})");
+                    return None;
+                }
+            }
+        }
+        Some(loops)
+    }
+
+    /// Make every backing image `size` bytes and tell the kernel
+    /// (`losetup -c`), as growing a volume under a block device would.
+    fn enlarge(&self, size: u64) {
+        for (image, dev) in self.images.iter().zip(&self.devices) {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(image)
+                .and_then(|f| f.set_len(size))
+                .expect("enlarge backing image");
+            let status = std::process::Command::new("losetup")
+                .args(["-c", dev])
+                .status()
+                .expect("losetup -c");
+            assert!(status.success(), "losetup -c {dev}");
+        }
+    }
+}
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for dev in &self.devices {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", dev])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn block_devices_made_larger_give_their_space() {
+    if !fuse_available() {
+        return;
+    }
+    let Some(loops) = Loops::new(2, 64 << 20) else {
+        return;
+    };
+    let devices: Vec<&str> = loops.devices.iter().map(String::as_str).collect();
+    let m = Mounted::new("1", "64M", &devices);
+    let before: Vec<u8> = (0..(24 << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(m.mnt.join("before"), &before).expect("write");
+    let size_before = blocks(&m.mnt);
+    loops.enlarge(192 << 20);
+    let said = m.ok("grow", &["--size", "max"]);
+    assert!(said.contains("grew from"), "{said}");
+    let size_after = blocks(&m.mnt);
+    assert!(
+        size_after > size_before * 5 / 2,
+        "size {size_before} -> {size_after}"
+    );
+    let after: Vec<u8> = (0..size_before as usize).map(|i| (i % 241) as u8).collect();
+    std::fs::write(m.mnt.join("after"), &after).expect("write past the old size");
+    m.umount();
+    fsck_clean(&m, "after growing onto larger block devices");
+    m.mount();
+    assert!(std::fs::read(m.mnt.join("before")).expect("read") == before);
+    assert!(std::fs::read(m.mnt.join("after")).expect("read") == after);
     m.umount();
 }

@@ -497,17 +497,7 @@ fn power_cuts(from: Level, members: usize, add: usize, to: Level, seeds: u64) ->
             );
             std::thread::yield_now();
         }
-        ms.iter().for_each(FaultyMember::hold_writes);
-        let images: Vec<_> = ms
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let image = m.crash_image_random(seed * 31 + i as u64).expect("image");
-                let name = image.name();
-                (Arc::new(image) as Arc<dyn Member>, name)
-            })
-            .collect();
-        ms.iter().for_each(FaultyMember::release_writes);
+        let images = common::members::power_cut(&ms, seed);
         array.stop_background();
         drop(array);
         let cut = Superblock::read_from(images[0].0.as_ref())

@@ -320,18 +320,7 @@ fn a_power_cut_at_any_write_of_the_change_leaves_the_old_size_or_the_new() {
             assert!(Instant::now() < deadline, "cut {cut_at}: not reached");
             std::thread::yield_now();
         }
-        members.ms.iter().for_each(FaultyMember::hold_writes);
-        let images: Vec<(Arc<dyn Member>, String)> = members
-            .ms
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let image = m.crash_image_random(cut_at * 7 + i as u64).expect("image");
-                let name = image.name();
-                (Arc::new(image) as Arc<dyn Member>, name)
-            })
-            .collect();
-        members.ms.iter().for_each(FaultyMember::release_writes);
+        let images = common::members::power_cut(&members.ms, cut_at);
         grower.join().expect("grower").expect("grow");
         array.stop_background();
         drop(array);

@@ -410,6 +410,27 @@ impl Array {
         Ok(())
     }
 
+    /// Whether the array may change its geometry or size (`what`, for the
+    /// refusal): writable, not assembled read-only, every member in sync.
+    pub(crate) fn ready_for_change(&self, what: &str) -> ArrayResult<()> {
+        self.ensure_writable()?;
+        if self.read_only {
+            return Err(ArrayError::Refused("the array is read-only".into()));
+        }
+        if self.is_degraded() {
+            let missing: Vec<String> = self
+                .unreadable_slots()
+                .iter()
+                .map(|&s| self.slots[s].name())
+                .collect();
+            return Err(ArrayError::Refused(format!(
+                "the array is degraded ({} not in sync): {what} needs every member; rebuild first",
+                missing.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
     /// Working members with their slots.
     pub(crate) fn present_members(&self) -> Vec<(usize, Arc<dyn Member>)> {
         (0..self.slots.len())

@@ -131,21 +131,7 @@ impl Array {
         to: Geometry,
         added: Vec<(std::sync::Arc<dyn crate::member::Member>, String)>,
     ) -> ArrayResult<Begun> {
-        self.ensure_writable()?;
-        if self.read_only {
-            return Err(ArrayError::Refused("the array is read-only".into()));
-        }
-        if self.is_degraded() {
-            let missing: Vec<String> = self
-                .unreadable_slots()
-                .iter()
-                .map(|&s| self.slots[s].name())
-                .collect();
-            return Err(ArrayError::Refused(format!(
-                "the array is degraded ({} not in sync): a reshape needs every member; rebuild first",
-                missing.join(", ")
-            )));
-        }
+        self.ready_for_change("a reshape")?;
         let present = self.slots.len();
         if to.members != present + added.len() {
             return Err(ArrayError::Refused(format!(

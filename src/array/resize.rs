@@ -54,21 +54,7 @@ impl Array {
     /// during a reshape; returns the sizes unchanged when the members offer
     /// no room for another group.
     pub fn grow_size(&self, target: SizeTarget) -> ArrayResult<Resized> {
-        self.ensure_writable()?;
-        if self.read_only {
-            return Err(ArrayError::Refused("the array is read-only".into()));
-        }
-        if self.is_degraded() {
-            let missing: Vec<String> = self
-                .unreadable_slots()
-                .iter()
-                .map(|&s| self.slots[s].name())
-                .collect();
-            return Err(ArrayError::Refused(format!(
-                "the array is degraded ({} not in sync): growing needs every member; rebuild first",
-                missing.join(", ")
-            )));
-        }
+        self.ready_for_change("growing")?;
         if let Some(p) = self.sync_progress() {
             return Err(ArrayError::Refused(format!(
                 "{} is running ({:.1}%); the size can change once it ends",

@@ -43,6 +43,24 @@ pub fn crash_images(ms: &[FaultyMember], lost: &[usize]) -> Vec<(Arc<dyn Member>
         .collect()
 }
 
+/// What a power cut at this instant leaves of every member, taken at one
+/// instant (their writes held meanwhile): each one's synced data plus a
+/// random part of its later writes, chosen by `seed` (`crash_image_random`).
+pub fn power_cut(ms: &[FaultyMember], seed: u64) -> Vec<(Arc<dyn Member>, String)> {
+    ms.iter().for_each(FaultyMember::hold_writes);
+    let images = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let image = m.crash_image_random(seed * 31 + i as u64).expect("image");
+            let name = image.name();
+            (Arc::new(image) as Arc<dyn Member>, name)
+        })
+        .collect();
+    ms.iter().for_each(FaultyMember::release_writes);
+    images
+}
+
 /// Assemble [`crash_images`] of every member but those at `lost` (which
 /// must be the slots the array then misses) and read `len` bytes at `base`.
 pub fn read_after_crash(ms: &[FaultyMember], lost: &[usize], base: u64, len: usize) -> Vec<u8> {

@@ -20,6 +20,7 @@
 
 use super::io::{Caching, Choice};
 use super::pace::Pacer;
+use super::personality::Personality;
 use super::shape::{Shape, Shapes};
 use super::{Array, ArrayError, ArrayResult, Region, GROUP_SHIFT};
 use crate::geometry::{Geometry, Level};
@@ -552,11 +553,11 @@ pub(crate) enum Begun {
 /// mirrors in full, each group keeping its place on the members it has:
 /// RAID1 data and metadata on every member before and after.
 fn mirrors_only_gain_copies(from: &Shape, to: &Shape) -> bool {
-    let every = |g: &Geometry| g.level == Level::Raid1 && g.copies == g.members;
-    every(&from.data)
-        && every(&to.data)
-        && every(&from.meta)
-        && every(&to.meta)
+    let every = |g: &Geometry, p: Personality| p.mirrors_on_every_member() && g.copies == g.members;
+    every(&from.data, from.data_personality)
+        && every(&to.data, to.data_personality)
+        && every(&from.meta, from.meta_personality)
+        && every(&to.meta, to.meta_personality)
         && from.data.chunk == to.data.chunk
         && to.data.members > from.data.members
 }

@@ -143,11 +143,9 @@ fn grow(
     let now = array.data_geometry();
     let level = level.unwrap_or(now.level);
     let members = now.members + add.len();
-    let copies = match level {
-        Level::Raid1 => members,
-        Level::Raid10 => now.copies.clamp(2, members),
-        Level::Raid0 | Level::Raid5 | Level::Raid6 => 1,
-    };
+    // RAID10 keeps its copies (two when it is new); the geometry sets the
+    // copies every other level implies.
+    let copies = now.copies.max(2).min(members);
     let to = Geometry::new(level, members, now.chunk, copies, now.layout)
         .map_err(|e| format!("cannot reshape to {level} on {members} members: {e}"))?;
     let mut added = Vec::with_capacity(add.len());

@@ -102,6 +102,12 @@ impl Personality {
         matches!(self, Personality::Parity(_))
     }
 
+    /// Whether every member holds a whole copy (RAID1), so a member added
+    /// to the geometry is a copy to rebuild, not a change of placement.
+    pub(crate) fn mirrors_on_every_member(self) -> bool {
+        self == Personality::Mirror(Copies::Every)
+    }
+
     /// Whether reads choose between copies (and a scrub checks each).
     pub(crate) fn has_copies(self) -> bool {
         matches!(self, Personality::Mirror(_))

@@ -32,7 +32,7 @@ pub enum SizeTarget {
 }
 
 /// What a size change did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resized {
     /// Per-member data area before and after, in bytes.
     pub from: u64,
@@ -40,6 +40,8 @@ pub struct Resized {
     /// Groups before and after.
     pub groups_from: usize,
     pub groups_to: usize,
+    /// The member with the least room, which sets how far `max` goes.
+    pub smallest: String,
 }
 
 impl Resized {
@@ -80,12 +82,13 @@ impl Array {
         self.write_back.wait_idle();
         let data_size = plan.to;
         self.bitmap.resize(data_size);
+        let groups_to = plan.groups_to;
         let committed = self.try_record_event(|sb| {
             if sb.reshape.is_some() {
                 return Err(ArrayError::Refused("a reshape is under way".into()));
             }
             sb.data_size = data_size;
-            sb.groups.resize(plan.groups_to, GroupProfile::Unallocated);
+            sb.groups.resize(groups_to, GroupProfile::Unallocated);
             Ok(())
         });
         if let Err(e) = committed {
@@ -195,6 +198,7 @@ impl Array {
             to: data_size.max(to),
             groups_from: groups,
             groups_to: to_groups,
+            smallest,
         })
     }
 }

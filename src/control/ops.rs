@@ -176,9 +176,10 @@ fn grow_size(array: &Array, target: SizeTarget) -> Result<Done, String> {
     let r = array.grow_size(target).map_err(|e| e.to_string())?;
     if !r.changed() {
         return Done::says(format!(
-            "the data area is unchanged at {} MiB per member ({} groups): the members offer no room for another group",
+            "the data area is unchanged at {} MiB per member ({} groups): {} has no room for another group",
             r.from >> 20,
-            r.groups_from
+            r.groups_from,
+            r.smallest
         ));
     }
     Done::says(format!(

@@ -623,6 +623,18 @@ pub(crate) mod tests {
         })
     }
 
+    /// The report of a recovery that ended, `done` of 100 bytes in.
+    fn ended_recovery(completed: bool, done: u64) -> Option<LastSyncReport> {
+        Some(LastSyncReport {
+            action: "recovery".into(),
+            completed,
+            mismatches: 0,
+            message: format!("recovery {}", if completed { "finished" } else { "failed" }),
+            done,
+            total: 100,
+        })
+    }
+
     fn names(events: &[Event]) -> Vec<String> {
         events.iter().map(|e| e.arguments().join(" ")).collect()
     }
@@ -680,14 +692,7 @@ pub(crate) mod tests {
         );
         // Finished: then the member is raised.
         let mut done = report(&[Active, Active]);
-        done.last_sync = Some(LastSyncReport {
-            action: "recovery".into(),
-            completed: true,
-            mismatches: 0,
-            message: "recovery finished".into(),
-            done: 100,
-            total: 100,
-        });
+        done.last_sync = ended_recovery(true, 100);
         let events = t.pass(&[done], &[], &[], &Spares(0));
         assert_eq!(
             names(&events),
@@ -703,14 +708,7 @@ pub(crate) mod tests {
         rebuilding.sync = recovery(30);
         t.pass(&[rebuilding], &[], &[], &Spares(0));
         let mut done = report(&[Active, Active]);
-        done.last_sync = Some(LastSyncReport {
-            action: "recovery".into(),
-            completed: true,
-            mismatches: 0,
-            message: "recovery finished".into(),
-            done: 100,
-            total: 100,
-        });
+        done.last_sync = ended_recovery(true, 100);
         // Seen first at 30%: Rebuild20 was passed before the monitor looked.
         assert_eq!(
             names(&t.pass(&[done], &[], &[], &Spares(0))),
@@ -731,14 +729,7 @@ pub(crate) mod tests {
         rebuilding.sync = recovery(50);
         t.pass(&[rebuilding], &[], &[], &Spares(0));
         let mut failed = report(&[Active, Faulty]);
-        failed.last_sync = Some(LastSyncReport {
-            action: "recovery".into(),
-            completed: false,
-            mismatches: 0,
-            message: "recovery failed".into(),
-            done: 50,
-            total: 100,
-        });
+        failed.last_sync = ended_recovery(false, 50);
         assert_eq!(
             names(&t.pass(&[failed], &[], &[], &Spares(0))),
             ["FailSpare /mnt/a /img/m1", "RebuildFinished /mnt/a"]

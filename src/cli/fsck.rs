@@ -5,7 +5,6 @@
 
 use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use crate::fs::{fsck, ArrayStore};
-use crate::member::file::{FileMember, OpenOptions};
 use crate::superblock::Superblock;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -57,13 +56,8 @@ fn superblock_problems(members: &[PathBuf]) -> Vec<String> {
     let mut problems = Vec::new();
     for path in members {
         let name = path.display().to_string();
-        let opts = OpenOptions {
-            read_only: true,
-            lock: false,
-            ..OpenOptions::default()
-        };
-        match FileMember::open(path, opts) {
-            Ok(m) => match Superblock::read_from(&m) {
+        match crate::member::open::peek(path) {
+            Ok(m) => match Superblock::read_from(m.as_ref()) {
                 Ok((_, verdict)) => {
                     // Stale copies alone are what an interrupted update
                     // leaves; the next assembly rewrites them.

@@ -76,9 +76,13 @@ fn member_arg(who: &str) -> String {
     }
 }
 
-/// An image to add, as an absolute path (it may not exist yet).
+/// An image to add, as an absolute path (it may not exist yet), or an NBD
+/// URI as given.
 pub(crate) fn image_arg(image: &Path) -> Result<String, String> {
     let shown = image.display();
+    if crate::member::open::is_uri(image) {
+        return Ok(shown.to_string());
+    }
     let path = match image.canonicalize() {
         Ok(p) => p,
         Err(_) => mounts::absolute_lexical(image).map_err(|e| format!("{shown}: {e}"))?,

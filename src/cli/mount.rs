@@ -84,10 +84,13 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
     if members.is_empty() {
         return Err("no members given (usage: raidfs mount [OPTIONS] MEMBER... MOUNTPOINT)".into());
     }
-    // Absolute, because the daemon changes directory to /.
+    // Absolute, because the daemon changes directory to /; URIs as given.
     let members = members
         .iter()
         .map(|m| {
+            if crate::member::open::is_uri(m) {
+                return Ok(m.clone());
+            }
             m.canonicalize()
                 .map_err(|e| format!("member {}: {e}", m.display()))
         })
@@ -122,17 +125,11 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
 /// read from the first member with a readable superblock; when none has
 /// one the mount fails anyway, and its log is named by the mount point.
 fn log_name(members: &[PathBuf], mount_point: &Path) -> String {
-    use crate::member::file::{FileMember, OpenOptions};
-    let opts = OpenOptions {
-        read_only: true,
-        lock: false,
-        ..OpenOptions::default()
-    };
     for member in members {
-        let Ok(opened) = FileMember::open(member, opts.clone()) else {
+        let Ok(opened) = crate::member::open::peek(member) else {
             continue;
         };
-        if let Ok((sb, _)) = crate::superblock::Superblock::read_from(&opened) {
+        if let Ok((sb, _)) = crate::superblock::Superblock::read_from(opened.as_ref()) {
             return places::log_name(&sb.name, sb.array_uuid);
         }
     }

@@ -13,6 +13,8 @@ pub mod faulty;
 pub mod file;
 #[cfg(any(test, feature = "testing"))]
 pub mod memory;
+pub mod nbd;
+pub mod open;
 pub mod simulated;
 mod write_behind;
 

@@ -1,0 +1,441 @@
+//! The NBD client against real servers on loopback: nbdkit's memory and
+//! file plugins (with filters that impose block sizes, delay, fail or hide
+//! features) and qemu-nbd (sparse reads answered with holes). Every test
+//! starts its own server and checks what it reads back byte for byte.
+
+mod common;
+
+use common::nbd::{nbd_available, sparse_image, Listen, NbdServer};
+use raidfs::member::nbd::{proto, NbdMember, NbdOptions};
+use raidfs::member::Member;
+use rand::{RngCore, SeedableRng};
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut bytes);
+    bytes
+}
+
+fn open(uri: &str) -> NbdMember {
+    NbdMember::connect(uri, &NbdOptions::default()).expect("connect to the export")
+}
+
+#[test]
+fn reads_writes_flush_and_fua_round_trip() {
+    if !nbd_available() {
+        return;
+    }
+    for listen in [Listen::Unix, Listen::Tcp] {
+        let server = NbdServer::nbdkit(listen, &["memory", "size=16M"]);
+        let m = open(&server.uri);
+        assert_eq!(m.len(), 16 << 20);
+        assert_eq!(m.name(), server.uri);
+        let e = m.export();
+        assert!(e.go && e.structured, "{}", m.describe());
+        for flag in [
+            proto::FLAG_SEND_FLUSH,
+            proto::FLAG_SEND_FUA,
+            proto::FLAG_SEND_TRIM,
+            proto::FLAG_SEND_WRITE_ZEROES,
+        ] {
+            assert!(e.has(flag), "flag {flag:#x} missing: {}", m.describe());
+        }
+        let mut model = vec![0u8; 16 << 20];
+        for (i, (at, len)) in [
+            (0usize, 4096usize),
+            (12345, 777),
+            (1 << 20, 300_000),
+            ((16 << 20) - 5, 5),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let data = pattern(len, i as u64);
+            m.write_at(&data, at as u64).expect("write");
+            model[at..at + len].copy_from_slice(&data);
+        }
+        let durable = pattern(4096, 99);
+        m.write_durable(&durable, 8 << 20).expect("write with FUA");
+        model[8 << 20..(8 << 20) + 4096].copy_from_slice(&durable);
+        let bufs = [pattern(1000, 7), pattern(5000, 8)];
+        m.write_vectored_at(&[&bufs[0], &bufs[1]], 3 << 20)
+            .expect("vectored write");
+        model[3 << 20..(3 << 20) + 1000].copy_from_slice(&bufs[0]);
+        model[(3 << 20) + 1000..(3 << 20) + 6000].copy_from_slice(&bufs[1]);
+        m.sync().expect("flush");
+        let mut back = vec![0u8; 16 << 20];
+        m.read_at(&mut back, 0).expect("read everything");
+        assert!(back == model, "what was read differs from what was written");
+        let mut past = [0u8; 2];
+        let err = m
+            .read_at(&mut past, (16 << 20) - 1)
+            .expect_err("past the end");
+        assert!(err.to_string().contains("past the end"), "{err}");
+    }
+}
+
+#[test]
+fn zeroes_discard_and_trim_reach_the_file() {
+    if !nbd_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let image = dir.path().join("disk.img");
+    sparse_image(&image, 8 << 20);
+    let server = NbdServer::file(Listen::Unix, &image);
+    let m = open(&server.uri);
+    let data = pattern(4 << 20, 1);
+    m.write_at(&data, 0).expect("write");
+    m.sync().expect("flush");
+    let allocated = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).expect("stat image").blocks() * 512
+    };
+    assert!(allocated(&image) >= 4 << 20);
+    // Unaligned edges are written as zeros, the middle becomes a hole.
+    m.zero_range(100, (1 << 20) - 200).expect("zero range");
+    assert!(m.can_discard());
+    m.discard(1 << 20, 2 << 20).expect("discard");
+    m.sync().expect("flush");
+    let mut expect = data.clone();
+    expect[100..(1 << 20) - 100].fill(0);
+    expect[1 << 20..3 << 20].fill(0);
+    let mut back = vec![0u8; 4 << 20];
+    m.read_at(&mut back, 0).expect("read");
+    assert!(back == expect, "zeroed ranges do not read as zeros");
+    // The server read the same bytes into the file.
+    let mut on_disk = vec![0u8; 4 << 20];
+    std::fs::File::open(&image)
+        .and_then(|mut f| f.read_exact(&mut on_disk))
+        .expect("read image");
+    assert!(on_disk == expect, "the image file differs");
+    assert!(
+        allocated(&image) <= 2 << 20,
+        "discard gave no space back: {} bytes allocated",
+        allocated(&image)
+    );
+    // TRIM is accepted (what a trimmed range reads as is the server's).
+    m.trim(3 << 20, 1 << 20).expect("trim");
+}
+
+#[test]
+fn without_write_zeroes_zeros_are_written_and_discard_is_refused() {
+    if !nbd_available() {
+        return;
+    }
+    let server = NbdServer::nbdkit(Listen::Unix, &["--filter=nozero", "memory", "size=4M"]);
+    let m = open(&server.uri);
+    assert!(
+        !m.export().has(proto::FLAG_SEND_WRITE_ZEROES),
+        "{}",
+        m.describe()
+    );
+    m.write_at(&pattern(1 << 20, 3), 0).expect("write");
+    m.zero_range(10, 500_000).expect("zeros written instead");
+    let mut back = vec![1u8; 500_000];
+    m.read_at(&mut back, 10).expect("read");
+    assert!(back.iter().all(|&b| b == 0));
+    assert!(!m.can_discard());
+    let err = m.discard(0, 4096).expect_err("no discard");
+    assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
+}
+
+#[test]
+fn block_size_constraints_are_honoured() {
+    if !nbd_available() {
+        return;
+    }
+    // The server refuses (EINVAL) any request that breaks its constraints.
+    let server = NbdServer::nbdkit(
+        Listen::Unix,
+        &[
+            "--filter=blocksize-policy",
+            "memory",
+            "size=8M",
+            "blocksize-minimum=512",
+            "blocksize-preferred=4096",
+            "blocksize-maximum=65536",
+            "blocksize-error-policy=error",
+        ],
+    );
+    let m = open(&server.uri);
+    let e = m.export();
+    assert_eq!(
+        (e.min_block, e.pref_block, e.max_payload),
+        (512, 4096, 65536)
+    );
+    let mut model = vec![0u8; 8 << 20];
+    // Large and unaligned: split at 64 KiB, edges read-modify-written.
+    for (i, (at, len)) in [
+        (1000usize, 1_000_000usize),
+        (0, 2 << 20),
+        (4 << 20, 1),
+        (5 << 20, 511),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(len, 10 + i as u64);
+        m.write_at(&data, at as u64).expect("write");
+        model[at..at + len].copy_from_slice(&data);
+    }
+    m.write_durable(&pattern(100, 20), 7 << 20)
+        .expect("fua write");
+    model[7 << 20..(7 << 20) + 100].copy_from_slice(&pattern(100, 20));
+    m.zero_range(3, 200_000).expect("zero");
+    model[3..200_003].fill(0);
+    let mut back = vec![0u8; 8 << 20];
+    m.read_at(&mut back, 0).expect("read");
+    assert!(back == model, "what was read differs");
+    let mut piece = vec![0u8; 333];
+    m.read_at(&mut piece, 12_345).expect("unaligned read");
+    assert_eq!(piece, model[12_345..12_678]);
+}
+
+#[test]
+fn simple_replies_without_structured_ones() {
+    if !nbd_available() {
+        return;
+    }
+    let server = NbdServer::nbdkit(Listen::Unix, &["--no-sr", "memory", "size=4M"]);
+    let m = open(&server.uri);
+    assert!(!m.export().structured, "{}", m.describe());
+    let data = pattern(3 << 20, 5);
+    m.write_at(&data, 4096).expect("write");
+    let mut back = vec![0u8; 3 << 20];
+    m.read_at(&mut back, 4096).expect("read");
+    assert!(back == data);
+}
+
+#[test]
+fn sparse_reads_come_back_as_holes_and_data() {
+    if !nbd_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let image = dir.path().join("sparse.img");
+    sparse_image(&image, 8 << 20);
+    let data = pattern(100_000, 6);
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .expect("open"),
+        &data,
+        3 << 20,
+    )
+    .expect("write into the image");
+    let server = NbdServer::qemu(&image);
+    let m = open(&server.uri);
+    assert!(m.export().structured, "{}", m.describe());
+    let mut back = vec![0xffu8; 8 << 20];
+    m.read_at(&mut back, 0).expect("read");
+    let mut expect = vec![0u8; 8 << 20];
+    expect[3 << 20..(3 << 20) + 100_000].copy_from_slice(&data);
+    assert!(back == expect, "holes or data read wrong");
+}
+
+#[test]
+fn an_error_chunk_fails_the_request_with_the_servers_errno() {
+    if !nbd_available() {
+        return;
+    }
+    let server = NbdServer::nbdkit(
+        Listen::Unix,
+        &[
+            "--filter=error",
+            "memory",
+            "size=4M",
+            "error-pread=EIO",
+            "error-pread-rate=1",
+        ],
+    );
+    let m = open(&server.uri);
+    let mut buf = vec![0u8; 4096];
+    let err = m.read_at(&mut buf, 0).expect_err("the server fails reads");
+    assert_eq!(
+        raidfs::member::file::os_error_code(&err),
+        Some(libc::EIO),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&server.uri), "{err}");
+    // One failed request leaves the connection usable.
+    m.write_at(&pattern(4096, 1), 0)
+        .expect("write after a failed read");
+    assert!(m.broken().is_none());
+}
+
+#[test]
+fn many_requests_are_in_flight_at_once() {
+    if !nbd_available() {
+        return;
+    }
+    // Every read takes a second at the server.
+    let server = NbdServer::nbdkit(
+        Listen::Unix,
+        &["--filter=delay", "memory", "size=16M", "delay-read=1"],
+    );
+    let m = Arc::new(open(&server.uri));
+    let data = pattern(16 << 20, 8);
+    m.write_at(&data, 0).expect("write");
+    let started = Instant::now();
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let m = Arc::clone(&m);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                m.read_at(&mut buf, (i as u64) << 21).map(|()| buf)
+            })
+        })
+        .collect();
+    for (i, t) in threads.into_iter().enumerate() {
+        let buf = t.join().expect("reader thread").expect("read");
+        assert!(buf == data[i << 21..(i << 21) + (1 << 20)]);
+    }
+    // One after another they would take 8 s.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "8 reads took {took:?}");
+}
+
+#[test]
+fn a_killed_server_fails_requests_in_flight_at_once() {
+    if !nbd_available() {
+        return;
+    }
+    // The log filter (outside the delay) records the read arriving.
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("requests.log");
+    let logfile = format!("logfile={}", log.display());
+    let mut server = NbdServer::nbdkit(
+        Listen::Tcp,
+        &[
+            "--filter=log",
+            "--filter=delay",
+            "memory",
+            "size=4M",
+            "delay-read=60",
+            &logfile,
+        ],
+    );
+    let m = Arc::new(open(&server.uri));
+    let reader = {
+        let m = Arc::clone(&m);
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            m.read_at(&mut buf, 0)
+        })
+    };
+    // The read reaches the server before the server dies.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" Read id=")) {
+        assert!(
+            Instant::now() < deadline,
+            "the read never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let killed = Instant::now();
+    server.kill();
+    let err = reader
+        .join()
+        .expect("reader thread")
+        .expect_err("the server died");
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "the failure took {:?}",
+        killed.elapsed()
+    );
+    let text = err.to_string();
+    assert!(text.contains(&server.uri), "{text}");
+    // Later requests fail at once with the same reason.
+    let again = m.write_at(&[1u8; 512], 0).expect_err("still dead");
+    assert!(
+        again.to_string().contains("closed the connection"),
+        "{again}"
+    );
+}
+
+#[test]
+fn a_hung_server_times_out_with_a_clear_error() {
+    if !nbd_available() {
+        return;
+    }
+    let server = NbdServer::nbdkit(Listen::Unix, &["memory", "size=4M"]);
+    let options = NbdOptions {
+        request_timeout: Duration::from_secs(1),
+        ..NbdOptions::default()
+    };
+    let m = NbdMember::connect(&server.uri, &options).expect("connect");
+    server.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let err = m
+        .read_at(&mut buf, 0)
+        .expect_err("no reply from a stopped server");
+    let took = started.elapsed();
+    server.signal(libc::SIGCONT);
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        "timed out after {took:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&server.uri) && text.contains("no reply within 1 s"),
+        "{text}"
+    );
+    assert_eq!(
+        raidfs::member::file::os_error_code(&err),
+        Some(libc::ETIMEDOUT)
+    );
+}
+
+#[test]
+fn a_silent_listener_fails_the_connect_in_time() {
+    // Accepts connections (the kernel does) but never says NBDMAGIC.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("address").port();
+    let uri = format!("nbd://127.0.0.1:{port}/x");
+    let options = NbdOptions {
+        connect_timeout: Duration::from_secs(1),
+        ..NbdOptions::default()
+    };
+    let started = Instant::now();
+    let err = NbdMember::connect(&uri, &options)
+        .err()
+        .expect("no handshake");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let text = err.to_string();
+    assert!(
+        text.contains(&uri) && text.contains("connect timeout"),
+        "{text}"
+    );
+    drop(listener);
+    // Nothing listens now: refused at once.
+    let err = NbdMember::connect(&uri, &options).err().expect("refused");
+    assert!(err.to_string().contains(&uri), "{err}");
+}
+
+#[test]
+fn a_read_only_export_is_refused_for_a_writable_member() {
+    if !nbd_available() {
+        return;
+    }
+    let server = NbdServer::nbdkit(Listen::Unix, &["--readonly", "memory", "size=4M"]);
+    let err = NbdMember::connect(&server.uri, &NbdOptions::default())
+        .err()
+        .expect("read-only export");
+    assert!(err.to_string().contains("read-only"), "{err}");
+    assert_eq!(raidfs::member::file::os_error_code(&err), Some(libc::EROFS));
+    let options = NbdOptions {
+        read_only: true,
+        ..NbdOptions::default()
+    };
+    let m = NbdMember::connect(&server.uri, &options).expect("read-only member");
+    let mut buf = vec![1u8; 4096];
+    m.read_at(&mut buf, 0).expect("read");
+    assert!(buf.iter().all(|&b| b == 0));
+    assert!(m.write_at(&buf, 0).is_err());
+}

@@ -415,6 +415,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn nbd_uris_are_locations_of_their_own() {
+        // `?` in the query is not a glob character here.
+        let uri = "nbd+unix:///disk?socket=/run/nbd.sock";
+        assert_eq!(expand(uri).unwrap(), vec![PathBuf::from(uri)]);
+        let tcp = "nbd://host:10809/";
+        assert_eq!(expand(tcp).unwrap(), vec![PathBuf::from(tcp)]);
+    }
+
+    #[test]
     fn config_parses_with_optional_fields() {
         let text = r#"(
             arrays: [

@@ -404,4 +404,19 @@ mod tests {
         let missing = format!("{}/*.img", dir.path().display());
         assert!(resolve_spec(&missing).is_err());
     }
+
+    #[test]
+    fn nbd_uris_in_a_member_list_keep_their_colons() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        std::fs::write(&a, b"").unwrap();
+        let tcp = "nbd://10.0.0.2:10809/disk";
+        let unix = "nbd+unix:///disk?socket=/run/nbd.sock";
+        let spec = format!("{},{tcp},{unix}", a.display());
+        let resolved = resolve_spec(&spec).unwrap();
+        assert_eq!(
+            resolved.members,
+            vec![a, PathBuf::from(tcp), PathBuf::from(unix)]
+        );
+    }
 }

@@ -192,3 +192,40 @@ fn losing_the_nbd_leg_under_a_writer_degrades_the_mirror_without_an_error() {
     let log = std::fs::read_to_string(m.path("daemon.log")).expect("daemon log");
     assert!(log.contains(&uri), "the log does not name the lost member:\n{log}");
 }
+
+#[test]
+fn a_local_leg_is_replaced_by_an_nbd_export_and_another_added_as_a_spare() {
+    if !common::fuse_available() || !nbd_available() {
+        return;
+    }
+    let exports = Exports::new(&[Listen::Unix, Listen::Tcp]);
+    let uris = exports.uris();
+    let m = Mounted::new("1", "64M", &["m0", "m1"]);
+    let written = write_files(&m, 20);
+    m.ok("replace", &["--wait", "m1", &uris[0]]);
+    let detail = wait_for_detail(&m.mnt, "the replacement", Duration::from_secs(60), |d| {
+        d["members"][1]["name"].as_str() == Some(uris[0].as_str())
+            && d["members"][1]["state"].as_str() == Some("active")
+            && d["sync"].is_null()
+    });
+    assert_eq!(detail["degraded"].as_bool(), Some(false), "{detail:#}");
+    m.ok("add", &[&uris[1]]);
+    let detail = m.detail();
+    assert_eq!(
+        detail["spares"],
+        serde_json::json!([uris[1].clone()]),
+        "{detail:#}"
+    );
+    verify_files(&m.mnt.join("data"), written);
+    m.umount();
+    // The copy on the export is whole: the array starts from it and m0.
+    m.mount_members(&["m0", &uris[0], &uris[1]]);
+    let states = member_states(&m);
+    assert_eq!(
+        states[1],
+        (uris[0].clone(), "active".to_string()),
+        "{states:?}"
+    );
+    assert_eq!(m.detail()["spares"], serde_json::json!([uris[1].clone()]));
+    verify_files(&m.mnt.join("data"), written);
+}

@@ -40,7 +40,8 @@ pub struct AddArgs {
     pub force: bool,
     /// The mount point.
     pub mount_point: PathBuf,
-    /// The image file or block device to add (created sparse if missing).
+    /// The image file, block device or NBD URI to add (an image is created
+    /// sparse if missing).
     pub image: PathBuf,
 }
 
@@ -59,7 +60,8 @@ pub struct ReplaceArgs {
     pub mount_point: PathBuf,
     /// The member to replace: its path or slot number.
     pub old: String,
-    /// The new image file or block device (created sparse if missing).
+    /// The new image file, block device or NBD URI (an image is created
+    /// sparse if missing).
     pub new: PathBuf,
 }
 

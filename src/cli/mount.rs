@@ -156,11 +156,18 @@ pub(crate) fn tell_left_out(left_out: &LeftOut) {
 
 /// A member that a live mount still serves will not be released by
 /// waiting for it, so that is refused at once. Paths that do not resolve
-/// are left for the open to report.
+/// are left for the open to report. An NBD URI is compared as written:
+/// this catches a second mount of the same export from this host only
+/// (NBD has no lock to catch one from another host).
 pub(crate) fn check_members_free(members: &[PathBuf]) -> Result<(), String> {
     for member in members {
-        let Ok(absolute) = member.canonicalize() else {
-            continue;
+        let absolute = if crate::member::open::is_uri(member) {
+            member.clone()
+        } else {
+            let Ok(absolute) = member.canonicalize() else {
+                continue;
+            };
+            absolute
         };
         if let Some(daemon) = registry::serving(&absolute) {
             return Err(format!(

@@ -88,6 +88,19 @@ fn raid1_of_a_local_image_and_an_nbd_export_survives_a_remount() {
     );
     let written = write_files(&m, 40);
     verify_files(&m.mnt.join("data"), written);
+    // A second mount of a member this host already serves is refused.
+    let other = m.path("other");
+    std::fs::create_dir(&other).expect("second mount point");
+    let out = raidfs(
+        &["mount", uri.as_str(), &other.display().to_string()],
+        m.dir.path(),
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("in use by another raidfs process"),
+        "{}",
+        stderr(&out)
+    );
     m.umount();
     // examine reads the export's superblock over NBD, and the file behind it.
     for member in [uri.as_str(), &exports.image(0).display().to_string()] {
@@ -112,7 +125,11 @@ fn raid1_of_a_local_image_and_an_nbd_export_survives_a_remount() {
             cmd.env("RAIDFS_CONFIG", config);
         }
         let out = cmd.output().expect("run the mount helper");
-        assert!(out.status.success(), "mount-helper {spec}: {}", stderr(&out));
+        assert!(
+            out.status.success(),
+            "mount-helper {spec}: {}",
+            stderr(&out)
+        );
     };
     helper(&format!("{local},{uri}"), None);
     assert_eq!(member_states(&m).len(), 2);
@@ -173,9 +190,12 @@ fn losing_the_nbd_leg_under_a_writer_degrades_the_mirror_without_an_error() {
     exports.servers[0].kill();
     // The application goes on writing and syncing.
     writer.wait_for_more(30);
-    let detail = wait_for_detail(&m.mnt, "the NBD member to fail", Duration::from_secs(60), |d| {
-        d["degraded"].as_bool() == Some(true)
-    });
+    let detail = wait_for_detail(
+        &m.mnt,
+        "the NBD member to fail",
+        Duration::from_secs(60),
+        |d| d["degraded"].as_bool() == Some(true),
+    );
     assert_eq!(detail["members"][1]["name"].as_str(), Some(uri.as_str()));
     assert_eq!(
         detail["members"][1]["state"].as_str(),
@@ -190,7 +210,31 @@ fn losing_the_nbd_leg_under_a_writer_degrades_the_mirror_without_an_error() {
     assert!(m.detail()["degraded"].as_bool().expect("degraded"));
     verify_files(&m.mnt.join("data"), written);
     let log = std::fs::read_to_string(m.path("daemon.log")).expect("daemon log");
-    assert!(log.contains(&uri), "the log does not name the lost member:\n{log}");
+    assert!(
+        log.contains(&uri),
+        "the log does not name the lost member:\n{log}"
+    );
+    m.umount();
+    // The host comes back (a new server over the same image, at a new
+    // address): assembly finds the member stale and brings it back.
+    let back = NbdServer::file(Listen::Unix, &exports.image(0));
+    m.mount_members(&["m0", &back.uri]);
+    let detail = wait_for_detail(
+        &m.mnt,
+        "the member to come back",
+        Duration::from_secs(60),
+        |d| d["degraded"].as_bool() == Some(false) && d["sync"].is_null(),
+    );
+    assert_eq!(
+        detail["members"][1]["name"].as_str(),
+        Some(back.uri.as_str())
+    );
+    verify_files(&m.mnt.join("data"), written);
+    m.umount();
+    // Every byte is on the returned member too: mount it alone (with the
+    // local leg left out) and read everything.
+    m.mount_members(&[&back.uri]);
+    verify_files(&m.mnt.join("data"), written);
 }
 
 #[test]
@@ -227,5 +271,44 @@ fn a_local_leg_is_replaced_by_an_nbd_export_and_another_added_as_a_spare() {
         "{states:?}"
     );
     assert_eq!(m.detail()["spares"], serde_json::json!([uris[1].clone()]));
+    verify_files(&m.mnt.join("data"), written);
+}
+
+#[test]
+fn a_returning_server_is_added_back_while_mounted() {
+    if !common::fuse_available() || !nbd_available() {
+        return;
+    }
+    let mut exports = Exports::new(&[Listen::Unix]);
+    let uri = exports.uris().remove(0);
+    let m = Mounted::new("1", "64M", &["m0", &uri]);
+    let writer = Writer::start(&m.mnt.join("data"));
+    writer.wait_for_more(5);
+    exports.servers[0].kill();
+    writer.wait_for_more(10);
+    wait_for_detail(
+        &m.mnt,
+        "the NBD member to fail",
+        Duration::from_secs(60),
+        |d| d["members"][1]["state"].as_str() == Some("faulty"),
+    );
+    // Same URI as the failed slot: it has to be removed first.
+    let out = m.run("add", &[&uri]);
+    assert!(!out.status.success() && stderr(&out).contains("remove it first"));
+    m.ok("remove", &["1"]);
+    let back = NbdServer::file(Listen::Unix, &exports.image(0));
+    m.ok("add", &["--wait", &back.uri]);
+    writer.wait_for_more(10);
+    let detail = wait_for_detail(&m.mnt, "the rebuild", Duration::from_secs(60), |d| {
+        d["degraded"].as_bool() == Some(false) && d["sync"].is_null()
+    });
+    assert_eq!(
+        detail["members"][1]["name"].as_str(),
+        Some(back.uri.as_str())
+    );
+    let written = writer.finish();
+    verify_files(&m.mnt.join("data"), written);
+    m.umount();
+    m.mount_members(&[&back.uri]);
     verify_files(&m.mnt.join("data"), written);
 }

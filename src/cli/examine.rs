@@ -14,7 +14,7 @@ pub struct ExamineArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Member image files or block devices.
+    /// Member image files, block devices or NBD URIs.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }

@@ -41,7 +41,7 @@ pub struct FsckArgs {
     /// status is the same.
     #[arg(long)]
     pub json: bool,
-    /// Member image files or block devices.
+    /// Member image files, block devices or NBD URIs.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }

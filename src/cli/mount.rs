@@ -41,7 +41,7 @@ pub struct MountArgs {
     /// Mount options, comma-separated (the list: --help).
     #[arg(short = 'o', value_name = "OPTIONS", long_help = options::long_help())]
     pub options: Vec<String>,
-    /// Member image files or block devices, then the mount point.
+    /// Member image files, block devices or NBD URIs, then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "MEMBER... MOUNTPOINT")]
     pub paths: Vec<PathBuf>,
     /// The mount's source, set by the mount(8) helper when its SPEC names

@@ -460,7 +460,7 @@ fn chunk(s: &mut Stream, shared: &Shared) -> io::Result<()> {
             // The buffer started zeroed: a hole reads as zeros already.
         }
         k if k & REPLY_TYPE_ERROR_BIT != 0 => {
-            if length < 6 || length > MAX_CHUNK {
+            if !(6..=MAX_CHUNK).contains(&length) {
                 return Err(protocol("error chunk of a bad length"));
             }
             let mut payload = vec![0u8; length as usize];

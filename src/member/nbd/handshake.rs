@@ -115,7 +115,7 @@ pub fn negotiate<S: Read + Write>(s: &mut S, export: &str) -> io::Result<Export>
     }
     match read_u64(s)? {
         OPT_MAGIC => {}
-        0x0042_0281_8612_53 => {
+        0x0000_4202_8186_1253 => {
             return Err(protocol(
                 "the server speaks only the oldstyle handshake, which has no export names; run it in newstyle mode",
             ))
@@ -229,7 +229,7 @@ fn block_sizes(sent: Option<(u32, u32, u32)>) -> (u32, u32, u32) {
         && pref.is_power_of_two()
         && pref >= min
         && max >= min
-        && (max == u32::MAX || max % min == 0);
+        && (max == u32::MAX || max.is_multiple_of(min));
     if !valid {
         log::warn!(
             "NBD server sent invalid block sizes (minimum {min}, preferred {pref}, maximum {max}); ignoring them"

@@ -332,7 +332,7 @@ impl NbdMember {
 
     fn aligned(&self, offset: u64, len: u64) -> bool {
         let min = u64::from(self.export().min_block);
-        offset % min == 0 && len % min == 0
+        offset.is_multiple_of(min) && len.is_multiple_of(min)
     }
 
     /// The minimum-block-aligned range around `[offset, offset + len)`.
@@ -358,7 +358,7 @@ impl NbdMember {
             self.read_aligned(&mut whole[..min as usize], start)?;
         }
         let tail_at = end - min;
-        if (offset + buf.len() as u64) % min != 0 && (head == 0 || tail_at != start) {
+        if !(offset + buf.len() as u64).is_multiple_of(min) && (head == 0 || tail_at != start) {
             let tail = (tail_at - start) as usize;
             self.read_aligned(&mut whole[tail..], tail_at)?;
         }
@@ -426,7 +426,7 @@ impl Member for NbdMember {
         self.check_writable()?;
         self.check_range(offset, total, "write")?;
         let min = u64::from(self.export().min_block);
-        if bufs.iter().all(|b| b.len() as u64 % min == 0) && offset % min == 0 {
+        if bufs.iter().all(|b| (b.len() as u64).is_multiple_of(min)) && offset.is_multiple_of(min) {
             return self.write_aligned(bufs, offset, 0);
         }
         let mut at = offset;

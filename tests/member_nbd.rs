@@ -369,14 +369,14 @@ fn a_hung_server_times_out_with_a_clear_error() {
         ..NbdOptions::default()
     };
     let m = NbdMember::connect(&server.uri, &options).expect("connect");
-    server.signal(libc::SIGSTOP);
+    server.freeze();
     let started = Instant::now();
     let mut buf = vec![0u8; 4096];
     let err = m
         .read_at(&mut buf, 0)
         .expect_err("no reply from a stopped server");
     let took = started.elapsed();
-    server.signal(libc::SIGCONT);
+    server.thaw();
     assert!(
         took >= Duration::from_secs(1) && took < Duration::from_secs(10),
         "timed out after {took:?}"
@@ -438,4 +438,124 @@ fn a_read_only_export_is_refused_for_a_writable_member() {
     m.read_at(&mut buf, 0).expect("read");
     assert!(buf.iter().all(|&b| b == 0));
     assert!(m.write_at(&buf, 0).is_err());
+}
+
+/// The requests nbdkit's log filter recorded as they arrived (their
+/// completions are the lines with "...Command"), without the timestamp
+/// and connection number.
+fn requests(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" id=") && l.ends_with(" ..."))
+        .map(|l| {
+            l.split_once("connection=")
+                .map_or(l, |(_, r)| r)
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_server_sees_the_commands_each_operation_promises() {
+    if !nbd_available() {
+        return;
+    }
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("requests.log");
+    let logfile = format!("logfile={}", log.display());
+    let server = NbdServer::nbdkit(
+        Listen::Unix,
+        &["--filter=log", "memory", "size=64M", &logfile],
+    );
+    let m = open(&server.uri);
+    let seen = |what: &str| {
+        let all = requests(&log);
+        assert!(
+            all.iter().any(|l| l.contains(what)),
+            "no request like {what:?} among:\n{}",
+            all.join("\n")
+        );
+    };
+    m.write_at(&[1u8; 4096], 0).expect("write");
+    seen("Write id=1 offset=0x0 count=0x1000 fua=0");
+    m.write_durable(&[2u8; 4096], 0x2000)
+        .expect("durable write");
+    seen("Write id=2 offset=0x2000 count=0x1000 fua=1");
+    m.sync().expect("sync");
+    seen("Flush id=3");
+    m.discard(1 << 20, 1 << 20).expect("discard");
+    seen("Zero id=4 offset=0x100000 count=0x100000 trim=1");
+    m.trim(4 << 20, 1 << 20).expect("trim");
+    seen("Trim id=5 offset=0x400000 count=0x100000");
+    // 40 MiB in one call: the default maximum payload is 32 MiB.
+    let mut big = vec![0u8; 40 << 20];
+    m.read_at(&mut big, 0).expect("read");
+    seen("Read id=6 offset=0x0 count=0x2000000");
+    seen("Read id=7 offset=0x2000000 count=0x800000");
+    assert_eq!(&big[..4096], &[1u8; 4096][..]);
+    assert_eq!(&big[0x2000..0x3000], &[2u8; 4096][..]);
+}
+
+#[test]
+fn a_server_without_fixed_newstyle_gets_export_name() {
+    if !nbd_available() {
+        return;
+    }
+    // Plain newstyle: only NBD_OPT_EXPORT_NAME, no options, no structured replies.
+    let server = NbdServer::nbdkit(Listen::Unix, &["--mask-handshake=0", "memory", "size=4M"]);
+    let m = open(&server.uri);
+    let e = m.export();
+    assert!(!e.go && !e.structured, "{}", m.describe());
+    let data = pattern(100_000, 9);
+    m.write_at(&data, 777).expect("write");
+    let mut back = vec![0u8; 100_000];
+    m.read_at(&mut back, 777).expect("read");
+    assert!(back == data);
+}
+
+#[test]
+fn an_oldstyle_server_is_refused_with_a_reason() {
+    if !nbd_available() {
+        return;
+    }
+    let server = NbdServer::nbdkit(Listen::Unix, &["--oldstyle", "memory", "size=4M"]);
+    let err = NbdMember::connect(&server.uri, &NbdOptions::default())
+        .err()
+        .expect("oldstyle");
+    assert!(err.to_string().contains("oldstyle"), "{err}");
+}
+
+#[test]
+fn a_server_without_flush_is_synced_without_one() {
+    if !nbd_available() {
+        return;
+    }
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("requests.log");
+    let logfile = format!("logfile={}", log.display());
+    let server = NbdServer::nbdkit(
+        Listen::Unix,
+        &[
+            "--filter=log",
+            "eval",
+            "get_size=echo 1048576",
+            "pread=head -c $3 /dev/zero",
+            "pwrite=cat >/dev/null",
+            &logfile,
+        ],
+    );
+    let m = open(&server.uri);
+    assert!(!m.export().has(proto::FLAG_SEND_FLUSH), "{}", m.describe());
+    assert!(m.describe().contains("flush no"));
+    m.write_at(&[1u8; 512], 0).expect("write");
+    m.sync().expect("sync has nothing to send");
+    m.write_durable(&[1u8; 512], 512).expect("durable write");
+    let all = requests(&log);
+    assert!(
+        !all.iter()
+            .any(|l| l.contains("Flush") || l.contains("fua=1")),
+        "{}",
+        all.join("\n")
+    );
 }

@@ -150,10 +150,22 @@ impl NbdServer {
         }
     }
 
-    /// Freeze (SIGSTOP) or thaw (SIGCONT) the server: a hung host.
-    pub fn signal(&self, signal: i32) {
+    /// Freeze the server (SIGSTOP), a hung host: returns once every one
+    /// of its threads is stopped, so no request is served after this.
+    pub fn freeze(&self) {
         // SAFETY: kill with the pid of our own child.
-        unsafe { libc::kill(self.pid(), signal) };
+        unsafe { libc::kill(self.pid(), libc::SIGSTOP) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !all_stopped(self.pid()) {
+            assert!(Instant::now() < deadline, "the server did not stop");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Let a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        // SAFETY: kill with the pid of our own child.
+        unsafe { libc::kill(self.pid(), libc::SIGCONT) };
     }
 
     /// What the server printed.
@@ -167,6 +179,22 @@ impl Drop for NbdServer {
         // SIGKILL ends a stopped server too.
         self.kill();
     }
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T`).
+fn all_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(|t| t.ok()).all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, after) = stat.rsplit_once(") ")?;
+                after.chars().next()
+            })
+            .is_some_and(|state| state == 'T')
+    })
 }
 
 enum At {

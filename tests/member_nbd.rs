@@ -300,61 +300,142 @@ fn many_requests_are_in_flight_at_once() {
     assert!(took < Duration::from_secs(5), "8 reads took {took:?}");
 }
 
-#[test]
-fn a_killed_server_fails_requests_in_flight_at_once() {
-    if !nbd_available() {
-        return;
-    }
-    // The log filter (outside the delay) records the read arriving.
-    let logs = tempfile::tempdir().expect("temp dir");
-    let log = logs.path().join("requests.log");
-    let logfile = format!("logfile={}", log.display());
-    let mut server = NbdServer::nbdkit(
-        Listen::Tcp,
-        &[
-            "--filter=log",
-            "--filter=delay",
-            "memory",
-            "size=4M",
-            "delay-read=60",
-            &logfile,
-        ],
-    );
-    let m = Arc::new(open(&server.uri));
-    let reader = {
-        let m = Arc::clone(&m);
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 4096];
-            m.read_at(&mut buf, 0)
-        })
-    };
-    // The read reaches the server before the server dies.
+/// A server over `image` whose reads take a minute, logging requests as
+/// they arrive to `log`.
+fn slow_reader_args(image: &std::path::Path, log: &std::path::Path) -> Vec<String> {
+    vec![
+        "--filter=log".into(),
+        "--filter=delay".into(),
+        "file".into(),
+        format!("file={}", image.display()),
+        "delay-read=60".into(),
+        format!("logfile={}", log.display()),
+    ]
+}
+
+/// Wait until the log filter has recorded a read arriving.
+fn wait_for_read(log: &std::path::Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" Read id=")) {
+    while !std::fs::read_to_string(log).is_ok_and(|l| l.contains(" Read id=")) {
         assert!(
             Instant::now() < deadline,
             "the read never reached the server"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+fn reader(m: &Arc<NbdMember>, len: usize) -> std::thread::JoinHandle<std::io::Result<Vec<u8>>> {
+    let m = Arc::clone(m);
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; len];
+        m.read_at(&mut buf, 0).map(|()| buf)
+    })
+}
+
+#[test]
+fn a_killed_server_fails_requests_in_flight_once_reconnecting_fails() {
+    if !nbd_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let image = dir.path().join("disk.img");
+    sparse_image(&image, 4 << 20);
+    let log = dir.path().join("requests.log");
+    let args = slow_reader_args(&image, &log);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut server = NbdServer::nbdkit(Listen::Tcp, &args);
+    let m = Arc::new(open(&server.uri));
+    let read = reader(&m, 4096);
+    wait_for_read(&log);
     let killed = Instant::now();
     server.kill();
-    let err = reader
+    let err = read
         .join()
         .expect("reader thread")
         .expect_err("the server died");
-    assert!(
-        killed.elapsed() < Duration::from_secs(5),
-        "the failure took {:?}",
-        killed.elapsed()
-    );
+    // The reconnection attempts (3.1 s of backoff) find nothing listening.
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(10), "the failure took {took:?}");
     let text = err.to_string();
-    assert!(text.contains(&server.uri), "{text}");
-    // Later requests fail at once with the same reason.
-    let again = m.write_at(&[1u8; 512], 0).expect_err("still dead");
     assert!(
-        again.to_string().contains("closed the connection"),
-        "{again}"
+        text.contains(&server.uri)
+            && text.contains("closed the connection")
+            && text.contains("reconnecting failed 5 times"),
+        "{text}"
+    );
+    assert_eq!(m.reconnects(), 0);
+    // The member stays failed: later requests fail at once.
+    let started = Instant::now();
+    let again = m.write_at(&[1u8; 512], 0).expect_err("still dead");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(again.to_string().contains("reconnecting failed"), "{again}");
+    assert!(m.broken().is_some());
+}
+
+#[test]
+fn a_read_in_flight_survives_a_server_restart() {
+    if !nbd_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let image = dir.path().join("disk.img");
+    sparse_image(&image, 4 << 20);
+    let log = dir.path().join("requests.log");
+    let args = slow_reader_args(&image, &log);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut server = NbdServer::nbdkit(Listen::Unix, &args);
+    let m = Arc::new(open(&server.uri));
+    let data = pattern(1 << 20, 11);
+    m.write_at(&data, 0).expect("write");
+    m.sync().expect("flush");
+    let read = reader(&m, 1 << 20);
+    wait_for_read(&log);
+    // The same export at the same address, reading at full speed now.
+    let file = format!("file={}", image.display());
+    server.restart_nbdkit(&["file", &file]);
+    let back = read
+        .join()
+        .expect("reader thread")
+        .expect("read after the restart");
+    assert!(back == data, "the repeated read returned other bytes");
+    assert_eq!(m.reconnects(), 1);
+    assert!(m.broken().is_none());
+    m.write_at(&[7u8; 4096], 8192)
+        .expect("write on the new connection");
+    m.sync().expect("flush on the new connection");
+}
+
+#[test]
+fn an_idle_member_reconnects_but_not_over_unflushed_writes() {
+    if !nbd_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let image = dir.path().join("disk.img");
+    sparse_image(&image, 4 << 20);
+    let file = format!("file={}", image.display());
+    let mut server = NbdServer::nbdkit(Listen::Unix, &["file", &file]);
+    let m = open(&server.uri);
+    let data = pattern(100_000, 12);
+    m.write_at(&data, 5000).expect("write");
+    m.sync().expect("flush");
+    server.restart_nbdkit(&["file", &file]);
+    // Everything acknowledged was flushed: the next request reconnects.
+    let mut back = vec![0u8; 100_000];
+    m.read_at(&mut back, 5000).expect("read after the restart");
+    assert!(back == data);
+    assert_eq!(m.reconnects(), 1);
+    // A write the server acknowledged but never flushed may die with it:
+    // no reconnection then, the member fails.
+    m.write_at(&data, 300_000).expect("write");
+    server.restart_nbdkit(&["file", &file]);
+    let err = m.read_at(&mut back, 5000).expect_err("unflushed writes");
+    assert!(err.to_string().contains("since the last flush"), "{err}");
+    assert_eq!(m.reconnects(), 1);
+    assert!(
+        m.sync().is_err(),
+        "a flush cannot vouch for the lost writes"
     );
 }
 
@@ -557,5 +638,29 @@ fn a_server_without_flush_is_synced_without_one() {
             .any(|l| l.contains("Flush") || l.contains("fua=1")),
         "{}",
         all.join("\n")
+    );
+}
+
+#[test]
+fn reconnecting_stays_within_the_request_timeout() {
+    if !nbd_available() {
+        return;
+    }
+    let mut server = NbdServer::nbdkit(Listen::Unix, &["memory", "size=4M"]);
+    let options = NbdOptions {
+        request_timeout: Duration::from_secs(1),
+        ..NbdOptions::default()
+    };
+    let m = NbdMember::connect(&server.uri, &options).expect("connect");
+    server.kill();
+    let started = Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let err = m.read_at(&mut buf, 0).expect_err("nobody listens");
+    let took = started.elapsed();
+    // 0.1 + 0.2 + 0.4 s of backoff fit in the second; 0.8 more do not.
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(
+        err.to_string().contains("reconnecting failed 3 times"),
+        "{err}"
     );
 }

@@ -40,6 +40,8 @@ pub struct NbdServer {
     pub uri: String,
     /// Holds the socket and the server's stderr.
     pub dir: tempfile::TempDir,
+    /// Where it listens (a restart listens there again).
+    at: At,
 }
 
 /// A port that was free a moment ago (the server binds it next; a clash
@@ -54,20 +56,24 @@ fn free_port() -> u16 {
 impl NbdServer {
     /// `nbdkit [--filter=…] PLUGIN ARGS…` (filters and arguments as given).
     pub fn nbdkit(listen: Listen, args: &[&str]) -> NbdServer {
-        NbdServer::start(listen, |at| {
-            let mut cmd = Command::new("nbdkit");
-            cmd.args(["--foreground", "--exit-with-parent"]);
-            match at {
-                At::Unix(socket) => {
-                    cmd.arg("--unix").arg(socket);
-                }
-                At::Tcp(port) => {
-                    cmd.args(["--ipaddr", "127.0.0.1", "--port", &port.to_string()]);
-                }
-            }
-            cmd.args(args);
-            cmd
-        })
+        NbdServer::start(listen, |at| nbdkit_command(at, args))
+    }
+
+    /// Kill the server and start nbdkit with `args` where it listened (the
+    /// same URI), waiting until it accepts: a server restart.
+    pub fn restart_nbdkit(&mut self, args: &[&str]) {
+        self.kill();
+        if let At::Unix(socket) = &self.at {
+            // A killed server leaves its socket file behind.
+            let _ = std::fs::remove_file(socket);
+        }
+        let child = spawn(
+            &self.at,
+            self.dir.path(),
+            &mut nbdkit_command(&self.at, args),
+        )
+        .unwrap_or_else(|| panic!("the NBD server would not restart: {}", self.log()));
+        self.child = Some(child);
     }
 
     /// nbdkit's file plugin over an image file.
@@ -97,39 +103,18 @@ impl NbdServer {
                 Listen::Unix => At::Unix(dir.path().join("nbd.sock")),
                 Listen::Tcp => At::Tcp(free_port()),
             };
-            let stderr = std::fs::File::create(dir.path().join("server.log")).expect("log");
-            let mut child = command(&at)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(stderr)
-                .spawn()
-                .expect("start the NBD server");
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                let up = match &at {
-                    At::Unix(socket) => UnixStream::connect(socket).is_ok(),
-                    At::Tcp(port) => TcpStream::connect(("127.0.0.1", *port)).is_ok(),
+            // None: it exited first (its port was taken, say): try again.
+            if let Some(child) = spawn(&at, dir.path(), &mut command(&at)) {
+                let uri = match &at {
+                    At::Unix(socket) => format!("nbd+unix:///?socket={}", socket.display()),
+                    At::Tcp(port) => format!("nbd://127.0.0.1:{port}/"),
                 };
-                if up {
-                    let uri = match &at {
-                        At::Unix(socket) => format!("nbd+unix:///?socket={}", socket.display()),
-                        At::Tcp(port) => format!("nbd://127.0.0.1:{port}/"),
-                    };
-                    return NbdServer {
-                        child: Some(child),
-                        uri,
-                        dir,
-                    };
-                }
-                if child.try_wait().expect("server status").is_some() {
-                    break; // its port was taken, say: try again
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "the NBD server did not start listening: {}",
-                    std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default()
-                );
-                std::thread::sleep(Duration::from_millis(10));
+                return NbdServer {
+                    child: Some(child),
+                    uri,
+                    dir,
+                    at,
+                };
             }
         }
         panic!(
@@ -195,6 +180,52 @@ fn all_stopped(pid: i32) -> bool {
             })
             .is_some_and(|state| state == 'T')
     })
+}
+
+fn nbdkit_command(at: &At, args: &[&str]) -> Command {
+    let mut cmd = Command::new("nbdkit");
+    cmd.args(["--foreground", "--exit-with-parent"]);
+    match at {
+        At::Unix(socket) => {
+            cmd.arg("--unix").arg(socket);
+        }
+        At::Tcp(port) => {
+            cmd.args(["--ipaddr", "127.0.0.1", "--port", &port.to_string()]);
+        }
+    }
+    cmd.args(args);
+    cmd
+}
+
+/// Start a server and poll until it accepts connections at `at`; None if
+/// it exits first. Its stderr goes to `server.log` in `dir`.
+fn spawn(at: &At, dir: &Path, command: &mut Command) -> Option<Child> {
+    let stderr = std::fs::File::create(dir.join("server.log")).expect("log");
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start the NBD server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let up = match at {
+            At::Unix(socket) => UnixStream::connect(socket).is_ok(),
+            At::Tcp(port) => TcpStream::connect(("127.0.0.1", *port)).is_ok(),
+        };
+        if up {
+            return Some(child);
+        }
+        if child.try_wait().expect("server status").is_some() {
+            return None;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the NBD server did not start listening: {}",
+            std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 enum At {

@@ -85,6 +85,10 @@ impl Write for Stream {
 pub struct Failure {
     pub errno: i32,
     pub message: String,
+    /// The connection broke because the server closed or reset it (a
+    /// restart, a network drop), so a new connection may serve: not a
+    /// server's error reply, a timeout or a protocol violation.
+    pub lost: bool,
 }
 
 impl Failure {
@@ -92,6 +96,14 @@ impl Failure {
         Failure {
             errno,
             message: message.into(),
+            lost: false,
+        }
+    }
+
+    fn lost(errno: i32, message: impl Into<String>, lost: bool) -> Failure {
+        Failure {
+            lost,
+            ..Failure::new(errno, message)
         }
     }
 }
@@ -127,8 +139,9 @@ struct Pending {
 #[derive(Default)]
 struct State {
     pending: HashMap<u64, Pending>,
-    /// Set once the connection is unusable: why.
-    broken: Option<String>,
+    /// Set once the connection is unusable: errno, why, and whether it
+    /// was lost (see [`Failure::lost`]).
+    broken: Option<(i32, String, bool)>,
 }
 
 struct Shared {
@@ -140,17 +153,16 @@ struct Shared {
 impl Shared {
     /// Break the connection (the first reason sticks): fail everything in
     /// flight and wake the reader by shutting the socket down.
-    fn break_with(&self, errno: i32, reason: String) {
-        let pending = {
+    fn break_with(&self, errno: i32, reason: String, lost: bool) {
+        let (pending, (errno, reason, lost)) = {
             let mut state = self.state.lock();
-            if state.broken.is_none() {
-                state.broken = Some(reason.clone());
-            }
-            std::mem::take(&mut state.pending)
+            let first = state.broken.get_or_insert((errno, reason, lost)).clone();
+            (std::mem::take(&mut state.pending), first)
         };
         self.control.shutdown();
         for (_, p) in pending {
-            p.slot.complete(Err(Failure::new(errno, reason.clone())));
+            p.slot
+                .complete(Err(Failure::lost(errno, reason.clone(), lost)));
         }
     }
 }
@@ -203,7 +215,8 @@ impl Conn {
 
     /// Why the connection is unusable, if it is.
     pub fn broken(&self) -> Option<String> {
-        self.shared.state.lock().broken.clone()
+        let state = self.shared.state.lock();
+        state.broken.as_ref().map(|(_, why, _)| why.clone())
     }
 
     /// Send one request; wait for it with [`Conn::wait`].
@@ -222,8 +235,8 @@ impl Conn {
         });
         {
             let mut state = self.shared.state.lock();
-            if let Some(why) = &state.broken {
-                return Err(Failure::new(libc::EIO, why.clone()));
+            if let Some((errno, why, lost)) = &state.broken {
+                return Err(Failure::lost(*errno, why.clone(), *lost));
             }
             let data = if command == CMD_READ {
                 vec![0u8; len as usize]
@@ -267,14 +280,17 @@ impl Conn {
         };
         if let Err(e) = sent {
             let errno = e.raw_os_error().unwrap_or(libc::EIO);
-            let why = match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
-                    "the server took no data for {} s (request timeout)",
-                    self.timeout.as_secs_f64()
+            let (why, lost) = match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (
+                    format!(
+                        "the server took no data for {} s (request timeout)",
+                        self.timeout.as_secs_f64()
+                    ),
+                    false,
                 ),
-                _ => format!("sending a request: {e}"),
+                _ => (format!("sending a request: {e}"), true),
             };
-            self.shared.break_with(errno, why);
+            self.shared.break_with(errno, why, lost);
         }
         Ok(Ticket { slot })
     }
@@ -301,7 +317,7 @@ impl Conn {
                     "no reply within {} s (request timeout); connection closed",
                     self.timeout.as_secs_f64()
                 );
-                self.shared.break_with(libc::ETIMEDOUT, why);
+                self.shared.break_with(libc::ETIMEDOUT, why, false);
                 let mut outcome = ticket.slot.outcome.lock();
                 return outcome
                     .take()
@@ -336,7 +352,7 @@ impl Drop for Conn {
             let _ = writer.write_all(&header);
         }
         self.shared
-            .break_with(libc::ESHUTDOWN, "the member was closed".into());
+            .break_with(libc::ESHUTDOWN, "the member was closed".into(), false);
         if let Some(reader) = self.reader.lock().take() {
             let _ = reader.join();
         }
@@ -349,16 +365,20 @@ fn protocol(why: impl Into<String>) -> io::Error {
 
 /// The reader thread: complete requests until the connection ends.
 fn reader(mut stream: Stream, shared: &Shared, structured: bool) {
-    let reason = loop {
+    let (reason, lost) = loop {
         if let Err(e) = read_reply(&mut stream, shared, structured) {
             break match e.kind() {
-                io::ErrorKind::UnexpectedEof => "the server closed the connection".to_string(),
-                io::ErrorKind::InvalidData => format!("protocol error from the server: {e}"),
-                _ => format!("connection lost: {e}"),
+                io::ErrorKind::UnexpectedEof => {
+                    ("the server closed the connection".to_string(), true)
+                }
+                io::ErrorKind::InvalidData => {
+                    (format!("protocol error from the server: {e}"), false)
+                }
+                _ => (format!("connection lost: {e}"), true),
             };
         }
     };
-    shared.break_with(libc::EIO, reason);
+    shared.break_with(libc::EIO, reason, lost);
 }
 
 fn read_array<const N: usize>(s: &mut impl Read) -> io::Result<[u8; N]> {

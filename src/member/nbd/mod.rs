@@ -1,7 +1,7 @@
 //! Members on other hosts: an export of an NBD server (nbdkit, qemu-nbd,
 //! nbd-server) as a [`Member`].
 //!
-//! [`NbdMember`] owns one connection ([`conn`]) negotiated by
+//! [`NbdMember`] owns one connection at a time ([`conn`]) negotiated by
 //! [`handshake`] from a URI ([`uri`]). It turns the member interface into
 //! NBD requests honouring the export's block-size constraints: transfers
 //! are split at the maximum payload and sent together (several requests in
@@ -10,9 +10,18 @@
 //! `write_durable` a write with FUA, `zero_range` and `discard`
 //! `NBD_CMD_WRITE_ZEROES` (which lets the server punch holes while
 //! promising zeros, which `NBD_CMD_TRIM` does not); each only where the
-//! server advertises it. There is no lock: NBD has none, so what keeps two
-//! arrays off one export is the array uuid in the superblock and its event
-//! counts (docs/remote.md).
+//! server advertises it.
+//!
+//! When the server closes or resets the connection (a restart, a network
+//! drop), the member reconnects with backoff and repeats the operation,
+//! but only if nothing the server acknowledged can have been lost with it:
+//! every acknowledged write has been flushed since (or the server has no
+//! flush, so it never promised more). A timeout or a protocol error is not
+//! retried, and once reconnecting fails the member stays failed.
+//!
+//! There is no lock: NBD has none, so what keeps two arrays off one export
+//! is the array uuid in the superblock and its event counts
+//! (docs/remote.md).
 
 mod conn;
 mod handshake;
@@ -23,13 +32,15 @@ use super::file::with_path;
 use super::Member;
 use conn::{Conn, Failure, Stream, Ticket};
 pub use handshake::Export;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use proto::*;
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 pub use uri::{is_uri, Endpoint, NbdUri};
 
 /// How long connecting and the handshake may take.
@@ -37,6 +48,16 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request may wait for its reply before the connection is
 /// given up (and the member fails).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The waits before each reconnection attempt after a lost connection
+/// (3.1 s in all, plus each attempt's connect; all of it within the
+/// request timeout).
+pub const RECONNECT_BACKOFF: [Duration; 5] = [
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
+];
 
 /// Requests one call keeps in flight at once (a large transfer split at
 /// the server's maximum payload).
@@ -63,11 +84,31 @@ impl Default for NbdOptions {
     }
 }
 
+/// A request that failed: what it was and why.
+struct Failed {
+    what: String,
+    failure: Failure,
+}
+
+type Outcome<T> = Result<T, Failed>;
+
 /// An NBD export as a member.
 pub struct NbdMember {
     uri: NbdUri,
-    conn: Conn,
-    read_only: bool,
+    options: NbdOptions,
+    /// The current connection; replaced by a reconnection.
+    conn: RwLock<Arc<Conn>>,
+    /// Held while reconnecting, so one caller does it for all.
+    recovering: Mutex<()>,
+    /// Set when reconnecting was refused or failed: why. The member then
+    /// stays failed.
+    given_up: Mutex<Option<String>>,
+    /// Writes (and zeroes, trims) the server acknowledged, counted after
+    /// their reply...
+    acked_writes: AtomicU64,
+    /// ...and how many of them a successful flush covered.
+    flushed_writes: AtomicU64,
+    reconnects: AtomicU64,
     rmw_locks: Vec<Mutex<()>>,
 }
 
@@ -80,45 +121,20 @@ impl NbdMember {
     }
 
     pub fn open(uri: NbdUri, options: &NbdOptions) -> io::Result<NbdMember> {
-        let text = uri.text.clone();
-        let label = Path::new(&text);
-        let context = |what: &str, e: io::Error| with_path(label, what, e);
-        let mut stream =
-            connect(&uri.endpoint, options.connect_timeout).map_err(|e| context("connect", e))?;
-        stream
-            .set_timeouts(Some(options.connect_timeout), Some(options.connect_timeout))
-            .map_err(|e| context("connect", e))?;
-        let export = handshake::negotiate(&mut stream, &uri.export).map_err(|e| {
-            let e = match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "no handshake within {} s (connect timeout)",
-                        options.connect_timeout.as_secs_f64()
-                    ),
-                ),
-                _ => e,
-            };
-            context("NBD handshake", e)
-        })?;
-        let conn = Conn::start(stream, export, options.request_timeout)
-            .map_err(|e| context("start", e))?;
+        let conn = establish(&uri, options)?;
         let member = NbdMember {
             uri,
-            conn,
-            read_only: options.read_only,
+            options: options.clone(),
+            conn: RwLock::new(Arc::new(conn)),
+            recovering: Mutex::new(()),
+            given_up: Mutex::new(None),
+            acked_writes: AtomicU64::new(0),
+            flushed_writes: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
             rmw_locks: (0..RMW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         };
-        let export = member.conn.export();
-        if !options.read_only && export.has(FLAG_READ_ONLY) {
-            return Err(with_path(
-                label,
-                "the server exports it read-only, and a member of a writable array must take writes (serve it writable, or mount -o ro)",
-                io::Error::from_raw_os_error(libc::EROFS),
-            ));
-        }
         log::info!("{}: {}", member.uri, member.describe());
-        if !export.has(FLAG_SEND_FLUSH) && !options.read_only {
+        if !member.export().has(FLAG_SEND_FLUSH) && !options.read_only {
             log::warn!(
                 "{}: the server does not take NBD_CMD_FLUSH, so a sync cannot make writes durable there; they are as durable as the server makes them",
                 member.uri
@@ -127,9 +143,9 @@ impl NbdMember {
         Ok(member)
     }
 
-    /// What was negotiated.
-    pub fn export(&self) -> &Export {
-        self.conn.export()
+    /// What was negotiated (on the current connection).
+    pub fn export(&self) -> Export {
+        self.conn().export().clone()
     }
 
     /// The negotiated features in words, for the log.
@@ -152,9 +168,18 @@ impl NbdMember {
         )
     }
 
-    /// Why the connection is unusable, if it is.
+    /// Why the member is unusable, if it is (its connection broke and was
+    /// not re-established).
     pub fn broken(&self) -> Option<String> {
-        self.conn.broken()
+        self.given_up
+            .lock()
+            .clone()
+            .or_else(|| self.conn().broken())
+    }
+
+    /// How many times the connection was re-established.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Acquire)
     }
 
     /// `NBD_CMD_TRIM`: the server may forget `[offset, offset + len)`
@@ -167,35 +192,139 @@ impl NbdMember {
                 format!("{}: the server does not take NBD_CMD_TRIM", self.uri),
             ));
         }
+        self.check_writable()?;
         self.check_range(offset, len, "trim")?;
-        let min = u64::from(self.export().min_block);
-        let start = offset.div_ceil(min) * min;
-        let end = (offset + len) / min * min;
-        if start >= end {
-            return Ok(());
-        }
-        self.ranged(CMD_TRIM, 0, start, end - start, "trim")
+        self.run(|conn| {
+            let min = u64::from(conn.export().min_block);
+            let start = offset.div_ceil(min) * min;
+            let end = (offset + len) / min * min;
+            if start >= end {
+                return Ok(());
+            }
+            ranged(conn, CMD_TRIM, 0, start, end - start, "trim")
+        })?;
+        self.acked_writes.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
-    fn error(&self, what: &str, failure: Failure) -> io::Error {
+    fn conn(&self) -> Arc<Conn> {
+        Arc::clone(&self.conn.read())
+    }
+
+    fn error(&self, failed: Failed) -> io::Error {
         with_path(
             Path::new(&self.uri.text),
-            &format!("{what}: {}", failure.message),
-            io::Error::from_raw_os_error(failure.errno),
+            &format!("{}: {}", failed.what, failed.failure.message),
+            io::Error::from_raw_os_error(failed.failure.errno),
         )
     }
 
+    /// Run an operation on the current connection; when the connection
+    /// was lost, reconnect if that is safe and run it once more.
+    fn run<T>(&self, mut op: impl FnMut(&Conn) -> Outcome<T>) -> io::Result<T> {
+        let conn = self.conn();
+        match op(&conn) {
+            Ok(done) => Ok(done),
+            Err(failed) if failed.failure.lost => match self.recover(&conn, &failed.failure) {
+                Ok(new) => op(&new).map_err(|f| self.error(f)),
+                Err(why) => Err(self.error(Failed {
+                    what: failed.what,
+                    failure: Failure {
+                        message: why,
+                        ..failed.failure
+                    },
+                })),
+            },
+            Err(failed) => Err(self.error(failed)),
+        }
+    }
+
+    /// Whether the server acknowledged writes that no flush has covered.
+    fn unflushed(&self) -> bool {
+        self.acked_writes.load(Ordering::Acquire) > self.flushed_writes.load(Ordering::Acquire)
+    }
+
+    /// Replace the lost connection `old` (unless another caller already
+    /// did): the new one, or why there is none.
+    fn recover(&self, old: &Arc<Conn>, failure: &Failure) -> Result<Arc<Conn>, String> {
+        let _one = self.recovering.lock();
+        let current = self.conn();
+        if !Arc::ptr_eq(&current, old) {
+            return Ok(current);
+        }
+        if let Some(why) = self.given_up.lock().clone() {
+            return Err(why);
+        }
+        let give_up = |why: String| {
+            log::error!("{}: {why}", self.uri);
+            *self.given_up.lock() = Some(why.clone());
+            Err(why)
+        };
+        if self.unflushed() {
+            return give_up(format!(
+                "{}; not reconnecting: writes the server acknowledged since the last flush may have been lost with it",
+                failure.message
+            ));
+        }
+        // The attempts together take no longer than one request may wait.
+        let deadline = Instant::now() + self.options.request_timeout;
+        let mut last = String::from("no time left to try");
+        let mut attempts = 0;
+        for (attempt, delay) in RECONNECT_BACKOFF.iter().enumerate() {
+            if Instant::now() + *delay >= deadline {
+                break;
+            }
+            std::thread::sleep(*delay);
+            attempts += 1;
+            let options = NbdOptions {
+                connect_timeout: self
+                    .options
+                    .connect_timeout
+                    .min(deadline.saturating_duration_since(Instant::now())),
+                ..self.options.clone()
+            };
+            match establish(&self.uri, &options).and_then(|c| self.same_export(c)) {
+                Ok(conn) => {
+                    let conn = Arc::new(conn);
+                    *self.conn.write() = Arc::clone(&conn);
+                    self.reconnects.fetch_add(1, Ordering::AcqRel);
+                    log::warn!(
+                        "{}: reconnected (attempt {}) after: {}",
+                        self.uri,
+                        attempt + 1,
+                        failure.message
+                    );
+                    return Ok(conn);
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        give_up(format!(
+            "{}; reconnecting failed {attempts} times, last: {last}",
+            failure.message
+        ))
+    }
+
+    /// A new connection must reach the same export: same size.
+    fn same_export(&self, conn: Conn) -> io::Result<Conn> {
+        let (was, now) = (self.conn().export().size, conn.export().size);
+        if was != now {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the export is now {now} bytes, was {was}"),
+            ));
+        }
+        Ok(conn)
+    }
+
     fn check_range(&self, offset: u64, len: u64, what: &str) -> io::Result<()> {
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.export().size)
-        {
+        let size = self.len();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "{}: {what} of {len} bytes at {offset} is past the end of the export ({} bytes)",
-                    self.uri,
-                    self.export().size
+                    "{}: {what} of {len} bytes at {offset} is past the end of the export ({size} bytes)",
+                    self.uri
                 ),
             ));
         }
@@ -203,7 +332,7 @@ impl NbdMember {
     }
 
     fn check_writable(&self) -> io::Result<()> {
-        if self.read_only {
+        if self.options.read_only {
             return Err(with_path(
                 Path::new(&self.uri.text),
                 "write",
@@ -213,140 +342,30 @@ impl NbdMember {
         Ok(())
     }
 
-    /// Wait for a window of tickets; the first failure wins, but every
-    /// ticket is waited for so nothing of this call is still in flight.
-    fn wait_all(
-        &self,
-        tickets: Vec<(Ticket, u64)>,
-        what: &str,
-        out: Option<(&mut [u8], u64)>,
-    ) -> io::Result<()> {
-        let mut first = None;
-        let mut out = out;
-        for (ticket, at) in tickets {
-            match self.conn.wait(ticket) {
-                Ok(data) => {
-                    if let Some((buf, base)) = out.as_mut() {
-                        let start = (at - *base) as usize;
-                        buf[start..start + data.len()].copy_from_slice(&data);
-                    }
-                }
-                Err(f) => {
-                    if first.is_none() {
-                        first = Some(self.error(&format!("{what} at {at}"), f));
-                    }
-                }
-            }
+    /// A write (possibly FUA) with a read-modify-write of unaligned edges.
+    fn write_with(&self, buf: &[u8], offset: u64, flags: u16) -> io::Result<()> {
+        self.check_writable()?;
+        self.check_range(offset, buf.len() as u64, "write")?;
+        if buf.is_empty() {
+            return Ok(());
         }
-        first.map_or(Ok(()), Err)
-    }
-
-    fn submit(
-        &self,
-        command: u16,
-        flags: u16,
-        at: u64,
-        len: u32,
-        payload: Option<&[u8]>,
-        what: &str,
-    ) -> io::Result<Ticket> {
-        self.conn
-            .submit(command, flags, at, len, payload)
-            .map_err(|f| self.error(&format!("{what} at {at}"), f))
-    }
-
-    /// Read an aligned range, split at the maximum payload.
-    fn read_aligned(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let max = self.export().max_payload as usize;
-        let mut done = 0;
-        while done < buf.len() {
-            let mut tickets = Vec::with_capacity(WINDOW);
-            let window_start = done;
-            while done < buf.len() && tickets.len() < WINDOW {
-                let n = max.min(buf.len() - done);
-                let at = offset + done as u64;
-                tickets.push((self.submit(CMD_READ, 0, at, n as u32, None, "read")?, at));
-                done += n;
+        self.run(|conn| {
+            if aligned(conn, offset, buf.len() as u64) {
+                write_aligned(conn, &[buf], offset, flags)
+            } else {
+                self.write_unaligned(conn, buf, offset, flags)
             }
-            let window = &mut buf[window_start..done];
-            self.wait_all(
-                tickets,
-                "read",
-                Some((window, offset + window_start as u64)),
-            )?;
+        })?;
+        if flags & CMD_FLAG_FUA == 0 {
+            self.acked_writes.fetch_add(1, Ordering::AcqRel);
         }
         Ok(())
     }
 
-    /// Write aligned buffers one after another from `offset`, split at the
-    /// maximum payload, up to a window of requests in flight.
-    fn write_aligned(&self, bufs: &[&[u8]], offset: u64, flags: u16) -> io::Result<()> {
-        let max = self.export().max_payload as usize;
-        let mut tickets = Vec::with_capacity(WINDOW);
-        let mut at = offset;
-        for buf in bufs {
-            for piece in buf.chunks(max) {
-                if tickets.len() == WINDOW {
-                    self.wait_all(std::mem::take(&mut tickets), "write", None)?;
-                }
-                tickets.push((
-                    self.submit(
-                        CMD_WRITE,
-                        flags,
-                        at,
-                        piece.len() as u32,
-                        Some(piece),
-                        "write",
-                    )?,
-                    at,
-                ));
-                at += piece.len() as u64;
-            }
-        }
-        self.wait_all(tickets, "write", None)
-    }
-
-    /// A payload-free command over a range (trim, write zeroes), split at
-    /// the maximum payload like the rest.
-    fn ranged(
-        &self,
-        command: u16,
-        flags: u16,
-        offset: u64,
-        len: u64,
-        what: &str,
-    ) -> io::Result<()> {
-        let max = u64::from(self.export().max_payload);
-        let mut tickets = Vec::with_capacity(WINDOW);
-        let mut at = offset;
-        while at < offset + len {
-            let n = max.min(offset + len - at);
-            if tickets.len() == WINDOW {
-                self.wait_all(std::mem::take(&mut tickets), what, None)?;
-            }
-            tickets.push((self.submit(command, flags, at, n as u32, None, what)?, at));
-            at += n;
-        }
-        self.wait_all(tickets, what, None)
-    }
-
-    fn aligned(&self, offset: u64, len: u64) -> bool {
-        let min = u64::from(self.export().min_block);
-        offset.is_multiple_of(min) && len.is_multiple_of(min)
-    }
-
-    /// The minimum-block-aligned range around `[offset, offset + len)`.
-    fn widen(&self, offset: u64, len: u64) -> (u64, u64) {
-        let min = u64::from(self.export().min_block);
-        let start = offset / min * min;
-        let end = (offset + len).div_ceil(min) * min;
-        (start, end.min(self.export().size.div_ceil(min) * min))
-    }
-
     /// Write with a read-modify-write of the partial blocks at the edges.
-    fn write_unaligned(&self, buf: &[u8], offset: u64, flags: u16) -> io::Result<()> {
-        let min = u64::from(self.export().min_block);
-        let (start, end) = self.widen(offset, buf.len() as u64);
+    fn write_unaligned(&self, conn: &Conn, buf: &[u8], offset: u64, flags: u16) -> Outcome<()> {
+        let min = u64::from(conn.export().min_block);
+        let (start, end) = widen(conn, offset, buf.len() as u64);
         let first = (start / min) as usize % RMW_LOCK_STRIPES;
         let last = ((end - 1) / min) as usize % RMW_LOCK_STRIPES;
         let (a, b) = (first.min(last), first.max(last));
@@ -355,46 +374,48 @@ impl NbdMember {
         let mut whole = vec![0u8; (end - start) as usize];
         let head = (offset - start) as usize;
         if head != 0 {
-            self.read_aligned(&mut whole[..min as usize], start)?;
+            read_aligned(conn, &mut whole[..min as usize], start)?;
         }
         let tail_at = end - min;
         if !(offset + buf.len() as u64).is_multiple_of(min) && (head == 0 || tail_at != start) {
             let tail = (tail_at - start) as usize;
-            self.read_aligned(&mut whole[tail..], tail_at)?;
+            read_aligned(conn, &mut whole[tail..], tail_at)?;
         }
         whole[head..head + buf.len()].copy_from_slice(buf);
-        self.write_aligned(&[&whole], start, flags)
-    }
-
-    fn write_with(&self, buf: &[u8], offset: u64, flags: u16) -> io::Result<()> {
-        self.check_writable()?;
-        self.check_range(offset, buf.len() as u64, "write")?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        if self.aligned(offset, buf.len() as u64) {
-            self.write_aligned(&[buf], offset, flags)
-        } else {
-            self.write_unaligned(buf, offset, flags)
-        }
+        write_aligned(conn, &[&whole], start, flags)
     }
 
     /// Zeros over a range: `NBD_CMD_WRITE_ZEROES` on the aligned middle
     /// (without NO_HOLE, so the server may deallocate), written zeros on
     /// unaligned edges.
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        let min = u64::from(self.export().min_block);
+    fn write_zeroes(&self, conn: &Conn, offset: u64, len: u64) -> Outcome<()> {
+        let min = u64::from(conn.export().min_block);
         let start = offset.div_ceil(min) * min;
         let end = (offset + len) / min * min;
+        let zeros = |conn: &Conn, at: u64, n: u64| {
+            let buf = vec![0u8; n as usize];
+            if aligned(conn, at, n) {
+                write_aligned(conn, &[&buf], at, 0)
+            } else {
+                self.write_unaligned(conn, &buf, at, 0)
+            }
+        };
         if start >= end {
-            return self.write_at(&vec![0u8; len as usize], offset);
+            return zeros(conn, offset, len);
         }
         if start > offset {
-            self.write_at(&vec![0u8; (start - offset) as usize], offset)?;
+            zeros(conn, offset, start - offset)?;
         }
-        self.ranged(CMD_WRITE_ZEROES, 0, start, end - start, "write zeroes")?;
+        ranged(
+            conn,
+            CMD_WRITE_ZEROES,
+            0,
+            start,
+            end - start,
+            "write zeroes",
+        )?;
         if offset + len > end {
-            self.write_at(&vec![0u8; (offset + len - end) as usize], end)?;
+            zeros(conn, end, offset + len - end)?;
         }
         Ok(())
     }
@@ -406,15 +427,18 @@ impl Member for NbdMember {
         if buf.is_empty() {
             return Ok(());
         }
-        if self.aligned(offset, buf.len() as u64) {
-            return self.read_aligned(buf, offset);
-        }
-        let (start, end) = self.widen(offset, buf.len() as u64);
-        let mut whole = vec![0u8; (end - start) as usize];
-        self.read_aligned(&mut whole, start)?;
-        let head = (offset - start) as usize;
-        buf.copy_from_slice(&whole[head..head + buf.len()]);
-        Ok(())
+        let len = buf.len() as u64;
+        self.run(|conn| {
+            if aligned(conn, offset, len) {
+                return read_aligned(conn, buf, offset);
+            }
+            let (start, end) = widen(conn, offset, len);
+            let mut whole = vec![0u8; (end - start) as usize];
+            read_aligned(conn, &mut whole, start)?;
+            let head = (offset - start) as usize;
+            buf.copy_from_slice(&whole[head..head + buf.len()]);
+            Ok(())
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -426,26 +450,38 @@ impl Member for NbdMember {
         self.check_writable()?;
         self.check_range(offset, total, "write")?;
         let min = u64::from(self.export().min_block);
-        if bufs.iter().all(|b| (b.len() as u64).is_multiple_of(min)) && offset.is_multiple_of(min) {
-            return self.write_aligned(bufs, offset, 0);
+        if !(bufs.iter().all(|b| (b.len() as u64).is_multiple_of(min))
+            && offset.is_multiple_of(min))
+        {
+            let mut at = offset;
+            for buf in bufs {
+                self.write_at(buf, at)?;
+                at += buf.len() as u64;
+            }
+            return Ok(());
         }
-        let mut at = offset;
-        for buf in bufs {
-            self.write_at(buf, at)?;
-            at += buf.len() as u64;
-        }
+        self.run(|conn| write_aligned(conn, bufs, offset, 0))?;
+        self.acked_writes.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
-        if self.read_only || !self.export().has(FLAG_SEND_FLUSH) {
+        if self.options.read_only || !self.export().has(FLAG_SEND_FLUSH) {
             // Told at open: the server offers nothing to flush with.
             return Ok(());
         }
-        self.conn
-            .call(CMD_FLUSH, 0, 0, 0, None)
-            .map(|_| ())
-            .map_err(|f| self.error("flush", f))
+        // Writes counted by now were acknowledged before the flush is sent.
+        let covered = self.acked_writes.load(Ordering::Acquire);
+        self.run(|conn| {
+            conn.call(CMD_FLUSH, 0, 0, 0, None)
+                .map(|_| ())
+                .map_err(|failure| Failed {
+                    what: "flush".into(),
+                    failure,
+                })
+        })?;
+        self.flushed_writes.fetch_max(covered, Ordering::AcqRel);
+        Ok(())
     }
 
     fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -458,7 +494,7 @@ impl Member for NbdMember {
     }
 
     fn len(&self) -> u64 {
-        self.export().size
+        self.conn().export().size
     }
 
     fn name(&self) -> String {
@@ -472,7 +508,9 @@ impl Member for NbdMember {
             return Ok(());
         }
         if self.export().has(FLAG_SEND_WRITE_ZEROES) {
-            return self.write_zeroes(offset, len);
+            self.run(|conn| self.write_zeroes(conn, offset, len))?;
+            self.acked_writes.fetch_add(1, Ordering::AcqRel);
+            return Ok(());
         }
         const STEP: u64 = 1 << 20;
         let zeros = vec![0u8; STEP.min(len) as usize];
@@ -486,7 +524,7 @@ impl Member for NbdMember {
     }
 
     fn can_discard(&self) -> bool {
-        !self.read_only && self.export().has(FLAG_SEND_WRITE_ZEROES)
+        !self.options.read_only && self.export().has(FLAG_SEND_WRITE_ZEROES)
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -500,12 +538,172 @@ impl Member for NbdMember {
             ));
         }
         self.check_range(offset, len, "discard")?;
-        self.write_zeroes(offset, len)
+        self.run(|conn| self.write_zeroes(conn, offset, len))?;
+        self.acked_writes.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     fn rotational(&self) -> Option<bool> {
         Some(self.export().has(FLAG_ROTATIONAL))
     }
+}
+
+/// Connect, negotiate and start a connection to the export; a writable
+/// member refuses a read-only export.
+fn establish(uri: &NbdUri, options: &NbdOptions) -> io::Result<Conn> {
+    let label = Path::new(&uri.text);
+    let context = |what: &str, e: io::Error| with_path(label, what, e);
+    let mut stream =
+        connect(&uri.endpoint, options.connect_timeout).map_err(|e| context("connect", e))?;
+    stream
+        .set_timeouts(Some(options.connect_timeout), Some(options.connect_timeout))
+        .map_err(|e| context("connect", e))?;
+    let export = handshake::negotiate(&mut stream, &uri.export).map_err(|e| {
+        let e = match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no handshake within {} s (connect timeout)",
+                    options.connect_timeout.as_secs_f64()
+                ),
+            ),
+            _ => e,
+        };
+        context("NBD handshake", e)
+    })?;
+    let read_only_export = export.has(FLAG_READ_ONLY);
+    let conn =
+        Conn::start(stream, export, options.request_timeout).map_err(|e| context("start", e))?;
+    if !options.read_only && read_only_export {
+        return Err(with_path(
+            label,
+            "the server exports it read-only, and a member of a writable array must take writes (serve it writable, or mount -o ro)",
+            io::Error::from_raw_os_error(libc::EROFS),
+        ));
+    }
+    Ok(conn)
+}
+
+fn aligned(conn: &Conn, offset: u64, len: u64) -> bool {
+    let min = u64::from(conn.export().min_block);
+    offset.is_multiple_of(min) && len.is_multiple_of(min)
+}
+
+/// The minimum-block-aligned range around `[offset, offset + len)`.
+fn widen(conn: &Conn, offset: u64, len: u64) -> (u64, u64) {
+    let export = conn.export();
+    let min = u64::from(export.min_block);
+    let start = offset / min * min;
+    let end = (offset + len).div_ceil(min) * min;
+    (start, end.min(export.size.div_ceil(min) * min))
+}
+
+fn submit(
+    conn: &Conn,
+    command: u16,
+    flags: u16,
+    at: u64,
+    len: u32,
+    payload: Option<&[u8]>,
+    what: &str,
+) -> Outcome<Ticket> {
+    conn.submit(command, flags, at, len, payload)
+        .map_err(|failure| Failed {
+            what: format!("{what} at {at}"),
+            failure,
+        })
+}
+
+/// Wait for a window of tickets, copying reads into `out` (a buffer and
+/// the offset it starts at). The first failure wins, but every ticket is
+/// waited for so nothing of this call is still in flight.
+fn wait_all(
+    conn: &Conn,
+    tickets: Vec<(Ticket, u64)>,
+    what: &str,
+    mut out: Option<(&mut [u8], u64)>,
+) -> Outcome<()> {
+    let mut first = None;
+    for (ticket, at) in tickets {
+        match conn.wait(ticket) {
+            Ok(data) => {
+                if let Some((buf, base)) = out.as_mut() {
+                    let start = (at - *base) as usize;
+                    buf[start..start + data.len()].copy_from_slice(&data);
+                }
+            }
+            Err(failure) => {
+                if first.is_none() {
+                    first = Some(Failed {
+                        what: format!("{what} at {at}"),
+                        failure,
+                    });
+                }
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Read an aligned range, split at the maximum payload.
+fn read_aligned(conn: &Conn, buf: &mut [u8], offset: u64) -> Outcome<()> {
+    let max = conn.export().max_payload as usize;
+    let mut done = 0;
+    while done < buf.len() {
+        let mut tickets = Vec::with_capacity(WINDOW);
+        let window_start = done;
+        while done < buf.len() && tickets.len() < WINDOW {
+            let n = max.min(buf.len() - done);
+            let at = offset + done as u64;
+            tickets.push((submit(conn, CMD_READ, 0, at, n as u32, None, "read")?, at));
+            done += n;
+        }
+        let window = &mut buf[window_start..done];
+        wait_all(
+            conn,
+            tickets,
+            "read",
+            Some((window, offset + window_start as u64)),
+        )?;
+    }
+    Ok(())
+}
+
+/// Write aligned buffers one after another from `offset`, split at the
+/// maximum payload, up to a window of requests in flight.
+fn write_aligned(conn: &Conn, bufs: &[&[u8]], offset: u64, flags: u16) -> Outcome<()> {
+    let max = conn.export().max_payload as usize;
+    let mut tickets = Vec::with_capacity(WINDOW);
+    let mut at = offset;
+    for buf in bufs {
+        for piece in buf.chunks(max) {
+            if tickets.len() == WINDOW {
+                wait_all(conn, std::mem::take(&mut tickets), "write", None)?;
+            }
+            let len = piece.len() as u32;
+            let ticket = submit(conn, CMD_WRITE, flags, at, len, Some(piece), "write")?;
+            tickets.push((ticket, at));
+            at += piece.len() as u64;
+        }
+    }
+    wait_all(conn, tickets, "write", None)
+}
+
+/// A payload-free command over a range (trim, write zeroes), split at the
+/// maximum payload like the rest.
+fn ranged(conn: &Conn, command: u16, flags: u16, offset: u64, len: u64, what: &str) -> Outcome<()> {
+    let max = u64::from(conn.export().max_payload);
+    let mut tickets = Vec::with_capacity(WINDOW);
+    let mut at = offset;
+    while at < offset + len {
+        let n = max.min(offset + len - at);
+        if tickets.len() == WINDOW {
+            wait_all(conn, std::mem::take(&mut tickets), what, None)?;
+        }
+        tickets.push((submit(conn, command, flags, at, n as u32, None, what)?, at));
+        at += n;
+    }
+    wait_all(conn, tickets, what, None)
 }
 
 /// Connect to the server (TCP with the timeout and no Nagle delay).

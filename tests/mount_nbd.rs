@@ -12,7 +12,9 @@ use common::nbd::{nbd_available, sparse_image, Listen, NbdServer};
 use std::path::PathBuf;
 use std::time::Duration;
 
-const SIZE: u64 = 64 << 20;
+/// Room for the writers of a few seconds (sparse: only what is written
+/// takes space).
+const SIZE: u64 = 256 << 20;
 
 /// Exports of fresh sparse images in one directory, one server each.
 struct Exports {
@@ -78,7 +80,7 @@ fn raid1_of_a_local_image_and_an_nbd_export_survives_a_remount() {
     }
     let exports = Exports::new(&[Listen::Tcp]);
     let uri = exports.uris().remove(0);
-    let m = Mounted::new("1", "64M", &["m0", &uri]);
+    let m = Mounted::new("1", "256M", &["m0", &uri]);
     assert_eq!(
         member_states(&m),
         vec![
@@ -156,7 +158,7 @@ fn raid5_over_three_nbd_exports_survives_a_remount() {
     let exports = Exports::new(&[Listen::Unix, Listen::Unix, Listen::Tcp]);
     let uris = exports.uris();
     let names: Vec<&str> = uris.iter().map(String::as_str).collect();
-    let m = Mounted::new("5", "64M", &names);
+    let m = Mounted::new("5", "256M", &names);
     let states = member_states(&m);
     assert!(
         states.iter().all(|(_, s)| s == "active") && states.len() == 3,
@@ -184,7 +186,7 @@ fn losing_the_nbd_leg_under_a_writer_degrades_the_mirror_without_an_error() {
     }
     let mut exports = Exports::new(&[Listen::Unix]);
     let uri = exports.uris().remove(0);
-    let m = Mounted::new("1", "64M", &["m0", &uri]);
+    let m = Mounted::new("1", "256M", &["m0", &uri]);
     let writer = Writer::start(&m.mnt.join("data"));
     writer.wait_for_more(10);
     exports.servers[0].kill();
@@ -244,7 +246,7 @@ fn a_local_leg_is_replaced_by_an_nbd_export_and_another_added_as_a_spare() {
     }
     let exports = Exports::new(&[Listen::Unix, Listen::Tcp]);
     let uris = exports.uris();
-    let m = Mounted::new("1", "64M", &["m0", "m1"]);
+    let m = Mounted::new("1", "256M", &["m0", "m1"]);
     let written = write_files(&m, 20);
     m.ok("replace", &["--wait", "m1", &uris[0]]);
     let detail = wait_for_detail(&m.mnt, "the replacement", Duration::from_secs(60), |d| {
@@ -281,7 +283,7 @@ fn a_returning_server_is_added_back_while_mounted() {
     }
     let mut exports = Exports::new(&[Listen::Unix]);
     let uri = exports.uris().remove(0);
-    let m = Mounted::new("1", "64M", &["m0", &uri]);
+    let m = Mounted::new("1", "256M", &["m0", &uri]);
     let writer = Writer::start(&m.mnt.join("data"));
     writer.wait_for_more(5);
     exports.servers[0].kill();
@@ -311,4 +313,100 @@ fn a_returning_server_is_added_back_while_mounted() {
     m.umount();
     m.mount_members(&[&back.uri]);
     verify_files(&m.mnt.join("data"), written);
+}
+
+/// The file-plugin arguments that serve export `i` of `exports` again.
+fn file_args(exports: &Exports, i: usize) -> String {
+    format!("file={}", exports.image(i).display())
+}
+
+#[test]
+fn a_lost_leg_comes_back_by_itself_when_its_server_returns() {
+    if !common::fuse_available() || !nbd_available() {
+        return;
+    }
+    let mut exports = Exports::new(&[Listen::Unix]);
+    let uri = exports.uris().remove(0);
+    let m = Mounted::new("1", "256M", &["m0", &uri]);
+    let writer = Writer::start(&m.mnt.join("data"));
+    writer.wait_for_more(10);
+    exports.servers[0].kill();
+    writer.wait_for_more(10);
+    wait_for_detail(
+        &m.mnt,
+        "the NBD member to fail",
+        Duration::from_secs(60),
+        |d| d["members"][1]["state"].as_str() == Some("faulty"),
+    );
+    writer.wait_for_more(10);
+    // The server returns at the same address; nobody runs a command.
+    let file = file_args(&exports, 0);
+    exports.servers[0].restart_nbdkit(&["file", &file]);
+    let detail = wait_for_detail(
+        &m.mnt,
+        "the member to rejoin",
+        Duration::from_secs(60),
+        |d| d["degraded"].as_bool() == Some(false) && d["sync"].is_null(),
+    );
+    assert_eq!(detail["members"][1]["name"].as_str(), Some(uri.as_str()));
+    writer.wait_for_more(10);
+    let written = writer.finish();
+    verify_files(&m.mnt.join("data"), written);
+    let log = std::fs::read_to_string(m.path("daemon.log")).expect("daemon log");
+    assert!(log.contains(&format!("{uri} answers again")), "{log}");
+    m.umount();
+    // The returned member holds everything by itself.
+    m.mount_members(&[&uri]);
+    verify_files(&m.mnt.join("data"), written);
+}
+
+#[test]
+fn a_member_whose_host_was_down_at_mount_joins_when_it_answers() {
+    if !common::fuse_available() || !nbd_available() {
+        return;
+    }
+    let mut exports = Exports::new(&[Listen::Unix]);
+    let uri = exports.uris().remove(0);
+    let m = Mounted::new("1", "256M", &["m0", &uri]);
+    let first = write_files(&m, 10);
+    m.umount();
+    exports.servers[0].kill();
+    m.mount();
+    assert!(m.detail()["degraded"].as_bool().expect("degraded"));
+    let writer = Writer::start(&m.mnt.join("data2"));
+    writer.wait_for_more(10);
+    let file = file_args(&exports, 0);
+    exports.servers[0].restart_nbdkit(&["file", &file]);
+    wait_for_detail(&m.mnt, "the member to join", Duration::from_secs(60), |d| {
+        d["degraded"].as_bool() == Some(false) && d["sync"].is_null()
+    });
+    writer.wait_for_more(5);
+    let second = writer.finish();
+    m.umount();
+    m.mount_members(&[&uri]);
+    verify_files(&m.mnt.join("data"), first);
+    verify_files(&m.mnt.join("data2"), second);
+}
+
+#[test]
+fn a_member_failed_by_request_is_not_brought_back() {
+    if !common::fuse_available() || !nbd_available() {
+        return;
+    }
+    let exports = Exports::new(&[Listen::Unix]);
+    let uri = exports.uris().remove(0);
+    let m = Mounted::new("1", "256M", &["m0", &uri]);
+    m.ok("fail", &["1"]);
+    // The rejoin thread looks every second while a member is missing:
+    // three seconds give it rounds enough to (wrongly) bring it back.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let states = member_states(&m);
+        assert_eq!(states[1], (uri.clone(), "faulty".to_string()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Removed and added by hand, it comes back from the bitmap.
+    m.ok("remove", &["1"]);
+    let out = m.ok("add", &["--wait", &uri]);
+    assert!(out.contains("re-added"), "{out}");
 }

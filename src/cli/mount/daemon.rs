@@ -255,6 +255,12 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     let (array, notes) = match assemble_paths(&plan.members, assemble_opts, policy) {
         Ok(assembly) => {
             super::tell_left_out(&assembly.left_out);
+            // Members on hosts that are down come back when they answer.
+            for (name, _) in &assembly.left_out {
+                if crate::member::open::is_uri(std::path::Path::new(name)) {
+                    assembly.array.await_member(name);
+                }
+            }
             for note in &assembly.notes {
                 warn!("{note}");
             }

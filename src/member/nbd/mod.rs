@@ -1,12 +1,13 @@
 //! Members on other hosts: an export of an NBD server (nbdkit, qemu-nbd,
 //! nbd-server) as a [`Member`].
 //!
-//! [`NbdMember`] owns one connection at a time ([`conn`]) negotiated by
-//! [`handshake`] from a URI ([`uri`]). It turns the member interface into
-//! NBD requests honouring the export's block-size constraints: transfers
-//! are split at the maximum payload and sent together (several requests in
-//! flight), and unaligned edges go through a read-modify-write when the
-//! server states a minimum block size. `sync` is `NBD_CMD_FLUSH`,
+//! [`NbdMember`] owns one connection at a time ([`conn`]), reached by
+//! [`connect`] and negotiated by [`handshake`] from a URI ([`uri`]). It
+//! turns the member interface into NBD requests honouring the export's
+//! block-size constraints: transfers are split at the maximum payload and
+//! sent together, several requests in flight ([`transfer`]), and unaligned
+//! edges go through a read-modify-write when the server states a minimum
+//! block size. `sync` is `NBD_CMD_FLUSH`,
 //! `write_durable` a write with FUA, `zero_range` and `discard`
 //! `NBD_CMD_WRITE_ZEROES` (which lets the server punch holes while
 //! promising zeros, which `NBD_CMD_TRIM` does not); each only where the
@@ -24,23 +25,25 @@
 //! (docs/remote.md).
 
 mod conn;
+mod connect;
 mod handshake;
 pub mod proto;
+mod transfer;
 pub mod uri;
 
 use super::file::with_path;
 use super::Member;
-use conn::{Conn, Failure, Stream, Ticket};
+use conn::{Conn, Failure};
+use connect::establish;
 pub use handshake::Export;
 use parking_lot::{Mutex, RwLock};
 use proto::*;
 use std::io;
-use std::net::{TcpStream, ToSocketAddrs};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use transfer::{aligned, ranged, read_aligned, widen, write_aligned, Failed, Outcome};
 pub use uri::{is_uri, Endpoint, NbdUri};
 
 /// How long connecting and the handshake may take.
@@ -59,9 +62,6 @@ pub const RECONNECT_BACKOFF: [Duration; 5] = [
     Duration::from_millis(1600),
 ];
 
-/// Requests one call keeps in flight at once (a large transfer split at
-/// the server's maximum payload).
-const WINDOW: usize = 16;
 /// Stripes of the lock that serialises read-modify-write of partial blocks.
 const RMW_LOCK_STRIPES: usize = 64;
 
@@ -83,15 +83,6 @@ impl Default for NbdOptions {
         }
     }
 }
-
-/// A request that failed: what it was and why.
-struct Failed {
-    what: String,
-    failure: Failure,
-}
-
-type Outcome<T> = Result<T, Failed>;
-
 /// An NBD export as a member.
 pub struct NbdMember {
     uri: NbdUri,
@@ -545,185 +536,5 @@ impl Member for NbdMember {
 
     fn rotational(&self) -> Option<bool> {
         Some(self.export().has(FLAG_ROTATIONAL))
-    }
-}
-
-/// Connect, negotiate and start a connection to the export; a writable
-/// member refuses a read-only export.
-fn establish(uri: &NbdUri, options: &NbdOptions) -> io::Result<Conn> {
-    let label = Path::new(&uri.text);
-    let context = |what: &str, e: io::Error| with_path(label, what, e);
-    let mut stream =
-        connect(&uri.endpoint, options.connect_timeout).map_err(|e| context("connect", e))?;
-    stream
-        .set_timeouts(Some(options.connect_timeout), Some(options.connect_timeout))
-        .map_err(|e| context("connect", e))?;
-    let export = handshake::negotiate(&mut stream, &uri.export).map_err(|e| {
-        let e = match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "no handshake within {} s (connect timeout)",
-                    options.connect_timeout.as_secs_f64()
-                ),
-            ),
-            _ => e,
-        };
-        context("NBD handshake", e)
-    })?;
-    let read_only_export = export.has(FLAG_READ_ONLY);
-    let conn =
-        Conn::start(stream, export, options.request_timeout).map_err(|e| context("start", e))?;
-    if !options.read_only && read_only_export {
-        return Err(with_path(
-            label,
-            "the server exports it read-only, and a member of a writable array must take writes (serve it writable, or mount -o ro)",
-            io::Error::from_raw_os_error(libc::EROFS),
-        ));
-    }
-    Ok(conn)
-}
-
-fn aligned(conn: &Conn, offset: u64, len: u64) -> bool {
-    let min = u64::from(conn.export().min_block);
-    offset.is_multiple_of(min) && len.is_multiple_of(min)
-}
-
-/// The minimum-block-aligned range around `[offset, offset + len)`.
-fn widen(conn: &Conn, offset: u64, len: u64) -> (u64, u64) {
-    let export = conn.export();
-    let min = u64::from(export.min_block);
-    let start = offset / min * min;
-    let end = (offset + len).div_ceil(min) * min;
-    (start, end.min(export.size.div_ceil(min) * min))
-}
-
-fn submit(
-    conn: &Conn,
-    command: u16,
-    flags: u16,
-    at: u64,
-    len: u32,
-    payload: Option<&[u8]>,
-    what: &str,
-) -> Outcome<Ticket> {
-    conn.submit(command, flags, at, len, payload)
-        .map_err(|failure| Failed {
-            what: format!("{what} at {at}"),
-            failure,
-        })
-}
-
-/// Wait for a window of tickets, copying reads into `out` (a buffer and
-/// the offset it starts at). The first failure wins, but every ticket is
-/// waited for so nothing of this call is still in flight.
-fn wait_all(
-    conn: &Conn,
-    tickets: Vec<(Ticket, u64)>,
-    what: &str,
-    mut out: Option<(&mut [u8], u64)>,
-) -> Outcome<()> {
-    let mut first = None;
-    for (ticket, at) in tickets {
-        match conn.wait(ticket) {
-            Ok(data) => {
-                if let Some((buf, base)) = out.as_mut() {
-                    let start = (at - *base) as usize;
-                    buf[start..start + data.len()].copy_from_slice(&data);
-                }
-            }
-            Err(failure) => {
-                if first.is_none() {
-                    first = Some(Failed {
-                        what: format!("{what} at {at}"),
-                        failure,
-                    });
-                }
-            }
-        }
-    }
-    first.map_or(Ok(()), Err)
-}
-
-/// Read an aligned range, split at the maximum payload.
-fn read_aligned(conn: &Conn, buf: &mut [u8], offset: u64) -> Outcome<()> {
-    let max = conn.export().max_payload as usize;
-    let mut done = 0;
-    while done < buf.len() {
-        let mut tickets = Vec::with_capacity(WINDOW);
-        let window_start = done;
-        while done < buf.len() && tickets.len() < WINDOW {
-            let n = max.min(buf.len() - done);
-            let at = offset + done as u64;
-            tickets.push((submit(conn, CMD_READ, 0, at, n as u32, None, "read")?, at));
-            done += n;
-        }
-        let window = &mut buf[window_start..done];
-        wait_all(
-            conn,
-            tickets,
-            "read",
-            Some((window, offset + window_start as u64)),
-        )?;
-    }
-    Ok(())
-}
-
-/// Write aligned buffers one after another from `offset`, split at the
-/// maximum payload, up to a window of requests in flight.
-fn write_aligned(conn: &Conn, bufs: &[&[u8]], offset: u64, flags: u16) -> Outcome<()> {
-    let max = conn.export().max_payload as usize;
-    let mut tickets = Vec::with_capacity(WINDOW);
-    let mut at = offset;
-    for buf in bufs {
-        for piece in buf.chunks(max) {
-            if tickets.len() == WINDOW {
-                wait_all(conn, std::mem::take(&mut tickets), "write", None)?;
-            }
-            let len = piece.len() as u32;
-            let ticket = submit(conn, CMD_WRITE, flags, at, len, Some(piece), "write")?;
-            tickets.push((ticket, at));
-            at += piece.len() as u64;
-        }
-    }
-    wait_all(conn, tickets, "write", None)
-}
-
-/// A payload-free command over a range (trim, write zeroes), split at the
-/// maximum payload like the rest.
-fn ranged(conn: &Conn, command: u16, flags: u16, offset: u64, len: u64, what: &str) -> Outcome<()> {
-    let max = u64::from(conn.export().max_payload);
-    let mut tickets = Vec::with_capacity(WINDOW);
-    let mut at = offset;
-    while at < offset + len {
-        let n = max.min(offset + len - at);
-        if tickets.len() == WINDOW {
-            wait_all(conn, std::mem::take(&mut tickets), what, None)?;
-        }
-        tickets.push((submit(conn, command, flags, at, n as u32, None, what)?, at));
-        at += n;
-    }
-    wait_all(conn, tickets, what, None)
-}
-
-/// Connect to the server (TCP with the timeout and no Nagle delay).
-fn connect(endpoint: &Endpoint, timeout: Duration) -> io::Result<Stream> {
-    match endpoint {
-        Endpoint::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
-        Endpoint::Tcp { host, port } => {
-            let mut last = None;
-            for addr in (host.as_str(), *port).to_socket_addrs()? {
-                match TcpStream::connect_timeout(&addr, timeout) {
-                    Ok(s) => {
-                        s.set_nodelay(true)?;
-                        return Ok(Stream::Tcp(s));
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            Err(last.unwrap_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address"))
-            }))
-        }
     }
 }

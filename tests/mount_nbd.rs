@@ -410,3 +410,46 @@ fn a_member_failed_by_request_is_not_brought_back() {
     let out = m.ok("add", &["--wait", &uri]);
     assert!(out.contains("re-added"), "{out}");
 }
+
+#[test]
+fn create_takes_the_exports_sizes_and_refuses_one_in_use() {
+    if !nbd_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let servers: Vec<NbdServer> = [64u64 << 20, 96 << 20, 64 << 20]
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let image = dir.path().join(format!("e{i}.img"));
+            sparse_image(&image, size);
+            NbdServer::file(Listen::Unix, &image)
+        })
+        .collect();
+    let uri = |i: usize| servers[i].uri.as_str();
+    // No --size: an export has its own; the array fits the smaller one.
+    let out = raidfs(&["create", "-l", "1", uri(0), uri(1)], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = raidfs(&["examine", "--json", uri(1)], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let member_size = report[0]["member_size"].as_u64().expect("member_size");
+    assert!(
+        member_size > 32 << 20 && member_size <= 64 << 20,
+        "member_size {member_size}"
+    );
+    // An export that holds a member of that array is refused...
+    let out = raidfs(&["create", "-l", "1", uri(2), uri(1)], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("is a member of array") && stderr(&out).contains("--force"),
+        "{}",
+        stderr(&out)
+    );
+    // ...and nothing is created as a file for a URI.
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert!(names.iter().all(|n| !n.starts_with("nbd")), "{names:?}");
+}

@@ -208,7 +208,18 @@ fn losing_the_nbd_leg_under_a_writer_degrades_the_mirror_without_an_error() {
     verify_files(&m.mnt.join("data"), written);
     m.umount();
     // The host is still down: the mount starts degraded without it.
-    m.mount();
+    let log_option = format!("log={}", m.path("daemon.log").display());
+    let mnt = m.mnt.display().to_string();
+    let out = raidfs(
+        &["mount", "-o", &log_option, "m0", &uri, &mnt],
+        m.dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("{uri} cannot be reached (connect: ")),
+        "{}",
+        stderr(&out)
+    );
     assert!(m.detail()["degraded"].as_bool().expect("degraded"));
     verify_files(&m.mnt.join("data"), written);
     let log = std::fs::read_to_string(m.path("daemon.log")).expect("daemon log");

@@ -105,7 +105,10 @@ pub fn open_members(
                     && !read_only
                     && crate::member::open::is_uri(path) =>
             {
-                left_out.push((name, e.to_string()));
+                // The error names the URI; the notice does already.
+                let text = e.to_string();
+                let why = text.strip_prefix(&format!("{name}: ")).unwrap_or(&text);
+                left_out.push((name.clone(), why.to_string()));
             }
             Err(source) => return Err(ArrayError::MemberIo { path: name, source }),
         }

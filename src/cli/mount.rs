@@ -148,8 +148,13 @@ pub(crate) fn tell_notes(notes: &[String]) {
 
 pub(crate) fn tell_left_out(left_out: &LeftOut) {
     for (name, why) in left_out {
+        let problem = if crate::member::open::is_uri(Path::new(name)) {
+            "cannot be reached"
+        } else {
+            "cannot be opened read-write"
+        };
         crate::notice::tell(&format!(
-            "{name} cannot be opened read-write ({why}); left out, the array starts degraded"
+            "{name} {problem} ({why}); left out, the array starts degraded"
         ));
     }
 }

@@ -464,3 +464,57 @@ fn create_takes_the_exports_sizes_and_refuses_one_in_use() {
         .collect();
     assert!(names.iter().all(|n| !n.starts_with("nbd")), "{names:?}");
 }
+
+#[test]
+fn a_write_mostly_remote_leg_takes_writes_and_no_reads() {
+    if !common::fuse_available() || !nbd_available() {
+        return;
+    }
+    let exports = Exports::new(&[Listen::Tcp]);
+    let uri = exports.uris().remove(0);
+    // The remote leg is slot 0, where a first-copy read would go.
+    let m = Mounted::new("1", "256M", &[&uri, "m0"]);
+    let written = write_files(&m, 20);
+    m.umount();
+    let log_option = format!("log={},write_mostly={uri}", m.path("daemon.log").display());
+    let mnt = m.mnt.display().to_string();
+    for _ in 0..2 {
+        let out = raidfs(
+            &["mount", "-o", &log_option, &uri, "m0", &mnt],
+            m.dir.path(),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        verify_files(&m.mnt.join("data"), written);
+        let more = Writer::start(&m.mnt.join("more"));
+        more.wait_for_more(5);
+        let extra = more.finish();
+        verify_files(&m.mnt.join("more"), extra);
+        let detail = m.detail();
+        let remote = &detail["members"][0];
+        assert_eq!(remote["name"].as_str(), Some(uri.as_str()));
+        assert_eq!(remote["write_mostly"].as_bool(), Some(true), "{detail:#}");
+        // Every file came from the local leg; the remote one was read only
+        // where the local copy failed its checksum (the journal's search
+        // for the end of its log at mount reads every copy of a block).
+        let data: u64 = ["data", "more"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(m.mnt.join(d)).expect("list"))
+            .map(|e| e.expect("entry").metadata().expect("stat").len())
+            .sum();
+        let local = detail["members"][1]["read_bytes"].as_u64().unwrap_or(0);
+        let remote_bytes = remote["read_bytes"].as_u64().unwrap_or(u64::MAX);
+        assert!(
+            local >= data,
+            "local leg read {local} of {data} bytes: {detail:#}"
+        );
+        assert!(
+            remote_bytes <= 16 << 10,
+            "remote leg read {remote_bytes} bytes: {detail:#}"
+        );
+        assert!(m.ok("detail", &[]).contains("(W)"));
+        m.umount();
+    }
+    // Everything was written to it too: it serves alone.
+    m.mount_members(&[&uri]);
+    verify_files(&m.mnt.join("data"), written);
+}

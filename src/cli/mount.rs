@@ -77,7 +77,7 @@ pub fn run(args: MountArgs) -> i32 {
 }
 
 fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
-    let options = options::parse(&args.options)?;
+    let mut options = options::parse(&args.options)?;
     let Some((mount_point, members)) = args.paths.split_last() else {
         return Err("give the member paths and then the mount point".into());
     };
@@ -95,6 +95,12 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
                 .map_err(|e| format!("member {}: {e}", m.display()))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // As the members are: the daemon finds them by these names.
+    options.write_mostly = options
+        .write_mostly
+        .iter()
+        .map(|m| write_mostly_name(m))
+        .collect::<Result<_, _>>()?;
     let mount_point = check_mount_point(mount_point)?;
     check_members_free(&members)?;
     check_fuse_device()?;
@@ -119,6 +125,18 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
         source: args.source.clone(),
         quiet: args.quiet,
     })
+}
+
+/// A `write_mostly=` member as the daemon (in `/`) must name it: a slot
+/// number or URI as given, a path made absolute.
+fn write_mostly_name(member: &str) -> Result<String, String> {
+    let path = Path::new(member);
+    if member.parse::<usize>().is_ok() || crate::member::open::is_uri(path) {
+        return Ok(member.to_string());
+    }
+    path.canonicalize()
+        .map(|p| p.display().to_string())
+        .map_err(|e| format!("write_mostly={member}: {e}"))
 }
 
 /// The default log's file name: the array's (see [`places::log_name`]),

@@ -4,7 +4,7 @@
 
 use super::personality::Personality;
 use super::{data_geometry, Array, ArrayError, ArrayResult, ReadPolicy, Slot};
-use crate::member::file::{FileMember, OpenOptions};
+use crate::member::file::OpenOptions;
 use crate::member::Member;
 use crate::parity::Parity;
 use crate::superblock::{ArrayState, SlotState, Superblock, SPARE_SLOT};
@@ -33,18 +33,17 @@ pub struct AssembleOptions {
     pub on_host_error: super::OnHostError,
 }
 
-/// Open a member path (image file or block device), creating a sparse image
-/// of `create_size` bytes when given.
+/// Open a member path (image file or block device) or NBD URI, creating a
+/// sparse image of `create_size` bytes when given (never for a URI).
 pub fn open_member(path: &Path, create_size: Option<u64>) -> ArrayResult<Arc<dyn Member>> {
-    let member = match create_size {
-        Some(size) => FileMember::create(path, size),
-        None => FileMember::open(path, OpenOptions::default()),
-    }
-    .map_err(|source| ArrayError::MemberIo {
+    let options = OpenOptions {
+        create_size,
+        ..OpenOptions::default()
+    };
+    crate::member::open::open(path, &options).map_err(|source| ArrayError::MemberIo {
         path: path.display().to_string(),
         source,
-    })?;
-    Ok(Arc::new(member))
+    })
 }
 
 /// How [`assemble_paths`] opens its members (read-only when the assembly is).
@@ -54,8 +53,9 @@ pub struct OpenPolicy {
     /// after an unmount) to release a member's lock.
     pub lock_wait: Duration,
     /// In a read-write assembly, leave out a member that cannot be opened
-    /// read-write (EACCES, EPERM, EROFS), telling the user why, instead of
-    /// failing: the array then starts degraded without it.
+    /// read-write (EACCES, EPERM, EROFS), or an NBD member whose server
+    /// cannot be reached, telling the user why, instead of failing: the
+    /// array then starts degraded without it.
     pub leave_out_unwritable: bool,
 }
 
@@ -93,10 +93,22 @@ pub fn open_members(
     let mut left_out = Vec::new();
     for path in paths {
         let name = path.display().to_string();
-        match FileMember::open(path, options.clone()) {
-            Ok(member) => members.push((Arc::new(member) as Arc<dyn Member>, name)),
+        match crate::member::open::open(path, &options) {
+            Ok(member) => members.push((member, name)),
             Err(e) if policy.leave_out_unwritable && !read_only && cannot_write(&e) => {
                 left_out.push((name, os_reason(&e)));
+            }
+            // A host that is down is a member lost: the array starts
+            // degraded without it, as with an unwritable one.
+            Err(e)
+                if policy.leave_out_unwritable
+                    && !read_only
+                    && crate::member::open::is_uri(path) =>
+            {
+                // The error names the URI; the notice does already.
+                let text = e.to_string();
+                let why = text.strip_prefix(&format!("{name}: ")).unwrap_or(&text);
+                left_out.push((name.clone(), why.to_string()));
             }
             Err(source) => return Err(ArrayError::MemberIo { path: name, source }),
         }

@@ -199,6 +199,7 @@ impl Array {
         self.stripe_cache.enable();
         self.start_next_work();
         self.start_cleaner(Arc::downgrade(self));
+        self.start_rejoin(Arc::downgrade(self));
     }
 
     fn start_sync_worker(&self, array: Weak<Array>) {
@@ -309,6 +310,7 @@ impl Array {
         // From here whatever waits for the host (under on_host_error=wait)
         // gives up, and queued work ends at once.
         self.sync.stop.store(true, Ordering::Release);
+        self.stop_rejoin();
         self.stop_cleaner();
         self.stop_host_watcher();
         self.wait_background();

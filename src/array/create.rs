@@ -191,22 +191,55 @@ fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
             path.display()
         )));
     }
-    let mut head = vec![0u8; DEFAULT_DATA_OFFSET as usize];
     let mut file = std::fs::File::open(path).map_err(io_err)?;
-    let mut got = 0;
-    while got < head.len() {
-        match file.read(&mut head[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_err(e)),
-        }
-    }
-    head.truncate(got);
+    let len = file.seek(SeekFrom::End(0)).map_err(io_err)?;
     let name = path.display().to_string();
+    classify(&name, "file", len, |buf, offset| {
+        file.seek(SeekFrom::Start(offset))?;
+        let mut got = 0;
+        while got < buf.len() {
+            match file.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    })
+    .map_err(io_err)
+}
+
+/// [`ownership_problem`] for a member that is not a file (an NBD export).
+fn member_problem(name: &str, member: &dyn Member) -> ArrayResult<Option<String>> {
+    let len = member.len();
+    classify(name, "export", len, |buf, offset| {
+        let n = (buf.len() as u64).min(len.saturating_sub(offset)) as usize;
+        member.read_at(&mut buf[..n], offset)?;
+        Ok(n)
+    })
+    .map_err(|source| ArrayError::MemberIo {
+        path: name.to_string(),
+        source,
+    })
+}
+
+/// What the superblock places of a device of `len` bytes say about it:
+/// a member of some array (by its start or end copies), a damaged
+/// superblock, data that is not a member (a non-empty `kind`), or nothing (None). `read`
+/// fills a buffer at an offset and says how much it read.
+fn classify(
+    name: &str,
+    kind: &str,
+    len: u64,
+    mut read: impl FnMut(&mut [u8], u64) -> std::io::Result<usize>,
+) -> std::io::Result<Option<String>> {
+    let mut head = vec![0u8; DEFAULT_DATA_OFFSET as usize];
+    let got = read(&mut head, 0)?;
+    head.truncate(got);
     match Superblock::decode(
         &head[..head.len().min(crate::superblock::SUPERBLOCK_SIZE)],
-        &name,
+        name,
     ) {
         Ok(sb) => {
             return Ok(Some(format!(
@@ -218,12 +251,12 @@ fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
         Err(_) => return Ok(Some(format!("{name} holds a damaged raidfs superblock"))),
     }
     // A member whose start was overwritten is still one by its end copies.
-    let len = file.seek(SeekFrom::End(0)).map_err(io_err)?;
     for offset in end_offsets(len).into_iter().flatten() {
         let mut block = vec![0u8; SUPERBLOCK_SIZE];
-        file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
-        file.read_exact(&mut block).map_err(io_err)?;
-        match Superblock::decode(&block, &name) {
+        if read(&mut block, offset)? != block.len() {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
+        match Superblock::decode(&block, name) {
             Ok(sb) if sb.has_end_copies() => {
                 return Ok(Some(format!(
                     "{name} is a member of array {} (slot {}) by its end superblock copies",
@@ -240,7 +273,7 @@ fn ownership_problem(path: &Path) -> Result<Option<String>, ArrayError> {
     }
     if head.iter().any(|&b| b != 0) {
         return Ok(Some(format!(
-            "{name} is a non-empty file that is not a raidfs member"
+            "{name} is a non-empty {kind} that is not a raidfs member"
         )));
     }
     Ok(None)
@@ -330,6 +363,9 @@ struct Checked {
 
 /// Check one path, writing nothing.
 fn check_path(path: &Path, options: &PathOptions) -> ArrayResult<Checked> {
+    if crate::member::open::is_uri(path) {
+        return check_export(path, options);
+    }
     if std::fs::symlink_metadata(path).is_err() {
         let Some(size) = options.size else {
             return Err(ArrayError::Refused(format!(
@@ -368,6 +404,31 @@ fn check_path(path: &Path, options: &PathOptions) -> ArrayResult<Checked> {
         size: member.len(),
         make: false,
         image,
+        blank: problem.is_none(),
+    })
+}
+
+/// Check an NBD export: it must answer, and its size is the member's
+/// (`--size` makes new image files only).
+fn check_export(uri: &Path, options: &PathOptions) -> ArrayResult<Checked> {
+    let name = uri.display().to_string();
+    let member = crate::member::open::peek(uri).map_err(|source| ArrayError::MemberIo {
+        path: name.clone(),
+        source,
+    })?;
+    let problem = member_problem(&name, member.as_ref())?;
+    if let Some(problem) = &problem {
+        if !options.force {
+            return Err(ArrayError::Refused(format!(
+                "{problem}; use --force to overwrite it"
+            )));
+        }
+        log::warn!("{problem}; overwriting (--force)");
+    }
+    Ok(Checked {
+        size: member.len(),
+        make: false,
+        image: false,
         blank: problem.is_none(),
     })
 }
@@ -471,17 +532,23 @@ pub fn create_paths(
             path: path.display().to_string(),
             source,
         };
-        let member = if check.make {
+        let member: Arc<dyn Member> = if check.make {
             let member = FileMember::create(path, check.size).map_err(io_err)?;
             undo.made.push(path.clone());
-            member
+            if options.preallocate {
+                member.preallocate().map_err(io_err)?;
+            }
+            Arc::new(member)
+        } else if crate::member::open::is_uri(path) {
+            // Its space is the server's business: nothing to preallocate.
+            crate::member::open::open(path, &OpenOptions::default()).map_err(io_err)?
         } else {
-            FileMember::open(path, OpenOptions::default()).map_err(io_err)?
+            let member = FileMember::open(path, OpenOptions::default()).map_err(io_err)?;
+            if options.preallocate {
+                member.preallocate().map_err(io_err)?;
+            }
+            Arc::new(member)
         };
-        if options.preallocate {
-            member.preallocate().map_err(io_err)?;
-        }
-        let member: Arc<dyn Member> = Arc::new(member);
         if check.blank {
             undo.blank.push(Arc::clone(&member));
         }

@@ -188,6 +188,7 @@ impl Array {
                 .attach(slot, member)
                 .map_err(|e| ArrayError::Refused(format!("cannot start workers for {name}: {e}")))
         })?;
+        self.release_held(slot);
         log::info!("{name} takes slot {slot}; recovery starts");
         self.write_superblocks()
     }

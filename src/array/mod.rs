@@ -28,6 +28,7 @@ mod members;
 mod pace;
 mod personality;
 mod rebuild;
+mod rejoin;
 mod reshape;
 mod resize;
 mod scrub;
@@ -148,6 +149,8 @@ pub struct Array {
     pub(crate) sync: background::SyncState,
     /// The bitmap thread (which also probes a suspended host).
     pub(crate) cleaner: cleaner::Cleaner,
+    /// The thread that adds back NBD members whose server returns.
+    pub(crate) rejoin: rejoin::Rejoin,
     pub(crate) bitmap: bitmap::Bitmap,
     /// The array was dirty when assembled: resync the regions the bitmap names.
     pub(crate) needs_resync: AtomicBool,
@@ -219,6 +222,7 @@ impl Array {
             broken: AtomicBool::new(false),
             sync: background::SyncState::default(),
             cleaner: cleaner::Cleaner::default(),
+            rejoin: rejoin::Rejoin::default(),
             bitmap: bitmap::Bitmap::new(sb_data_offset, sb_data_size),
             needs_resync: AtomicBool::new(false),
             balance: balance::Balancer::new(crate::superblock::MAX_MEMBERS),

@@ -135,6 +135,7 @@ impl Array {
         if slot >= self.slots.len() {
             return Err(ArrayError::Refused(format!("no member slot {slot}")));
         }
+        self.hold_failed(slot);
         self.record_failure(slot, "failed by request");
         Ok(())
     }

@@ -34,7 +34,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::member::file::{FileMember, OpenOptions};
 use crate::superblock::Superblock;
 
 /// Where the configuration lives unless `RAIDFS_CONFIG` names another file.
@@ -190,14 +189,13 @@ pub struct Found {
 
 /// Read the superblock of `path` without locking it (it may be in use).
 pub fn probe(path: &Path) -> Option<Found> {
-    let canonical = path.canonicalize().ok()?;
-    let opts = OpenOptions {
-        read_only: true,
-        lock: false,
-        ..OpenOptions::default()
+    let canonical = if crate::member::open::is_uri(path) {
+        path.to_path_buf()
+    } else {
+        path.canonicalize().ok()?
     };
-    let member = FileMember::open(&canonical, opts).ok()?;
-    let (sb, _) = Superblock::read_from(&member).ok()?;
+    let member = crate::member::open::peek(&canonical).ok()?;
+    let (sb, _) = Superblock::read_from(member.as_ref()).ok()?;
     Some(Found {
         path: canonical,
         array_uuid: sb.array_uuid,
@@ -211,9 +209,12 @@ pub fn is_glob(s: &str) -> bool {
 }
 
 /// Expand one member location: a glob to its (sorted) matches, a directory
-/// to the files in it that carry a raidfs superblock, anything else to
-/// itself.
+/// to the files in it that carry a raidfs superblock, anything else (an
+/// NBD URI among them) to itself.
 pub fn expand(location: &str) -> Result<Vec<PathBuf>, String> {
+    if crate::member::open::is_uri(Path::new(location)) {
+        return Ok(vec![PathBuf::from(location)]);
+    }
     if is_glob(location) {
         // A broad pattern (`/srv/raid/*`) may catch directories and the like.
         return Ok(glob(location)?
@@ -412,6 +413,15 @@ fn show() -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nbd_uris_are_locations_of_their_own() {
+        // `?` in the query is not a glob character here.
+        let uri = "nbd+unix:///disk?socket=/run/nbd.sock";
+        assert_eq!(expand(uri).unwrap(), vec![PathBuf::from(uri)]);
+        let tcp = "nbd://host:10809/";
+        assert_eq!(expand(tcp).unwrap(), vec![PathBuf::from(tcp)]);
+    }
 
     #[test]
     fn config_parses_with_optional_fields() {

@@ -47,7 +47,8 @@ pub struct CreateArgs {
     /// the array never meets a full host filesystem later.
     #[arg(long)]
     pub preallocate: bool,
-    /// Member image files or block devices, in slot order.
+    /// Member image files, block devices or NBD URIs (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH), in slot order.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }

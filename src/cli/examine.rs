@@ -2,7 +2,6 @@
 //! does, with what was found at each of the four superblock copies.
 
 use crate::array::data_geometry;
-use crate::member::file::{FileMember, OpenOptions};
 use crate::superblock::{
     ArrayState, CopyState, GroupProfile, SlotState, Superblock, COPY_NAMES, SPARE_SLOT,
     SUPERBLOCK_FEATURES,
@@ -15,7 +14,7 @@ pub struct ExamineArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Member image files or block devices.
+    /// Member image files, block devices or NBD URIs.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }
@@ -308,19 +307,14 @@ pub fn run(args: ExamineArgs) -> i32 {
     let mut all = Vec::new();
     for path in &args.members {
         let name = path.display().to_string();
-        let opts = OpenOptions {
-            read_only: true,
-            lock: false,
-            ..OpenOptions::default()
-        };
-        let member = match FileMember::open(path, opts) {
+        let member = match crate::member::open::peek(path) {
             Ok(m) => m,
             Err(e) => {
                 code = super::fail(format!("{name}: {e}"));
                 continue;
             }
         };
-        match Superblock::read_from(&member) {
+        match Superblock::read_from(member.as_ref()) {
             Ok((sb, verdict)) => {
                 all.push((describe(&name, &sb, verdict.copies), sb, verdict.copies))
             }

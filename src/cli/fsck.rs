@@ -5,7 +5,6 @@
 
 use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
 use crate::fs::{fsck, ArrayStore};
-use crate::member::file::{FileMember, OpenOptions};
 use crate::superblock::Superblock;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -42,7 +41,7 @@ pub struct FsckArgs {
     /// status is the same.
     #[arg(long)]
     pub json: bool,
-    /// Member image files or block devices.
+    /// Member image files, block devices or NBD URIs.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }
@@ -57,13 +56,8 @@ fn superblock_problems(members: &[PathBuf]) -> Vec<String> {
     let mut problems = Vec::new();
     for path in members {
         let name = path.display().to_string();
-        let opts = OpenOptions {
-            read_only: true,
-            lock: false,
-            ..OpenOptions::default()
-        };
-        match FileMember::open(path, opts) {
-            Ok(m) => match Superblock::read_from(&m) {
+        match crate::member::open::peek(path) {
+            Ok(m) => match Superblock::read_from(m.as_ref()) {
                 Ok((_, verdict)) => {
                     // Stale copies alone are what an interrupted update
                     // leaves; the next assembly rewrites them.

@@ -40,7 +40,8 @@ pub struct AddArgs {
     pub force: bool,
     /// The mount point.
     pub mount_point: PathBuf,
-    /// The image file or block device to add (created sparse if missing).
+    /// The image file, block device or NBD URI to add (an image is created
+    /// sparse if missing).
     pub image: PathBuf,
 }
 
@@ -59,7 +60,8 @@ pub struct ReplaceArgs {
     pub mount_point: PathBuf,
     /// The member to replace: its path or slot number.
     pub old: String,
-    /// The new image file or block device (created sparse if missing).
+    /// The new image file, block device or NBD URI (an image is created
+    /// sparse if missing).
     pub new: PathBuf,
 }
 
@@ -76,9 +78,13 @@ fn member_arg(who: &str) -> String {
     }
 }
 
-/// An image to add, as an absolute path (it may not exist yet).
+/// An image to add, as an absolute path (it may not exist yet), or an NBD
+/// URI as given.
 pub(crate) fn image_arg(image: &Path) -> Result<String, String> {
     let shown = image.display();
+    if crate::member::open::is_uri(image) {
+        return Ok(shown.to_string());
+    }
     let path = match image.canonicalize() {
         Ok(p) => p,
         Err(_) => mounts::absolute_lexical(image).map_err(|e| format!("{shown}: {e}"))?,

@@ -41,7 +41,7 @@ pub struct MountArgs {
     /// Mount options, comma-separated (the list: --help).
     #[arg(short = 'o', value_name = "OPTIONS", long_help = options::long_help())]
     pub options: Vec<String>,
-    /// Member image files or block devices, then the mount point.
+    /// Member image files, block devices or NBD URIs, then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "MEMBER... MOUNTPOINT")]
     pub paths: Vec<PathBuf>,
     /// The mount's source, set by the mount(8) helper when its SPEC names
@@ -77,21 +77,30 @@ pub fn run(args: MountArgs) -> i32 {
 }
 
 fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
-    let options = options::parse(&args.options)?;
+    let mut options = options::parse(&args.options)?;
     let Some((mount_point, members)) = args.paths.split_last() else {
         return Err("give the member paths and then the mount point".into());
     };
     if members.is_empty() {
         return Err("no members given (usage: raidfs mount [OPTIONS] MEMBER... MOUNTPOINT)".into());
     }
-    // Absolute, because the daemon changes directory to /.
+    // Absolute, because the daemon changes directory to /; URIs as given.
     let members = members
         .iter()
         .map(|m| {
+            if crate::member::open::is_uri(m) {
+                return Ok(m.clone());
+            }
             m.canonicalize()
                 .map_err(|e| format!("member {}: {e}", m.display()))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // As the members are: the daemon finds them by these names.
+    options.write_mostly = options
+        .write_mostly
+        .iter()
+        .map(|m| write_mostly_name(m))
+        .collect::<Result<_, _>>()?;
     let mount_point = check_mount_point(mount_point)?;
     check_members_free(&members)?;
     check_fuse_device()?;
@@ -118,21 +127,27 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
     })
 }
 
+/// A `write_mostly=` member as the daemon (in `/`) must name it: a slot
+/// number or URI as given, a path made absolute.
+fn write_mostly_name(member: &str) -> Result<String, String> {
+    let path = Path::new(member);
+    if member.parse::<usize>().is_ok() || crate::member::open::is_uri(path) {
+        return Ok(member.to_string());
+    }
+    path.canonicalize()
+        .map(|p| p.display().to_string())
+        .map_err(|e| format!("write_mostly={member}: {e}"))
+}
+
 /// The default log's file name: the array's (see [`places::log_name`]),
 /// read from the first member with a readable superblock; when none has
 /// one the mount fails anyway, and its log is named by the mount point.
 fn log_name(members: &[PathBuf], mount_point: &Path) -> String {
-    use crate::member::file::{FileMember, OpenOptions};
-    let opts = OpenOptions {
-        read_only: true,
-        lock: false,
-        ..OpenOptions::default()
-    };
     for member in members {
-        let Ok(opened) = FileMember::open(member, opts.clone()) else {
+        let Ok(opened) = crate::member::open::peek(member) else {
             continue;
         };
-        if let Ok((sb, _)) = crate::superblock::Superblock::read_from(&opened) {
+        if let Ok((sb, _)) = crate::superblock::Superblock::read_from(opened.as_ref()) {
             return places::log_name(&sb.name, sb.array_uuid);
         }
     }
@@ -151,19 +166,31 @@ pub(crate) fn tell_notes(notes: &[String]) {
 
 pub(crate) fn tell_left_out(left_out: &LeftOut) {
     for (name, why) in left_out {
+        let problem = if crate::member::open::is_uri(Path::new(name)) {
+            "cannot be reached"
+        } else {
+            "cannot be opened read-write"
+        };
         crate::notice::tell(&format!(
-            "{name} cannot be opened read-write ({why}); left out, the array starts degraded"
+            "{name} {problem} ({why}); left out, the array starts degraded"
         ));
     }
 }
 
 /// A member that a live mount still serves will not be released by
 /// waiting for it, so that is refused at once. Paths that do not resolve
-/// are left for the open to report.
+/// are left for the open to report. An NBD URI is compared as written:
+/// this catches a second mount of the same export from this host only
+/// (NBD has no lock to catch one from another host).
 pub(crate) fn check_members_free(members: &[PathBuf]) -> Result<(), String> {
     for member in members {
-        let Ok(absolute) = member.canonicalize() else {
-            continue;
+        let absolute = if crate::member::open::is_uri(member) {
+            member.clone()
+        } else {
+            let Ok(absolute) = member.canonicalize() else {
+                continue;
+            };
+            absolute
         };
         if let Some(daemon) = registry::serving(&absolute) {
             return Err(format!(

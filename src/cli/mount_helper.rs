@@ -7,7 +7,8 @@
 //! in the mount table (so `mount -o remount` of a live mount comes here).
 //!
 //! SPEC names the members: a list separated by `,` or `:`, each a file, a
-//! directory (the raidfs members in it) or a glob; or the array itself,
+//! directory (the raidfs members in it), a glob or an NBD URI (a list
+//! with URIs is separated by `,`); or the array itself,
 //! `uuid=UUID` (also `UUID=UUID` when called directly) or its name, looked
 //! up in the configuration file ([`super::config`]). A mount made from a
 //! SPEC that names the array shows that SPEC as its source
@@ -130,11 +131,21 @@ pub fn resolve_spec(spec: &str) -> Result<Resolved, String> {
         }
         None => {}
     }
-    // A path that exists is one location even if its name has `:` or `,`.
+    // A path that exists is one location even if its name has `:` or `,`;
+    // an NBD URI keeps its `:`s (URIs are separated from the rest by `,`).
     let locations: Vec<&str> = if std::path::Path::new(spec).exists() {
         vec![spec]
     } else {
-        spec.split([',', ':']).filter(|s| !s.is_empty()).collect()
+        spec.split(',')
+            .flat_map(|part| {
+                if crate::member::open::is_uri(std::path::Path::new(part)) {
+                    vec![part]
+                } else {
+                    part.split(':').collect()
+                }
+            })
+            .filter(|s| !s.is_empty())
+            .collect()
     };
     let mut members = Vec::new();
     for location in locations {
@@ -392,5 +403,20 @@ mod tests {
         assert_eq!(resolved.members, vec![p("a"), p("b"), p("c")]);
         let missing = format!("{}/*.img", dir.path().display());
         assert!(resolve_spec(&missing).is_err());
+    }
+
+    #[test]
+    fn nbd_uris_in_a_member_list_keep_their_colons() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        std::fs::write(&a, b"").unwrap();
+        let tcp = "nbd://10.0.0.2:10809/disk";
+        let unix = "nbd+unix:///disk?socket=/run/nbd.sock";
+        let spec = format!("{},{tcp},{unix}", a.display());
+        let resolved = resolve_spec(&spec).unwrap();
+        assert_eq!(
+            resolved.members,
+            vec![a, PathBuf::from(tcp), PathBuf::from(unix)]
+        );
     }
 }

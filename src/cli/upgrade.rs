@@ -14,7 +14,7 @@ pub struct UpgradeArgs {
     /// Only show the current format and what upgrading would bring.
     #[arg(long)]
     pub check: bool,
-    /// Member image files or block devices of the unmounted array.
+    /// Member image files, block devices or NBD URIs of the unmounted array.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }

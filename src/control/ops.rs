@@ -307,8 +307,9 @@ fn fail(array: &Array, who: &str) -> Result<Done, String> {
     Done::says(format!("set {} (slot {slot}) faulty", member.name))
 }
 
-/// Open an image to add: an existing file or device, or a new sparse image
-/// (`size`, or just what the array needs per member).
+/// Open an image to add: an existing file or device, an NBD export (a
+/// URI), or a new sparse image (`size`, or just what the array needs per
+/// member).
 fn open_new_member(
     array: &Array,
     path: &str,
@@ -316,7 +317,8 @@ fn open_new_member(
     force: bool,
 ) -> Result<Arc<dyn Member>, String> {
     let p = Path::new(path);
-    if !p.is_absolute() {
+    let uri = crate::member::open::is_uri(p);
+    if !uri && !p.is_absolute() {
         return Err(format!("{path}: the daemon needs an absolute path"));
     }
     if let Some(slot) = array.slot_of(path) {
@@ -330,8 +332,8 @@ fn open_new_member(
     }
     let sb = array.superblock();
     let need = sb.min_member_len();
-    let member = if p.exists() {
-        Arc::new(FileMember::open(p, OpenOptions::default()).map_err(|e| e.to_string())?)
+    let member = if uri || p.exists() {
+        crate::member::open::open(p, &OpenOptions::default()).map_err(|e| e.to_string())?
     } else {
         let size = size.unwrap_or(need);
         if size < need {

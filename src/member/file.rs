@@ -679,7 +679,7 @@ fn aligned_span(offset: u64, len: usize) -> (u64, u64) {
     (start, end)
 }
 
-fn with_path(path: &Path, what: &str, e: io::Error) -> io::Error {
+pub(crate) fn with_path(path: &Path, what: &str, e: io::Error) -> io::Error {
     let message = format!("{}: {what}: {e}", path.display());
     io::Error::new(e.kind(), WithPath { message, source: e })
 }

@@ -2,9 +2,11 @@
 //!
 //! Everything above this layer sees a member only through [`Member`]: positional
 //! reads and writes, a durability barrier, and a length. Implementations:
-//! [`file::FileMember`] (image files and block devices) and
+//! [`file::FileMember`] (image files and block devices),
+//! [`nbd::NbdMember`] (an export of an NBD server on another host) and
 //! [`simulated::SimulatedDisk`] (a spinning disk's timing, for `raidfs bench
-//! balance`). The test doubles, `memory::MemoryMember` and
+//! balance`). [`open`] opens a member by the name the user gave: a path or
+//! an NBD URI. The test doubles, `memory::MemoryMember` and
 //! `faulty::FaultyMember` (fault and crash injection), are built only for
 //! tests and with the `testing` feature, so the product does not carry them.
 
@@ -13,6 +15,8 @@ pub mod faulty;
 pub mod file;
 #[cfg(any(test, feature = "testing"))]
 pub mod memory;
+pub mod nbd;
+pub mod open;
 pub mod simulated;
 mod write_behind;
 

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod fs;
 pub mod members;
 pub mod mounted;
+pub mod nbd;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

@@ -255,10 +255,27 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
     let (array, notes) = match assemble_paths(&plan.members, assemble_opts, policy) {
         Ok(assembly) => {
             super::tell_left_out(&assembly.left_out);
+            // Members on hosts that are down come back when they answer.
+            for (name, _) in &assembly.left_out {
+                if crate::member::open::is_uri(std::path::Path::new(name)) {
+                    assembly.array.await_member(name);
+                }
+            }
             for note in &assembly.notes {
                 warn!("{note}");
             }
-            (Arc::new(assembly.array), assembly.notes)
+            let array = assembly.array;
+            // Before the filesystem opens, so even its first reads avoid them.
+            for member in &plan.options.write_mostly {
+                match array.slot_of(member) {
+                    Some(slot) => {
+                        array.set_write_mostly(slot, true);
+                        info!("slot {slot} ({member}) is write-mostly: read only when no other copy can serve");
+                    }
+                    None => warn!("write_mostly={member}: not a member of this array; ignored"),
+                }
+            }
+            (Arc::new(array), assembly.notes)
         }
         Err(e) => {
             report(Err(format!("cannot assemble the array: {e}")));

@@ -25,6 +25,9 @@ pub struct MountOptions {
     pub balance: Option<crate::array::ReadPolicy>,
     /// Whether image-file members behave like rotating disks (`rotational=0|1`).
     pub rotational: Option<bool>,
+    /// Members to read from only when no other copy can serve
+    /// (`write_mostly=MEMBER`, repeatable): paths, NBD URIs or slot numbers.
+    pub write_mostly: Vec<String>,
     /// Writes answered before they are done (`deferred_writes=N`, 0 for
     /// none); by default half the FUSE threads.
     pub deferred_writes: Option<usize>,
@@ -208,6 +211,10 @@ pub const OPTIONS: &[(&str, &str)] = &[
         "treat image-file members as SSDs (0) or rotating disks (1)",
     ),
     (
+        "write_mostly=MEMBER",
+        "read from MEMBER (path, NBD URI or slot) only when no other copy can serve; repeatable",
+    ),
+    (
         "on_host_error=fail|wait",
         "writes while the host fails every member: fail with EIO (default) or wait",
     ),
@@ -326,6 +333,11 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             ("on_host_error", Some(v)) => opts.on_host_error = v.parse()?,
             ("metrics", Some(v)) => {
                 opts.metrics = Some(crate::control::metrics_http::parse_address(v)?)
+            }
+            ("write_mostly", Some(v)) if !v.is_empty() => {
+                if !opts.write_mostly.iter().any(|m| m == v) {
+                    opts.write_mostly.push(v.to_string());
+                }
             }
             ("rotational", Some("0")) => opts.rotational = Some(false),
             ("rotational", Some("1")) => opts.rotational = Some(true),

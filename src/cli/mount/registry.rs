@@ -23,7 +23,7 @@ pub struct DaemonRecord {
     pub watcher: Option<u32>,
     /// Set by a daemon that failed to close the filesystem cleanly.
     pub error: Option<String>,
-    /// The members it assembled (absolute paths).
+    /// The members it assembled (absolute paths, or NBD URIs as given).
     pub members: Vec<PathBuf>,
 }
 

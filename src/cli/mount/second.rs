@@ -16,7 +16,13 @@ use crate::fuse::mounts;
 pub fn existing_mount(members: &[PathBuf]) -> Option<PathBuf> {
     members
         .iter()
-        .filter_map(|m| m.canonicalize().ok())
+        .filter_map(|m| {
+            if crate::member::open::is_uri(m) {
+                Some(m.clone())
+            } else {
+                m.canonicalize().ok()
+            }
+        })
         .find_map(|m| registry::serving(&m))
         .map(|daemon| daemon.mount_point)
 }

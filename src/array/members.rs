@@ -177,6 +177,7 @@ impl Array {
         name: String,
         uuid: Uuid,
     ) -> ArrayResult<()> {
+        self.apply_failfast(member.as_ref(), &name);
         let data_offset = self.sb.lock().data_offset;
         let dev = SlotDev {
             member: Some(Arc::clone(&member)),

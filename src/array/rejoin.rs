@@ -49,6 +49,9 @@ pub(crate) struct Rejoin {
     awaited: Mutex<Vec<String>>,
     /// Per URI: how many times it came back, and when last.
     returns: Mutex<HashMap<String, (u32, Instant)>>,
+    /// Members to fail fast (`-o failfast=`), by name: whichever member
+    /// of that name is in a slot, now or after it returns.
+    failfast: Mutex<Vec<String>>,
 }
 
 impl Array {
@@ -59,6 +62,37 @@ impl Array {
         if !awaited.iter().any(|u| u == uri) {
             awaited.push(uri.to_string());
         }
+    }
+
+    /// Make the member called `name` fail fast, now and whenever a member
+    /// of that name comes into a slot. False when a present member of
+    /// that name has no such mode (an image file); true otherwise.
+    pub fn set_failfast(&self, name: &str) -> bool {
+        {
+            let mut names = self.rejoin.failfast.lock();
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+        (0..self.slots.len())
+            .filter(|&slot| self.slots[slot].name() == name)
+            .filter_map(|slot| self.slots[slot].member())
+            .all(|member| member.set_failfast(true))
+    }
+
+    /// A member just came into a slot: fail fast if its name asks for it.
+    pub(crate) fn apply_failfast(&self, member: &dyn crate::member::Member, name: &str) {
+        if self.rejoin.failfast.lock().iter().any(|n| n == name) {
+            member.set_failfast(true);
+        }
+    }
+
+    /// Whether the member in `slot` fails fast.
+    pub fn member_failfast(&self, slot: usize) -> bool {
+        self.slots
+            .get(slot)
+            .and_then(|s| s.member())
+            .is_some_and(|m| m.failfast())
     }
 
     /// `slot` was failed by request: leave it failed.

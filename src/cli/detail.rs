@@ -213,7 +213,12 @@ pub fn detail_text(r: &ArrayReport) -> String {
             m.seeks,
             m.pending,
             m.name,
-            if m.write_mostly { " (W)" } else { "" }
+            match (m.write_mostly, m.failfast) {
+                (true, true) => " (W, failfast)",
+                (true, false) => " (W)",
+                (false, true) => " (failfast)",
+                (false, false) => "",
+            }
         );
     }
     if let Some(rep) = &r.replacing {

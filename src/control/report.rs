@@ -172,6 +172,9 @@ pub struct MemberReport {
     pub rotational: bool,
     #[serde(default)]
     pub write_mostly: bool,
+    /// A stall fails it fast (`-o failfast=`).
+    #[serde(default)]
+    pub failfast: bool,
     /// Where each sequential read stream the balancer keeps on this member
     /// stands (member offsets, lowest first).
     #[serde(default)]
@@ -321,6 +324,7 @@ impl ArrayReport {
                     latency_us: st.map_or(0.0, |s| s.latency_us),
                     rotational: st.is_some_and(|s| s.rotational),
                     write_mostly: st.is_some_and(|s| s.write_mostly),
+                    failfast: array.member_failfast(m.slot),
                     streams: st.map_or_else(Vec::new, |s| s.stream_ends.clone()),
                     io: io
                         .iter()

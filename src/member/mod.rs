@@ -111,6 +111,18 @@ pub trait Member: Send + Sync {
         self.write_at(buf, offset)?;
         self.sync()
     }
+    /// Whether the member fails fast: a request that stalls fails it after
+    /// a short timeout, with no reconnection, rather than holding the
+    /// array (NBD members named by `-o failfast=`).
+    fn failfast(&self) -> bool {
+        false
+    }
+    /// Make the member fail fast (or not); false when it has no such mode
+    /// (image files and block devices, whose errors come from the kernel).
+    fn set_failfast(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
     /// Whether a write only copies into a cache (the page cache of a file
     /// opened without O_DIRECT, or memory) and so costs CPU rather than
     /// waiting on a device. Such writes are cheaper done by the thread that

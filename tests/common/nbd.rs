@@ -153,6 +153,13 @@ impl NbdServer {
         unsafe { libc::kill(self.pid(), libc::SIGCONT) };
     }
 
+    /// Whether the server process is still there.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().is_ok_and(|status| status.is_none()))
+    }
+
     /// What the server printed.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()

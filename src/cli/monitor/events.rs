@@ -548,6 +548,7 @@ pub(crate) mod tests {
             latency_us: 0.0,
             rotational: false,
             write_mostly: false,
+            failfast: false,
             streams: Vec::new(),
             io: Default::default(),
         }

@@ -275,6 +275,15 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
                     None => warn!("write_mostly={member}: not a member of this array; ignored"),
                 }
             }
+            for member in &plan.options.failfast {
+                if !crate::member::open::is_uri(std::path::Path::new(member)) {
+                    warn!("failfast={member}: only NBD members (URIs) fail fast; ignored");
+                } else if array.set_failfast(member) {
+                    info!("{member} fails fast: a request stalled for 5 s fails it, with no reconnection");
+                } else {
+                    warn!("failfast={member}: only NBD members fail fast; ignored");
+                }
+            }
             (Arc::new(array), assembly.notes)
         }
         Err(e) => {

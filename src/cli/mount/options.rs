@@ -28,6 +28,9 @@ pub struct MountOptions {
     /// Members to read from only when no other copy can serve
     /// (`write_mostly=MEMBER`, repeatable): paths, NBD URIs or slot numbers.
     pub write_mostly: Vec<String>,
+    /// NBD members a stall should fail at once (`failfast=MEMBER`,
+    /// repeatable): a 5 s request timeout and no reconnection.
+    pub failfast: Vec<String>,
     /// Writes answered before they are done (`deferred_writes=N`, 0 for
     /// none); by default half the FUSE threads.
     pub deferred_writes: Option<usize>,
@@ -215,6 +218,10 @@ pub const OPTIONS: &[(&str, &str)] = &[
         "read from MEMBER (path, NBD URI or slot) only when no other copy can serve; repeatable",
     ),
     (
+        "failfast=MEMBER",
+        "fail NBD member MEMBER (its URI) after a 5 s stall, without reconnecting; repeatable",
+    ),
+    (
         "on_host_error=fail|wait",
         "writes while the host fails every member: fail with EIO (default) or wait",
     ),
@@ -337,6 +344,11 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             ("write_mostly", Some(v)) if !v.is_empty() => {
                 if !opts.write_mostly.iter().any(|m| m == v) {
                     opts.write_mostly.push(v.to_string());
+                }
+            }
+            ("failfast", Some(v)) if !v.is_empty() => {
+                if !opts.failfast.iter().any(|m| m == v) {
+                    opts.failfast.push(v.to_string());
                 }
             }
             ("rotational", Some("0")) => opts.rotational = Some(false),

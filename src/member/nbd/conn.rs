@@ -178,7 +178,8 @@ pub struct Conn {
     writer: Mutex<Stream>,
     shared: Arc<Shared>,
     reader: Mutex<Option<JoinHandle<()>>>,
-    timeout: Duration,
+    /// The request timeout, milliseconds (changed by [`Conn::set_timeout`]).
+    timeout_ms: AtomicU64,
     next_cookie: AtomicU64,
 }
 
@@ -204,13 +205,24 @@ impl Conn {
             writer: Mutex::new(stream),
             shared,
             reader: Mutex::new(Some(reader)),
-            timeout,
+            timeout_ms: AtomicU64::new(timeout.as_millis().max(1) as u64),
             next_cookie: AtomicU64::new(1),
         })
     }
 
     pub fn export(&self) -> &Export {
         &self.export
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Acquire))
+    }
+
+    /// Change the request timeout (for requests waited for from now).
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ms
+            .store(timeout.as_millis().max(1) as u64, Ordering::Release);
+        let _ = self.writer.lock().set_timeouts(None, Some(timeout));
     }
 
     /// Why the connection is unusable, if it is.
@@ -284,7 +296,7 @@ impl Conn {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (
                     format!(
                         "the server took no data for {} s (request timeout)",
-                        self.timeout.as_secs_f64()
+                        self.timeout().as_secs_f64()
                     ),
                     false,
                 ),
@@ -297,7 +309,8 @@ impl Conn {
 
     /// Wait for a request's outcome: a read's data, or nothing.
     pub fn wait(&self, ticket: Ticket) -> Result<Vec<u8>, Failure> {
-        let deadline = Instant::now() + self.timeout;
+        let timeout = self.timeout();
+        let deadline = Instant::now() + timeout;
         let mut outcome = ticket.slot.outcome.lock();
         loop {
             if let Some(done) = outcome.take() {
@@ -315,7 +328,7 @@ impl Conn {
                 drop(outcome);
                 let why = format!(
                     "no reply within {} s (request timeout); connection closed",
-                    self.timeout.as_secs_f64()
+                    timeout.as_secs_f64()
                 );
                 self.shared.break_with(libc::ETIMEDOUT, why, false);
                 let mut outcome = ticket.slot.outcome.lock();

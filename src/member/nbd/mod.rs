@@ -40,7 +40,7 @@ use parking_lot::{Mutex, RwLock};
 use proto::*;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transfer::{aligned, ranged, read_aligned, widen, write_aligned, Failed, Outcome};
@@ -51,6 +51,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request may wait for its reply before the connection is
 /// given up (and the member fails).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The request timeout of a member that fails fast (`-o failfast=`).
+pub const FAILFAST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The waits before each reconnection attempt after a lost connection
 /// (3.1 s in all, plus each attempt's connect; all of it within the
 /// request timeout).
@@ -100,6 +102,8 @@ pub struct NbdMember {
     /// ...and how many of them a successful flush covered.
     flushed_writes: AtomicU64,
     reconnects: AtomicU64,
+    /// Fail fast: the short request timeout, and no reconnection.
+    failfast: AtomicBool,
     rmw_locks: Vec<Mutex<()>>,
 }
 
@@ -122,6 +126,7 @@ impl NbdMember {
             acked_writes: AtomicU64::new(0),
             flushed_writes: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            failfast: AtomicBool::new(false),
             rmw_locks: (0..RMW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         };
         log::info!("{}: {}", member.uri, member.describe());
@@ -251,6 +256,9 @@ impl NbdMember {
             *self.given_up.lock() = Some(why.clone());
             Err(why)
         };
+        if self.failfast.load(Ordering::Acquire) {
+            return give_up(format!("{}; not reconnecting (failfast)", failure.message));
+        }
         if self.unflushed() {
             return give_up(format!(
                 "{}; not reconnecting: writes the server acknowledged since the last flush may have been lost with it",
@@ -536,5 +544,20 @@ impl Member for NbdMember {
 
     fn rotational(&self) -> Option<bool> {
         Some(self.export().has(FLAG_ROTATIONAL))
+    }
+
+    fn failfast(&self) -> bool {
+        self.failfast.load(Ordering::Acquire)
+    }
+
+    fn set_failfast(&self, on: bool) -> bool {
+        self.failfast.store(on, Ordering::Release);
+        let timeout = if on {
+            FAILFAST_TIMEOUT.min(self.options.request_timeout)
+        } else {
+            self.options.request_timeout
+        };
+        self.conn().set_timeout(timeout);
+        true
     }
 }

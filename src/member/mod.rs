@@ -63,15 +63,7 @@ pub trait Member: Send + Sync {
     /// Make `[offset, offset + len)` read as zeros. The default writes zeros;
     /// image files punch a hole instead, so sparse images stay sparse.
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        const STEP: u64 = 1 << 20;
-        let zeros = vec![0u8; STEP.min(len) as usize];
-        let mut done = 0;
-        while done < len {
-            let n = STEP.min(len - done) as usize;
-            self.write_at(&zeros[..n], offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
+        write_zeros(self, offset, len)
     }
     /// Whether [`Member::discard`] can give space back here: a sparse image
     /// on a filesystem that punches holes, a block device that deallocates
@@ -140,4 +132,18 @@ pub trait Member: Send + Sync {
         let _ = (buf, offset);
         Ok(false)
     }
+}
+
+/// Write zeros over `[offset, offset + len)` of `member`, a MiB at a time:
+/// zeroing on a device that offers nothing better.
+pub fn write_zeros<M: Member + ?Sized>(member: &M, offset: u64, len: u64) -> io::Result<()> {
+    const STEP: u64 = 1 << 20;
+    let zeros = vec![0u8; STEP.min(len) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = STEP.min(len - done) as usize;
+        member.write_at(&zeros[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
 }

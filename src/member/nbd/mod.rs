@@ -511,15 +511,7 @@ impl Member for NbdMember {
             self.acked_writes.fetch_add(1, Ordering::AcqRel);
             return Ok(());
         }
-        const STEP: u64 = 1 << 20;
-        let zeros = vec![0u8; STEP.min(len) as usize];
-        let mut done = 0;
-        while done < len {
-            let n = STEP.min(len - done) as usize;
-            self.write_at(&zeros[..n], offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
+        super::write_zeros(self, offset, len)
     }
 
     fn can_discard(&self) -> bool {

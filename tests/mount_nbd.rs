@@ -184,25 +184,36 @@ fn raid5_over_three_nbd_exports_survives_a_remount() {
     assert_eq!(last["mismatches"].as_u64(), Some(0), "{detail:#}");
 }
 
+/// A RAID1 of a local image and an NBD export (over a Unix socket), mounted,
+/// with a writer that has written `before` files when the export's server
+/// is killed and `after` more since; returned once the NBD member (slot 1)
+/// is faulty.
+fn mirror_losing_its_nbd_leg(before: usize, after: usize) -> (Exports, String, Mounted, Writer) {
+    let mut exports = Exports::new(&[Listen::Unix]);
+    let uri = exports.uris().remove(0);
+    let m = Mounted::new("1", "256M", &["m0", &uri]);
+    let writer = Writer::start(&m.mnt.join("data"));
+    writer.wait_for_more(before);
+    exports.servers[0].kill();
+    // The application goes on writing and syncing.
+    writer.wait_for_more(after);
+    wait_for_detail(
+        &m.mnt,
+        "the NBD member to fail",
+        Duration::from_secs(60),
+        |d| d["members"][1]["state"].as_str() == Some("faulty"),
+    );
+    (exports, uri, m, writer)
+}
+
 #[test]
 fn losing_the_nbd_leg_under_a_writer_degrades_the_mirror_without_an_error() {
     if !common::fuse_available() || !nbd_available() {
         return;
     }
-    let mut exports = Exports::new(&[Listen::Unix]);
-    let uri = exports.uris().remove(0);
-    let m = Mounted::new("1", "256M", &["m0", &uri]);
-    let writer = Writer::start(&m.mnt.join("data"));
-    writer.wait_for_more(10);
-    exports.servers[0].kill();
-    // The application goes on writing and syncing.
-    writer.wait_for_more(30);
-    let detail = wait_for_detail(
-        &m.mnt,
-        "the NBD member to fail",
-        Duration::from_secs(60),
-        |d| d["degraded"].as_bool() == Some(true),
-    );
+    let (exports, uri, m, writer) = mirror_losing_its_nbd_leg(10, 30);
+    let detail = m.detail();
+    assert_eq!(detail["degraded"].as_bool(), Some(true), "{detail:#}");
     assert_eq!(detail["members"][1]["name"].as_str(), Some(uri.as_str()));
     assert_eq!(
         detail["members"][1]["state"].as_str(),
@@ -297,19 +308,7 @@ fn a_returning_server_is_added_back_while_mounted() {
     if !common::fuse_available() || !nbd_available() {
         return;
     }
-    let mut exports = Exports::new(&[Listen::Unix]);
-    let uri = exports.uris().remove(0);
-    let m = Mounted::new("1", "256M", &["m0", &uri]);
-    let writer = Writer::start(&m.mnt.join("data"));
-    writer.wait_for_more(5);
-    exports.servers[0].kill();
-    writer.wait_for_more(10);
-    wait_for_detail(
-        &m.mnt,
-        "the NBD member to fail",
-        Duration::from_secs(60),
-        |d| d["members"][1]["state"].as_str() == Some("faulty"),
-    );
+    let (exports, uri, m, writer) = mirror_losing_its_nbd_leg(5, 10);
     // Same URI as the failed slot: it has to be removed first.
     let out = m.run("add", &[&uri]);
     assert!(!out.status.success() && stderr(&out).contains("remove it first"));
@@ -341,19 +340,7 @@ fn a_lost_leg_comes_back_by_itself_when_its_server_returns() {
     if !common::fuse_available() || !nbd_available() {
         return;
     }
-    let mut exports = Exports::new(&[Listen::Unix]);
-    let uri = exports.uris().remove(0);
-    let m = Mounted::new("1", "256M", &["m0", &uri]);
-    let writer = Writer::start(&m.mnt.join("data"));
-    writer.wait_for_more(10);
-    exports.servers[0].kill();
-    writer.wait_for_more(10);
-    wait_for_detail(
-        &m.mnt,
-        "the NBD member to fail",
-        Duration::from_secs(60),
-        |d| d["members"][1]["state"].as_str() == Some("faulty"),
-    );
+    let (mut exports, uri, m, writer) = mirror_losing_its_nbd_leg(10, 10);
     writer.wait_for_more(10);
     // (Stopped here so the array cannot fill up however long the rest takes.)
     let written = writer.finish();

@@ -195,10 +195,20 @@ fn enospc_on_every_member_mid_stripe_leaves_the_array_whole() {
 
 #[test]
 fn an_answered_full_stripe_write_the_host_refuses_lands_once_space_returns() {
-    let ms = faulty(3, "nospace-wb-");
-    // Cached member writes: full stripes are answered before they land.
+    answered_write_refused_by_the_host_lands_once_space_returns(Level::Raid5, "nospace-wb-");
+}
+
+#[test]
+fn an_answered_mirror_write_the_host_refuses_lands_once_space_returns() {
+    answered_write_refused_by_the_host_lands_once_space_returns(Level::Raid1, "nospace-wb1-");
+}
+
+fn answered_write_refused_by_the_host_lands_once_space_returns(level: Level, prefix: &str) {
+    let ms = faulty(3, prefix);
+    // Cached member writes: full stripes and large mirror writes are
+    // answered before they land.
     ms.iter().for_each(|m| m.set_cached_writes(true));
-    let array = new_array(Level::Raid5, &ms);
+    let array = new_array(level, &ms);
     let kept = fill(&array, 5);
     let at = kept.0 + (3 << 20);
     let mut rng = StdRng::seed_from_u64(6);

@@ -188,6 +188,102 @@ fn the_lock_is_released_on_drop_after_large_buffered_writes() {
     }
 }
 
+/// `len` bytes of `data` at a 4096-aligned address inside `storage`.
+fn aligned<'a>(storage: &'a mut Vec<u8>, data: &[u8]) -> &'a [u8] {
+    storage.resize(data.len() + 4096, 0);
+    let at = storage.as_ptr().align_offset(4096);
+    storage[at..at + data.len()].copy_from_slice(data);
+    &storage[at..at + data.len()]
+}
+
+/// Whether `dir` is on a tmpfs, whose "direct" writes land in the page
+/// cache like any other.
+fn on_tmpfs(dir: &std::path::Path) -> bool {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: c is a valid C string; statfs fills st on success.
+    let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    assert_eq!(rc, 0, "statfs {}", dir.display());
+    // SAFETY: rc == 0.
+    unsafe { st.assume_init() }.f_type == libc::TMPFS_MAGIC
+}
+
+/// A buffered image writes large aligned requests around the host's page
+/// cache (nothing of them is left cached) and everything else into it, and
+/// the two kinds of write see each other in every order.
+#[test]
+fn large_aligned_writes_of_a_buffered_image_bypass_the_page_cache() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let checks_cache = !on_tmpfs(dir.path());
+    let m = FileMember::create(dir.path().join("m.img"), 8 << 20).unwrap();
+    let mib = 1usize << 20;
+    let cached = |at: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        m.read_cached(&mut buf, at).unwrap()
+    };
+    let read = |at: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        m.read_at(&mut buf, at).unwrap();
+        buf
+    };
+
+    // A small buffered write first, then a large aligned one over it:
+    // the large one wins, and leaves nothing in the page cache.
+    let small = pattern(4096, 1);
+    m.write_at(&small, (1 << 20) + 8192).unwrap();
+    let big = pattern(mib, 2);
+    let mut storage = Vec::new();
+    m.write_at(aligned(&mut storage, &big), 1 << 20).unwrap();
+    if checks_cache {
+        assert!(
+            !cached(1 << 20, mib),
+            "a large aligned write went through the page cache"
+        );
+    }
+    assert_eq!(read(1 << 20, mib), big);
+
+    // A small write after it lands on top.
+    m.write_at(&small, (1 << 20) + 8192).unwrap();
+    let mut expect = big.clone();
+    expect[8192..8192 + 4096].copy_from_slice(&small);
+    assert_eq!(read(1 << 20, mib), expect);
+
+    // Vectored, every part aligned: around the cache too.
+    let (a, b) = (pattern(mib / 2, 3), pattern(mib / 2, 4));
+    let (mut sa, mut sb) = (Vec::new(), Vec::new());
+    m.write_vectored_at(&[aligned(&mut sa, &a), aligned(&mut sb, &b)], 4 << 20)
+        .unwrap();
+    if checks_cache {
+        assert!(
+            !cached(4 << 20, mib),
+            "an aligned vectored write was cached"
+        );
+    }
+    assert_eq!(read(4 << 20, mib / 2), a);
+    assert_eq!(read((4 << 20) + (mib / 2) as u64, mib / 2), b);
+
+    // Unaligned (buffer one byte off) or small: into the page cache.
+    let mut odd = vec![0u8; mib + 1];
+    odd[1..].copy_from_slice(&pattern(mib, 5));
+    m.write_at(&odd[1..], 6 << 20).unwrap();
+    let small_big = pattern(128 << 10, 6);
+    m.write_at(aligned(&mut storage, &small_big), 2 << 20)
+        .unwrap();
+    if checks_cache {
+        assert!(
+            cached(6 << 20, mib),
+            "an unaligned write bypassed the cache"
+        );
+        assert!(
+            cached(2 << 20, 128 << 10),
+            "a small write bypassed the cache"
+        );
+    }
+    assert_eq!(read(6 << 20, mib), pattern(mib, 5));
+    assert_eq!(read(2 << 20, 128 << 10), small_big);
+    m.sync().unwrap();
+}
+
 #[test]
 fn symlinks_are_refused() {
     let dir = tempfile::tempdir().unwrap();

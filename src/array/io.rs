@@ -6,10 +6,17 @@
 
 use super::bitmap::Intent;
 use super::worker::Op;
+use super::write_buffer::WriteBuffer;
 use super::{Array, ArrayError, ArrayResult, Region};
 use crate::geometry::Mapping;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Mirror and RAID0 writes from this size on are queued on the members'
+/// workers and answered at once (`write_back`): each copy is written by its
+/// own thread, in parallel, while the next request arrives. Smaller ones
+/// are written inline, where a hand-off would cost more than the copy.
+const WRITE_BACK_MIN: usize = 256 << 10;
 
 /// The part of a request that falls in one chunk.
 pub(super) struct Piece {
@@ -400,7 +407,9 @@ impl Array {
     }
 
     /// Every piece to every working target, under the stripe locks: the
-    /// write of the personalities without parity (RAID0, mirrors).
+    /// write of the personalities without parity (RAID0, mirrors). A large
+    /// write is copied once and queued on every target's worker at once
+    /// (`write_back`); a small one is written from the caller's buffer.
     pub(super) fn write_every_target(
         &self,
         region: &Region,
@@ -408,9 +417,19 @@ impl Array {
         data: &[u8],
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, data.len());
-        let _guard = self
+        let guard = self
             .locks
             .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+        // Every piece must reach at least one working copy.
+        for p in &pieces {
+            if p.map.targets.iter().all(|t| self.is_failed(t.member)) {
+                return Err(ArrayError::Failed(format!(
+                    "no working copy for group {} offset {:#x}",
+                    region.group,
+                    offset + p.buf_off as u64
+                )));
+            }
+        }
         let mut plan = Vec::new();
         for p in &pieces {
             for t in p.map.targets.iter().filter(|t| !self.is_failed(t.member)) {
@@ -418,31 +437,38 @@ impl Array {
             }
         }
         let runs = coalesce(plan.into_iter());
+        let owned_jobs = || -> Vec<(usize, Op)> {
+            // One copy for every target, aligned so that image files can
+            // write it around their page cache.
+            let (shared, payload) = WriteBuffer::copy_of(data);
+            runs.iter()
+                .map(|r| {
+                    let span = r.span();
+                    let op = Op::Write {
+                        offset: r.member_offset,
+                        data: Arc::clone(&shared),
+                        range: payload.start + span.start..payload.start + span.end,
+                    };
+                    (r.slot, op)
+                })
+                .collect()
+        };
+        let slots: Vec<usize> = runs.iter().map(|r| r.slot).collect();
+        if data.len() >= WRITE_BACK_MIN && runs.len() > 1 && self.may_write_back(&slots) {
+            // Returns before the members have the data; see `write_back`.
+            let first = pieces.iter().map(|p| p.map.stripe).min().unwrap_or(0);
+            let last = pieces.iter().map(|p| p.map.stripe).max().unwrap_or(0);
+            let held = super::stripe_lock::StripeLocks::hold(guard);
+            self.write_back(region.group, (first, last), owned_jobs(), held);
+            return self.ensure_writable();
+        }
         let borrowed: Vec<(usize, u64, Vec<&[u8]>)> = runs
             .iter()
             .map(|r| (r.slot, r.member_offset, vec![&data[r.span()]]))
             .collect();
         let outcomes = match self.pool.write_inline(&borrowed) {
             Some(outcomes) => outcomes,
-            None => {
-                let shared: Arc<[u8]> = Arc::from(data);
-                let jobs = runs
-                    .iter()
-                    .map(|r| {
-                        let data = Arc::clone(&shared);
-                        let range = r.span();
-                        (
-                            r.slot,
-                            Op::Write {
-                                offset: r.member_offset,
-                                data,
-                                range,
-                            },
-                        )
-                    })
-                    .collect();
-                self.pool.run(jobs)
-            }
+            None => self.pool.run(owned_jobs()),
         };
         let mut host = None;
         for (run, outcome) in runs.iter().zip(outcomes) {
@@ -451,10 +477,12 @@ impl Array {
                 host = host.or(self.write_failed(run.slot, &e, "write", Some(span)));
             }
         }
+        drop(guard);
         if let Some(e) = host {
             return Err(e);
         }
-        // Every piece must have reached at least one working copy.
+        // A member whose write failed is failed now: some piece may have
+        // lost its last copy.
         for p in &pieces {
             if p.map.targets.iter().all(|t| self.is_failed(t.member)) {
                 return Err(ArrayError::Failed(format!(
@@ -465,6 +493,16 @@ impl Array {
             }
         }
         self.ensure_writable()
+    }
+
+    /// Wait until no queued write (`write_back`) covers the stripes of
+    /// `pieces`: reads take no stripe locks.
+    pub(super) fn wait_written(&self, region: &Region, pieces: &[Piece]) {
+        let first = pieces.iter().map(|p| p.map.stripe).min();
+        let last = pieces.iter().map(|p| p.map.stripe).max();
+        if let (Some(first), Some(last)) = (first, last) {
+            self.write_back.wait_for(region.group, first, last);
+        }
     }
 }
 

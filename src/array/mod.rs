@@ -38,10 +38,12 @@ mod state;
 mod stripe_lock;
 mod verify;
 mod worker;
+mod write_back;
+mod write_buffer;
 
 /// The partial parity log, part of the parity personality.
 pub use personality::parity::ppl;
-use personality::parity::{stripe_cache, write_back};
+use personality::parity::stripe_cache;
 use personality::Personality;
 pub(crate) use slot::{Slot, SlotDev};
 

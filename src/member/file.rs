@@ -8,11 +8,12 @@
 //! offset or length go through aligned bounce buffers, with a read-modify-write
 //! for partial blocks.
 
+use super::uncached::{pwritev_all, Uncached};
 use super::write_behind::WriteBehind;
 use super::Member;
 use parking_lot::Mutex;
 use std::fs::File;
-use std::io::{self, IoSlice};
+use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,9 @@ pub struct FileMember {
     file: Arc<File>,
     /// Starts the writeback of large buffered writes (write-behind).
     write_behind: WriteBehind,
+    /// Where large aligned writes of a buffered member go (around the
+    /// page cache); None for a direct or read-only member.
+    uncached: Option<Uncached>,
     /// The size as last looked at: at open, and again at
     /// [`Member::refresh_len`] when the array grows onto a larger member.
     len: AtomicU64,
@@ -179,9 +183,13 @@ impl FileMember {
         } else {
             metadata.dev()
         };
+        let uncached = (!options.direct && !options.read_only)
+            .then(|| Uncached::reopen(file.as_raw_fd()))
+            .flatten();
         Ok(FileMember {
             path: path.to_path_buf(),
             write_behind: WriteBehind::new(Arc::clone(&file), device),
+            uncached,
             file,
             len: AtomicU64::new(len),
             direct: options.direct,
@@ -278,47 +286,6 @@ impl FileMember {
         Ok(())
     }
 
-    fn pwritev_all(&self, bufs: &[&[u8]], mut offset: u64) -> io::Result<()> {
-        let mut slices: Vec<IoSlice<'_>> = bufs
-            .iter()
-            .filter(|b| !b.is_empty())
-            .map(|b| IoSlice::new(b))
-            .collect();
-        let mut rest = slices.as_mut_slice();
-        while !rest.is_empty() {
-            let count = rest.len().min(MAX_IOVECS) as libc::c_int;
-            // SAFETY: IoSlice is ABI-compatible with iovec on Unix; the slices
-            // borrow live buffers for the length of the call; the fd is ours.
-            let n = unsafe {
-                libc::pwritev(
-                    self.file.as_raw_fd(),
-                    rest.as_ptr().cast::<libc::iovec>(),
-                    count,
-                    offset as libc::off_t,
-                )
-            };
-            match n {
-                0 => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        "device accepted no bytes",
-                    ))
-                }
-                n if n < 0 => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-                n => {
-                    offset += n as u64;
-                    IoSlice::advance_slices(&mut rest, n as usize);
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn direct_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if is_aligned(buf.as_ptr(), buf.len(), offset) {
             return self.pread_exact(buf, offset);
@@ -360,6 +327,24 @@ impl FileMember {
         self.pwrite_all(bounce.as_slice(), start)
     }
 
+    /// Write `bufs` (`total` bytes) from `offset` on a buffered member:
+    /// large aligned writes around the page cache where the host allows,
+    /// the rest into it with their writeback started early when large.
+    fn buffered_write(&self, bufs: &[&[u8]], offset: u64, total: usize) -> io::Result<()> {
+        if let Some(done) = self
+            .uncached
+            .as_ref()
+            .and_then(|u| u.write(bufs, offset, total))
+        {
+            return done;
+        }
+        pwritev_all(self.file.as_raw_fd(), bufs, offset)?;
+        if total >= WRITE_BEHIND_MIN {
+            self.write_behind.start(offset, total as u64);
+        }
+        Ok(())
+    }
+
     fn lock_blocks(
         &self,
         first: u64,
@@ -387,9 +372,6 @@ impl AsRawFd for FileMember {
     }
 }
 
-/// Vectors per `pwritev` (Linux's `IOV_MAX`).
-const MAX_IOVECS: usize = 1024;
-
 /// Buffered writes at least this large start their writeback at once;
 /// smaller ones (random 4 KiB updates) are left to gather in the page cache.
 const WRITE_BEHIND_MIN: usize = 128 << 10;
@@ -416,19 +398,15 @@ impl Member for FileMember {
         let result = if self.direct {
             self.direct_write(buf, offset)
         } else {
-            self.pwrite_all(buf, offset).map(|()| {
-                if buf.len() >= WRITE_BEHIND_MIN {
-                    self.write_behind.start(offset, buf.len() as u64);
-                }
-            })
+            self.buffered_write(&[buf], offset, buf.len())
         };
         result.map_err(|e| self.context("write", buf.len(), offset, e))
     }
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if self.direct || bufs.len() == 1 {
-            // Direct I/O wants every buffer aligned; one buffer needs no vector.
+        if self.direct {
+            // Direct I/O wants every buffer aligned.
             let mut at = offset;
             for buf in bufs {
                 self.write_at(buf, at)?;
@@ -437,12 +415,7 @@ impl Member for FileMember {
             return Ok(());
         }
         self.check_bounds(total, offset, "write")?;
-        self.pwritev_all(bufs, offset)
-            .map(|()| {
-                if total >= WRITE_BEHIND_MIN {
-                    self.write_behind.start(offset, total as u64);
-                }
-            })
+        self.buffered_write(bufs, offset, total)
             .map_err(|e| self.context("write", total, offset, e))
     }
 

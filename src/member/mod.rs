@@ -18,6 +18,7 @@ pub mod memory;
 pub mod nbd;
 pub mod open;
 pub mod simulated;
+mod uncached;
 mod write_behind;
 
 use std::io;

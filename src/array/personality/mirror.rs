@@ -44,6 +44,7 @@ impl Array {
         choice: Choice,
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
+        self.wait_written(region, &pieces);
         // Each round either succeeds or fails at least one more member, so
         // this ends after at most `members` rounds.
         for _ in 0..=self.slots.len() {

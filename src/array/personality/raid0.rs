@@ -14,6 +14,7 @@ impl Array {
         buf: &mut [u8],
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
+        self.wait_written(region, &pieces);
         let lost = self.read_pieces_direct(region, &pieces, buf)?;
         // A piece whose read failed is read once more if its member is
         // still in service (the error did not fail it); there is no other

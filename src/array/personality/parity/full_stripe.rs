@@ -12,8 +12,8 @@
 use crate::array::io::Piece;
 use crate::array::stripe_lock::StripeLocks;
 use crate::array::worker::Op;
+use crate::array::write_buffer::WriteBuffer;
 use crate::array::{Array, ArrayError, ArrayResult, Region};
-use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 /// Whether `pieces` (all of one stripe) cover every data chunk whole.
@@ -48,8 +48,8 @@ impl Array {
         // overwrite: the buffers are never zeroed).
         let span = stripes.len() * chunk;
         let parity_count = geometry.members - k;
-        let mut parity: Vec<MemberBuffer> =
-            (0..parity_count).map(|_| MemberBuffer::new(span)).collect();
+        let mut parity: Vec<WriteBuffer> =
+            (0..parity_count).map(|_| WriteBuffer::new(span)).collect();
         let mut members_of = Vec::with_capacity(stripes.len());
         for (j, pieces) in stripes.iter().enumerate() {
             let mut sources: Vec<&[u8]> = vec![&[]; k];
@@ -66,7 +66,7 @@ impl Array {
             }
             members_of.push((self.stripe_slots(region, first + j as u64), sources));
         }
-        let parity: Vec<Arc<[u8]>> = parity
+        let parity: Vec<(Arc<[u8]>, std::ops::Range<usize>)> = parity
             .into_iter()
             .map(|b| {
                 b.finish()
@@ -82,7 +82,10 @@ impl Array {
             for (i, &slot) in members.iter().enumerate() {
                 let part = match sources.get(i) {
                     Some(source) => *source,
-                    None => &parity[i - k][j * chunk..(j + 1) * chunk],
+                    None => {
+                        let (bytes, payload) = &parity[i - k];
+                        &bytes[payload.start + j * chunk..payload.start + (j + 1) * chunk]
+                    }
                 };
                 parts[slot].push(part);
             }
@@ -99,12 +102,15 @@ impl Array {
             writes
                 .iter()
                 .map(|(slot, offset, parts)| {
-                    let mut buffer = MemberBuffer::new(parts.iter().map(|p| p.len()).sum());
+                    let mut buffer = WriteBuffer::new(parts.iter().map(|p| p.len()).sum());
                     parts.iter().for_each(|part| {
                         buffer.append(part);
                     });
-                    let data = buffer.finish().unwrap_or_else(|| Arc::from(parts.concat()));
-                    let range = 0..data.len();
+                    let (data, range) = buffer.finish().unwrap_or_else(|| {
+                        let whole: Arc<[u8]> = Arc::from(parts.concat());
+                        let range = 0..whole.len();
+                        (whole, range)
+                    });
                     (
                         *slot,
                         Op::Write {
@@ -117,7 +123,7 @@ impl Array {
                 .collect()
         };
         let slots: Vec<usize> = writes.iter().map(|w| w.0).collect();
-        if self.write_back.enabled() && self.pool.writes_cached(&slots) && !self.write_through() {
+        if self.may_write_back(&slots) {
             // Returns before the members have the data; see `write_back`.
             let last = first + stripes.len() as u64 - 1;
             let held = StripeLocks::hold(guard);
@@ -140,40 +146,5 @@ impl Array {
             return Err(e);
         }
         self.ensure_writable()
-    }
-}
-
-/// One member's part of the stripes, filled chunk by chunk in order and
-/// never zeroed first: zeroing 1.25 MiB per 1 MiB request was a tenth of the
-/// daemon's time in a sequential write.
-struct MemberBuffer {
-    bytes: Arc<[MaybeUninit<u8>]>,
-    filled: usize,
-}
-
-impl MemberBuffer {
-    fn new(len: usize) -> MemberBuffer {
-        MemberBuffer {
-            bytes: Arc::new_uninit_slice(len),
-            filled: 0,
-        }
-    }
-
-    /// Copy `chunk` in after what is there; the copy, now initialised.
-    fn append(&mut self, chunk: &[u8]) -> &mut [u8] {
-        let at = self.filled;
-        self.filled += chunk.len();
-        let bytes =
-            Arc::get_mut(&mut self.bytes).expect("member buffers are not shared before finish");
-        bytes[at..at + chunk.len()].write_copy_of_slice(chunk)
-    }
-
-    /// The bytes, once every one was written; None otherwise.
-    fn finish(self) -> Option<Arc<[u8]>> {
-        if self.filled != self.bytes.len() {
-            return None;
-        }
-        // SAFETY: `append` initialised bytes [0, filled), which is all of them.
-        Some(unsafe { self.bytes.assume_init() })
     }
 }

@@ -1,7 +1,7 @@
 //! The parity personality (RAID5: P; RAID6: P and Q): reads go to the
 //! chunk's member and are rebuilt from the rest of the stripe when it
 //! cannot serve; writes of whole stripes compute parity from the new data
-//! alone (`full_stripe`, queued by `write_back`), partial ones gather in
+//! alone (`full_stripe`, queued by the engine's `write_back`), partial ones gather in
 //! the `stripe_cache` or pick read-modify-write or reconstruct-write, with
 //! RAID5's partial parity log (`ppl`) closing the write hole; a verified
 //! read that fails tries each member as the suspect; scrub recomputes the
@@ -11,7 +11,6 @@
 pub(crate) mod full_stripe;
 pub mod ppl;
 pub(crate) mod stripe_cache;
-pub(crate) mod write_back;
 
 use super::super::io::{split, Piece};
 use super::super::judge::ContentJudge;

@@ -1,7 +1,9 @@
-//! Write-back of full-stripe writes: the member writes of a run of whole
-//! stripes are queued on the member workers and the caller returns at once,
-//! so the next request's data can arrive (and its parity be computed) while
-//! the members copy this one. What keeps that safe:
+//! Write-back of large writes: the member writes of a run of whole parity
+//! stripes (`full_stripe`), or of a large mirror or RAID0 write
+//! (`write_every_target`), are queued on the member workers and the caller
+//! returns at once, so the next request's data can arrive (and its parity
+//! be computed) while the members copy this one, every member at once.
+//! What keeps that safe:
 //!
 //! * the stripes stay locked until their writes are done (the reaper
 //!   releases the locks), so every writer, rebuild or scrub that locks them
@@ -32,7 +34,7 @@ use std::sync::Weak;
 /// Writes in flight at most; a writer beyond it waits for the oldest.
 const MAX_IN_FLIGHT: usize = 4;
 
-/// A queued full-stripe write, until the reaper has collected it.
+/// A queued write, until the reaper has collected it.
 pub(crate) struct InFlight {
     id: u64,
     batch: Batch,
@@ -105,7 +107,7 @@ impl WriteBack {
         match spawned {
             Ok(_) => *reaper = Some(tx),
             Err(e) => {
-                log::warn!("no write-back thread ({e}): full-stripe writes wait for their members")
+                log::warn!("no write-back thread ({e}): large writes wait for their members")
             }
         }
     }
@@ -173,7 +175,13 @@ impl WriteBack {
 }
 
 impl Array {
-    /// Queue a full-stripe write's member jobs and return; the stripes
+    /// Whether a write to `slots` may be handed to the reaper: it runs,
+    /// every member only copies into a cache, and the host has room.
+    pub(in crate::array) fn may_write_back(&self, slots: &[usize]) -> bool {
+        self.write_back.enabled() && self.pool.writes_cached(slots) && !self.write_through()
+    }
+
+    /// Queue a large write's member jobs and return; the stripes
     /// `first..=last` of `group` stay locked (`held`) until it is done.
     /// Without a reaper the write is collected here before returning.
     pub(in crate::array) fn write_back(
@@ -221,7 +229,7 @@ impl Array {
             return;
         }
         log::warn!(
-            "raidfs: {} member writes of an answered full-stripe write wait for the host",
+            "raidfs: {} member writes of an answered write wait for the host",
             refused.len()
         );
         // In the list before the entry stops counting as in flight: a flush

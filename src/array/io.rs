@@ -254,16 +254,32 @@ impl Array {
     }
 
     /// Read every run into its part of `buf`, members in parallel. A lone
-    /// run (every 4 KiB random read) is read in place on this thread.
+    /// run (every 4 KiB random read) is read in place on this thread, and
+    /// so are the runs whose bytes the host has cached (a sequential
+    /// stream's, read ahead by the host): a worker would read them into a
+    /// buffer of its own, to be copied here again. Only the runs that wait
+    /// for a device go to the workers.
     pub(super) fn read_runs_into(&self, runs: &[Run], buf: &mut [u8]) -> Vec<std::io::Result<()>> {
         if let [run] = runs {
             return vec![self
                 .pool
                 .read_inline(run.slot, run.member_offset, &mut buf[run.span()])];
         }
-        let jobs = runs
+        let mut outcomes: Vec<std::io::Result<()>> = Vec::with_capacity(runs.len());
+        let mut uncached = Vec::new();
+        for (i, run) in runs.iter().enumerate() {
+            if !self
+                .pool
+                .read_if_cached(run.slot, run.member_offset, &mut buf[run.span()])
+            {
+                uncached.push(i);
+            }
+            outcomes.push(Ok(()));
+        }
+        let jobs = uncached
             .iter()
-            .map(|r| {
+            .map(|&i| {
+                let r = &runs[i];
                 (
                     r.slot,
                     Op::Read {
@@ -273,14 +289,11 @@ impl Array {
                 )
             })
             .collect();
-        runs.iter()
-            .zip(self.pool.run(jobs))
-            .map(|(run, outcome)| {
-                let bytes = outcome?;
-                buf[run.span()].copy_from_slice(&bytes[..run.len]);
-                Ok(())
-            })
-            .collect()
+        for (&i, outcome) in uncached.iter().zip(self.pool.run(jobs)) {
+            let run = &runs[i];
+            outcomes[i] = outcome.map(|bytes| buf[run.span()].copy_from_slice(&bytes[..run.len]));
+        }
+        outcomes
     }
 
     pub(crate) fn write_region(

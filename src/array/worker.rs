@@ -465,6 +465,31 @@ impl WorkerPool {
         outcome
     }
 
+    /// Read `buf.len()` bytes at `offset` of `slot`'s member into `buf` on
+    /// this thread if they are cached (see [`Member::read_cached`]); false
+    /// when they are not (or the member cannot tell), and `buf` is then
+    /// undefined.
+    pub fn read_if_cached(&self, slot: usize, offset: u64, buf: &mut [u8]) -> bool {
+        let member = self
+            .lanes
+            .read()
+            .get(slot)
+            .and_then(|lane| lane.main.as_ref())
+            .filter(|q| q.member.cached_writes())
+            .map(|q| Arc::clone(&q.member));
+        let Some(m) = member else {
+            return false;
+        };
+        let started = Instant::now();
+        if !m.read_cached(buf, offset).unwrap_or(false) {
+            return false;
+        }
+        if let Some(io) = self.io.get(slot) {
+            io.record(Direction::Read, buf.len() as u64, started.elapsed());
+        }
+        true
+    }
+
     /// How long the operation counters have been counting.
     pub fn io_elapsed(&self) -> std::time::Duration {
         self.io_since.elapsed()

@@ -284,6 +284,61 @@ fn large_aligned_writes_of_a_buffered_image_bypass_the_page_cache() {
     m.sync().unwrap();
 }
 
+/// A large read of a range the host has nothing of cached goes around the
+/// cache (and leaves nothing there, parity between data chunks included);
+/// a range with cached bytes, clean or dirty, is read through the cache,
+/// so the read sees them; unaligned buffers get the same bytes.
+#[test]
+fn cold_large_reads_of_a_buffered_image_bypass_the_page_cache() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let checks_cache = !on_tmpfs(dir.path());
+    let m = FileMember::create(dir.path().join("m.img"), 8 << 20).unwrap();
+    let mib = 1usize << 20;
+    let cached = |at: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        m.read_cached(&mut buf, at).unwrap()
+    };
+    // Written around the cache: nothing of it is cached.
+    let big = pattern(4 * mib, 7);
+    let mut storage = Vec::new();
+    m.write_at(aligned(&mut storage, &big), 0).unwrap();
+    m.sync().unwrap();
+    for (at, len) in [
+        (0usize, mib),
+        (mib, 64 << 10),
+        (2 * mib + 4096, 2 * mib - 8192),
+    ] {
+        // An unaligned destination, as the filesystem's buffers are.
+        let mut back = vec![0u8; len + 1];
+        m.read_at(&mut back[1..], at as u64).unwrap();
+        assert!(back[1..] == big[at..at + len], "read at {at}");
+        if checks_cache {
+            assert!(
+                !cached(at as u64, len),
+                "a cold read at {at} filled the page cache"
+            );
+        }
+    }
+    // A dirty 4 KiB block inside a large range: read through the cache.
+    let small = pattern(4096, 8);
+    m.write_at(&small, (mib + 8192) as u64).unwrap();
+    let mut back = vec![0u8; mib];
+    m.read_at(&mut back, mib as u64).unwrap();
+    let mut expect = big[mib..2 * mib].to_vec();
+    expect[8192..8192 + 4096].copy_from_slice(&small);
+    assert!(back == expect, "a read missed a dirty cached block");
+    // Small reads keep the host's readahead.
+    let mut four = vec![0u8; 4096];
+    m.read_at(&mut four, (3 * mib) as u64).unwrap();
+    assert!(four[..] == big[3 * mib..3 * mib + 4096]);
+    if checks_cache {
+        assert!(
+            cached((3 * mib) as u64, 4096),
+            "a small read bypassed the cache"
+        );
+    }
+}
+
 #[test]
 fn symlinks_are_refused() {
     let dir = tempfile::tempdir().unwrap();

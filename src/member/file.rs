@@ -8,7 +8,7 @@
 //! offset or length go through aligned bounce buffers, with a read-modify-write
 //! for partial blocks.
 
-use super::uncached::{pwritev_all, Uncached};
+use super::uncached::{cached_pages, pwritev_all, Uncached};
 use super::write_behind::WriteBehind;
 use super::Member;
 use parking_lot::Mutex;
@@ -345,6 +345,24 @@ impl FileMember {
         Ok(())
     }
 
+    /// Read into `buf` from `offset` on a buffered member: a large aligned
+    /// range the host has nothing of cached around the cache, the rest
+    /// through it (with the host's readahead).
+    fn buffered_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if let Some(u) = self
+            .uncached
+            .as_ref()
+            .filter(|u| u.takes_read(buf.len(), offset))
+        {
+            if cached_pages(self.file.as_raw_fd(), offset, buf.len()) == Some(0) {
+                if let Some(done) = u.read(buf, offset) {
+                    return done;
+                }
+            }
+        }
+        self.pread_exact(buf, offset)
+    }
+
     fn lock_blocks(
         &self,
         first: u64,
@@ -385,7 +403,7 @@ impl Member for FileMember {
         let result = if self.direct {
             self.direct_read(buf, offset)
         } else {
-            self.pread_exact(buf, offset)
+            self.buffered_read(buf, offset)
         };
         result.map_err(|e| self.context("read", buf.len(), offset, e))
     }
@@ -517,6 +535,25 @@ impl Member for FileMember {
             return Ok(false);
         }
         self.check_bounds(buf.len(), offset, "read")?;
+        if self
+            .uncached
+            .as_ref()
+            .is_some_and(|u| u.takes_read(buf.len(), offset))
+        {
+            // A miss of `RWF_NOWAIT` starts the host's readahead, which a
+            // read around the cache would then duplicate: ask first.
+            // SAFETY: sysconf only reads its argument.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+            let pages = buf.len().div_ceil(page) as u64;
+            match cached_pages(self.file.as_raw_fd(), offset, buf.len()) {
+                Some(n) if n >= pages => {
+                    self.pread_exact(buf, offset)?;
+                    return Ok(true);
+                }
+                Some(_) => return Ok(false),
+                None => {}
+            }
+        }
         let iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),

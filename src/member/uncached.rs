@@ -1,6 +1,6 @@
-//! Large writes of a buffered image file or block device that go around the
-//! host's page cache, through a second descriptor of the same file opened
-//! `O_DIRECT`.
+//! Large writes and cold reads of a buffered image file or block device
+//! that go around the host's page cache, through a second descriptor of
+//! the same file opened `O_DIRECT`.
 //!
 //! A member is opened buffered so that small writes gather in the host's
 //! page cache and reads get its readahead. But a large write copied into
@@ -13,6 +13,14 @@
 //! Writing large, aligned requests with `O_DIRECT` does the same here: the
 //! device reads the caller's buffer, every member at once on its own
 //! worker.
+//!
+//! Large reads of ranges the host has nothing of in its cache (asked with
+//! `cachestat(2)`, which, unlike a `RWF_NOWAIT` read, starts no readahead)
+//! go around it too: a cold stream is read once, into a buffer that is
+//! used again and again, instead of into fresh page-cache pages and then
+//! copied; and a RAID5/6 member's parity chunks between its data chunks
+//! are no longer read ahead with them. Ranges the host has cached, in
+//! part or whole (written, or read before), are read through the cache.
 //!
 //! What stays as it was: the kernel keeps the two descriptors coherent
 //! (a direct write first writes back and then drops the cached pages of its
@@ -37,6 +45,11 @@ pub const ALIGN: usize = 4096;
 /// chunk). Smaller ones gather in the page cache, where random updates of
 /// the same blocks are cheap.
 pub const MIN_LEN: usize = 256 << 10;
+
+/// Reads from this size on, of ranges with nothing cached, go around the
+/// page cache: a chunk, the most a RAID5/6 member holds contiguously in
+/// some stripes of a stream (the next chunk may be parity).
+pub const READ_MIN_LEN: usize = 64 << 10;
 
 /// Vectors per `pwritev` (Linux's `IOV_MAX`).
 pub const MAX_IOVECS: usize = 1024;
@@ -92,6 +105,132 @@ impl Uncached {
             result => Some(result),
         }
     }
+}
+
+/// Bounce buffers kept per thread up to this size (larger reads get one of
+/// their own): a buffer used again stays in memory that is already mapped.
+const BOUNCE_KEEP: usize = 8 << 20;
+
+thread_local! {
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Uncached {
+    /// Whether a read of `len` bytes at `offset` may go around the cache
+    /// (large and aligned), if nothing of it is cached.
+    pub fn takes_read(&self, len: usize, offset: u64) -> bool {
+        len >= READ_MIN_LEN
+            && len.is_multiple_of(ALIGN)
+            && offset.is_multiple_of(ALIGN as u64)
+            && !self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Read `buf.len()` bytes at `offset` around the page cache (through a
+    /// bounce buffer when `buf` is not aligned). None when the host refuses
+    /// direct I/O here: the caller reads the ordinary way.
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Option<io::Result<()>> {
+        let fd = self.file.as_raw_fd();
+        let result = if (buf.as_ptr() as usize).is_multiple_of(ALIGN) {
+            pread_exact(fd, buf, offset)
+        } else {
+            BOUNCE.with(|cell| {
+                let mut kept = cell.borrow_mut();
+                let mut own = Vec::new();
+                let bounce = if buf.len() + ALIGN <= BOUNCE_KEEP {
+                    &mut *kept
+                } else {
+                    &mut own
+                };
+                if bounce.len() < buf.len() + ALIGN {
+                    bounce.resize(buf.len() + ALIGN, 0);
+                }
+                let at = bounce.as_ptr().align_offset(ALIGN);
+                let aligned = &mut bounce[at..at + buf.len()];
+                pread_exact(fd, aligned, offset).map(|()| buf.copy_from_slice(aligned))
+            })
+        };
+        match result {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.refused.store(true, Ordering::Relaxed);
+                log::info!("direct reads refused by the host ({e}): member reads stay buffered");
+                None
+            }
+            result => Some(result),
+        }
+    }
+}
+
+/// `cachestat(2)`'s number: one for every architecture since Linux 6.5
+/// (the libc crate names it only for some).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Cachestat {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// How much of `[offset, offset + len)` of the file behind `fd` is in the
+/// page cache, without reading anything or starting readahead: `Some(0)`
+/// for none, `Some(n)` with `n` the pages cached; None where the kernel
+/// cannot say (before Linux 6.5).
+pub fn cached_pages(fd: RawFd, offset: u64, len: usize) -> Option<u64> {
+    let range = CachestatRange {
+        off: offset,
+        len: len as u64,
+    };
+    let mut stat = Cachestat::default();
+    // SAFETY: cachestat reads `range` and fills `stat`, both live for the
+    // call and laid out as the kernel's structs; flags must be 0.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd,
+            &range as *const CachestatRange,
+            &mut stat as *mut Cachestat,
+            0u32,
+        )
+    };
+    (rc == 0).then_some(stat.nr_cache)
+}
+
+/// pread on `fd` until `buf` is full; EOF before that is an error.
+fn pread_exact(fd: RawFd, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        let at = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: buf is writable for its length for the call; the fd is open.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), at) };
+        match n {
+            0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "end of file reached early",
+                ))
+            }
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            n => {
+                buf = &mut buf[n as usize..];
+                offset += n as u64;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `pwritev` on `fd` until every byte of `bufs` is written from `offset`.

@@ -195,7 +195,7 @@ pub const OPTIONS: &[(&str, &str)] = &[
     ),
     (
         "read_ahead_kb=N",
-        "kernel readahead in KiB, 0 to 65536 (default 1024)",
+        "kernel readahead in KiB, 0 to 65536 (default 4096)",
     ),
     (
         "log=PATH",
@@ -468,7 +468,7 @@ mod tests {
         let opts = parse(&[]).unwrap();
         assert!(!opts.fuse.read_only && !opts.fuse.allow_other && !opts.force);
         assert_eq!(opts.fuse.entry_timeout, Duration::from_secs(1));
-        assert_eq!(opts.fuse.read_ahead, 1 << 20);
+        assert_eq!(opts.fuse.read_ahead, 4 << 20);
         let none = parse(&["read_ahead_kb=0".into()]).unwrap();
         assert_eq!(none.fuse.read_ahead, 0);
         let big = parse(&["read_ahead_kb=4096".into()]).unwrap();

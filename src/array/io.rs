@@ -434,15 +434,7 @@ impl Array {
             .locks
             .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
         // Every piece must reach at least one working copy.
-        for p in &pieces {
-            if p.map.targets.iter().all(|t| self.is_failed(t.member)) {
-                return Err(ArrayError::Failed(format!(
-                    "no working copy for group {} offset {:#x}",
-                    region.group,
-                    offset + p.buf_off as u64
-                )));
-            }
-        }
+        self.every_piece_has_a_copy(region, offset, &pieces)?;
         let mut plan = Vec::new();
         for p in &pieces {
             for t in p.map.targets.iter().filter(|t| !self.is_failed(t.member)) {
@@ -496,16 +488,29 @@ impl Array {
         }
         // A member whose write failed is failed now: some piece may have
         // lost its last copy.
-        for p in &pieces {
-            if p.map.targets.iter().all(|t| self.is_failed(t.member)) {
-                return Err(ArrayError::Failed(format!(
-                    "no working copy for group {} offset {:#x}",
-                    region.group,
-                    offset + p.buf_off as u64
-                )));
-            }
-        }
+        self.every_piece_has_a_copy(region, offset, &pieces)?;
         self.ensure_writable()
+    }
+
+    /// An error naming the first of `pieces` (of a write at region offset
+    /// `offset`) with no working copy left.
+    fn every_piece_has_a_copy(
+        &self,
+        region: &Region,
+        offset: u64,
+        pieces: &[Piece],
+    ) -> ArrayResult<()> {
+        match pieces
+            .iter()
+            .find(|p| p.map.targets.iter().all(|t| self.is_failed(t.member)))
+        {
+            Some(p) => Err(ArrayError::Failed(format!(
+                "no working copy for group {} offset {:#x}",
+                region.group,
+                offset + p.buf_off as u64
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Wait until no queued write (`write_back`) covers the stripes of

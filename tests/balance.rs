@@ -441,3 +441,47 @@ fn assembly_takes_the_read_policy() {
     let array = assemble(as_members(&disks), opts).expect("assemble").array;
     assert!(array.member_stats().iter().all(|s| !s.rotational));
 }
+
+/// A large read on solid-state copies is split, one part per copy; on
+/// rotating copies (and for a small read) it stays whole on one copy.
+#[test]
+fn large_reads_split_across_solid_state_copies_and_stay_whole_on_rotating_ones() {
+    for rotational in [false, true] {
+        let disks: Vec<Arc<SimulatedDisk>> = (0..2)
+            .map(|i| {
+                Arc::new(
+                    SimulatedDisk::new(
+                        format!("disk{i}"),
+                        4 << 30,
+                        DiskModel::default(),
+                        Clock::Virtual,
+                    )
+                    .with_rotational(rotational),
+                )
+            })
+            .collect();
+        let (array, [start, _]) = mirror(&disks);
+        assert!(array
+            .member_stats()
+            .iter()
+            .all(|s| s.rotational == rotational));
+        let len = MIB as usize;
+        array.write(start, &pattern(start, len)).expect("write");
+        for (size, split) in [(len, !rotational), (64 * KIB as usize, false)] {
+            array.reset_member_stats();
+            let mut buf = vec![0u8; size];
+            array.read(start, &mut buf).expect("read");
+            assert!(buf == pattern(start, size), "wrong data");
+            let bytes: Vec<u64> = array.member_stats().iter().map(|s| s.bytes).collect();
+            let expected: Vec<u64> = if split {
+                vec![size as u64 / 2; 2]
+            } else {
+                let mut one = bytes.clone();
+                one.sort_unstable();
+                assert_eq!(one, vec![0, size as u64], "rotational {rotational}");
+                bytes.clone()
+            };
+            assert_eq!(bytes, expected, "rotational {rotational}, {size} bytes");
+        }
+    }
+}

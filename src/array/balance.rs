@@ -7,7 +7,9 @@
 //!
 //! The default policy, [`ReadPolicy::Sticky`], keeps each sequential stream on
 //! the mirror that serves it, so K streams on N >= K mirrors never make a head
-//! seek between them. md's old balancer tracked a single stream for the whole
+//! seek between them. On non-rotational members, where a seek costs nothing,
+//! a large read is instead split across the copies, read in parallel
+//! ([`Balancer::splits_large_reads`]). md's old balancer tracked a single stream for the whole
 //! array and bounced concurrent streams between disks; [`ReadPolicy::Legacy`]
 //! reproduces it for comparison. Failed and write-mostly members are avoided
 //! as md does (write-mostly ones are read only when nothing else holds the data).
@@ -293,6 +295,20 @@ impl Balancer {
         self.mirrors
             .get(slot)
             .is_some_and(|m| m.rotational.load(Ordering::Relaxed))
+    }
+
+    /// Whether a large read with copies on `targets` is split across them
+    /// (btrfs's round-robin policy for one stream): under the sticky
+    /// policy, when every copy is non-rotational, so parallel reads cost
+    /// no seek, and none is write-mostly.
+    pub fn splits_large_reads(&self, targets: &[Target]) -> bool {
+        self.policy() == ReadPolicy::Sticky
+            && targets.len() > 1
+            && targets.iter().all(|t| {
+                self.mirrors.get(t.member).is_some_and(|m| {
+                    !m.rotational.load(Ordering::Relaxed) && !m.write_mostly.load(Ordering::Relaxed)
+                })
+            })
     }
 
     /// A write-mostly member is read only when no other copy is available.

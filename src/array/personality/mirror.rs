@@ -13,6 +13,10 @@ use crate::geometry::{Geometry, Role, Target};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// Reads from this size on are split across non-rotational copies (see
+/// `Balancer::splits_large_reads`): each copy gets at least 128 KiB.
+const SPLIT_MIN: usize = 256 << 10;
+
 /// Whether each logical chunk keeps a copy with `failed` slots gone. The
 /// copy pattern repeats every `members` chunks.
 pub(super) fn survives(g: &Geometry, failed: &[usize]) -> bool {
@@ -45,13 +49,27 @@ impl Array {
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
         self.wait_written(region, &pieces);
+        // A large read on solid-state copies is split into one part per
+        // copy, read in parallel: piece i goes to copy i * copies / pieces.
+        let split_across = choice == Choice::Any
+            && buf.len() >= SPLIT_MIN
+            && pieces.len() > 1
+            && pieces
+                .first()
+                .is_some_and(|p| self.balance.splits_large_reads(&p.map.targets));
         // Each round either succeeds or fails at least one more member, so
         // this ends after at most `members` rounds.
         for _ in 0..=self.slots.len() {
             let mut plan = Vec::with_capacity(pieces.len());
             let mut follow: Option<(usize, u64)> = None;
-            for p in &pieces {
+            for (i, p) in pieces.iter().enumerate() {
+                let part = i * p.map.targets.len() / pieces.len();
+                let preferred = split_across
+                    .then(|| p.map.targets.get(part))
+                    .flatten()
+                    .filter(|t| self.readable(t.member, region, t.offset));
                 let target = match choice {
+                    _ if preferred.is_some() => preferred,
                     Choice::Copy(n) => p
                         .map
                         .targets

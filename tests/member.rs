@@ -208,19 +208,29 @@ fn on_tmpfs(dir: &std::path::Path) -> bool {
     unsafe { st.assume_init() }.f_type == libc::TMPFS_MAGIC
 }
 
+/// A new 8 MiB buffered image under /var/tmp (its directory, kept alive by
+/// the caller), and whether its page cache can be told apart (not tmpfs).
+fn image_on_disk() -> (tempfile::TempDir, FileMember, bool) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let checks_cache = !on_tmpfs(dir.path());
+    let m = FileMember::create(dir.path().join("m.img"), 8 << 20).unwrap();
+    (dir, m, checks_cache)
+}
+
+/// Whether all of `[at, at + len)` of `m` is in the host's page cache.
+fn is_cached(m: &FileMember, at: u64, len: usize) -> bool {
+    let mut buf = vec![0u8; len];
+    m.read_cached(&mut buf, at).unwrap()
+}
+
 /// A buffered image writes large aligned requests around the host's page
 /// cache (nothing of them is left cached) and everything else into it, and
 /// the two kinds of write see each other in every order.
 #[test]
 fn large_aligned_writes_of_a_buffered_image_bypass_the_page_cache() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let checks_cache = !on_tmpfs(dir.path());
-    let m = FileMember::create(dir.path().join("m.img"), 8 << 20).unwrap();
+    let (_dir, m, checks_cache) = image_on_disk();
     let mib = 1usize << 20;
-    let cached = |at: u64, len: usize| {
-        let mut buf = vec![0u8; len];
-        m.read_cached(&mut buf, at).unwrap()
-    };
+    let cached = |at: u64, len: usize| is_cached(&m, at, len);
     let read = |at: u64, len: usize| {
         let mut buf = vec![0u8; len];
         m.read_at(&mut buf, at).unwrap();
@@ -290,14 +300,9 @@ fn large_aligned_writes_of_a_buffered_image_bypass_the_page_cache() {
 /// so the read sees them; unaligned buffers get the same bytes.
 #[test]
 fn cold_large_reads_of_a_buffered_image_bypass_the_page_cache() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let checks_cache = !on_tmpfs(dir.path());
-    let m = FileMember::create(dir.path().join("m.img"), 8 << 20).unwrap();
+    let (_dir, m, checks_cache) = image_on_disk();
     let mib = 1usize << 20;
-    let cached = |at: u64, len: usize| {
-        let mut buf = vec![0u8; len];
-        m.read_cached(&mut buf, at).unwrap()
-    };
+    let cached = |at: u64, len: usize| is_cached(&m, at, len);
     // Written around the cache: nothing of it is cached.
     let big = pattern(4 * mib, 7);
     let mut storage = Vec::new();

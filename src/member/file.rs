@@ -8,13 +8,13 @@
 //! offset or length go through aligned bounce buffers, with a read-modify-write
 //! for partial blocks.
 
-use super::uncached::{cached_pages, pwritev_all, Uncached};
+use super::uncached::{cached_pages, pread_exact, pwritev_all, Cached, Uncached};
 use super::write_behind::WriteBehind;
 use super::Member;
 use parking_lot::Mutex;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -245,45 +245,13 @@ impl FileMember {
     }
 
     /// pread until `buf` is full; EOF before that is an error.
-    fn pread_exact(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
-        while !buf.is_empty() {
-            match self.file.read_at(buf, offset) {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "end of file reached early",
-                    ))
-                }
-                Ok(n) => {
-                    buf = &mut buf[n..];
-                    offset += n as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+    fn pread_exact(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        pread_exact(self.file.as_raw_fd(), buf, offset)
     }
 
     /// pwrite until all of `buf` is written.
-    fn pwrite_all(&self, mut buf: &[u8], mut offset: u64) -> io::Result<()> {
-        while !buf.is_empty() {
-            match self.file.write_at(buf, offset) {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        "device accepted no bytes",
-                    ))
-                }
-                Ok(n) => {
-                    buf = &buf[n..];
-                    offset += n as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+    fn pwrite_all(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        pwritev_all(self.file.as_raw_fd(), &[buf], offset)
     }
 
     fn direct_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -354,7 +322,7 @@ impl FileMember {
             .as_ref()
             .filter(|u| u.takes_read(buf.len(), offset))
         {
-            if cached_pages(self.file.as_raw_fd(), offset, buf.len()) == Some(0) {
+            if cached_pages(self.file.as_raw_fd(), offset, buf.len()) == Some(Cached::None) {
                 if let Some(done) = u.read(buf, offset) {
                     return done;
                 }
@@ -542,11 +510,8 @@ impl Member for FileMember {
         {
             // A miss of `RWF_NOWAIT` starts the host's readahead, which a
             // read around the cache would then duplicate: ask first.
-            // SAFETY: sysconf only reads its argument.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-            let pages = buf.len().div_ceil(page) as u64;
             match cached_pages(self.file.as_raw_fd(), offset, buf.len()) {
-                Some(n) if n >= pages => {
+                Some(Cached::All) => {
                     self.pread_exact(buf, offset)?;
                     return Ok(true);
                 }

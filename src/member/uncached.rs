@@ -35,6 +35,7 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 /// Alignment of buffers, offsets and lengths that direct writes need here.
 /// 4096 is a multiple of every logical block size in common use.
@@ -180,11 +181,21 @@ struct Cachestat {
     nr_recently_evicted: u64,
 }
 
+/// How much of a range the page cache holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cached {
+    None,
+    Part,
+    All,
+}
+
 /// How much of `[offset, offset + len)` of the file behind `fd` is in the
-/// page cache, without reading anything or starting readahead: `Some(0)`
-/// for none, `Some(n)` with `n` the pages cached; None where the kernel
-/// cannot say (before Linux 6.5).
-pub fn cached_pages(fd: RawFd, offset: u64, len: usize) -> Option<u64> {
+/// page cache, without reading anything or starting readahead; None where
+/// the kernel cannot say (before Linux 6.5).
+pub fn cached_pages(fd: RawFd, offset: u64, len: usize) -> Option<Cached> {
+    static PAGE: OnceLock<u64> = OnceLock::new();
+    // SAFETY: sysconf only reads its argument.
+    let page = *PAGE.get_or_init(|| unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64);
     let range = CachestatRange {
         off: offset,
         len: len as u64,
@@ -201,11 +212,18 @@ pub fn cached_pages(fd: RawFd, offset: u64, len: usize) -> Option<u64> {
             0u32,
         )
     };
-    (rc == 0).then_some(stat.nr_cache)
+    if rc != 0 {
+        return None;
+    }
+    Some(match stat.nr_cache {
+        0 => Cached::None,
+        n if n >= (len as u64).div_ceil(page) => Cached::All,
+        _ => Cached::Part,
+    })
 }
 
 /// pread on `fd` until `buf` is full; EOF before that is an error.
-fn pread_exact(fd: RawFd, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+pub fn pread_exact(fd: RawFd, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
     while !buf.is_empty() {
         let at = libc::off_t::try_from(offset)
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;

@@ -36,9 +36,8 @@ impl Array {
             self.write_out_cached(
                 (region.group, first.map.stripe)..=(region.group, last.map.stripe),
             )?;
-            self.write_back
-                .wait_for(region.group, first.map.stripe, last.map.stripe);
         }
+        self.wait_written(region, &pieces);
         let degraded = self.read_pieces_direct(region, &pieces, buf)?;
         // A parity suspect is tried under the stripe locks by `verify_parity`.
         let suspect = None;

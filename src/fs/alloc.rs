@@ -163,15 +163,41 @@ impl Allocator {
         Ok(())
     }
 
-    /// Allocate up to `len` bytes (a block multiple) as one contiguous run.
-    /// Tries the `hint` address first; a request smaller than a stripe then
-    /// continues at the cursor, or starts a free run that holds an aligned
-    /// stripe; a larger one takes a stripe-aligned place that holds it.
-    /// Failing those, the first run that holds everything, then the
-    /// largest free run. `None` when every group is full.
+    /// Allocate up to `len` bytes (a block multiple) as one contiguous run,
+    /// placed if possible (see [`Allocator::allocate_placed`]), else the
+    /// first run that holds everything, then the largest free run. `None`
+    /// when every group is full.
     pub fn allocate(&mut self, len: u64, hint: Option<u64>) -> Option<Extent> {
+        if let Some(ext) = self.allocate_placed(len, hint) {
+            return Some(ext);
+        }
+        let mut best: Option<(u32, u64, u64)> = None;
+        for (&gi, group) in &self.groups {
+            for (&start, &flen) in &group.free {
+                if len <= flen {
+                    return self.take_at(group_addr(gi, start), len);
+                }
+                if best.is_none_or(|(_, _, blen)| flen > blen) {
+                    best = Some((gi, start, flen));
+                }
+            }
+        }
+        let (gi, start, flen) = best?;
+        self.take_at(group_addr(gi, start), len.min(flen))
+    }
+
+    /// Allocate up to `len` bytes where they keep the file contiguous or
+    /// fill stripes whole: the `hint` address first; a request smaller than
+    /// a stripe then continues at the cursor, or starts a free run that
+    /// holds an aligned stripe, or fills the first hole that holds it; a
+    /// larger one takes a stripe-aligned place that holds it, or the
+    /// aligned whole stripes of the roomiest run. `None` when only the
+    /// fragments between used blocks are left: the caller had better take
+    /// a fresh group than scatter a large write over them, where every
+    /// piece would be a partial stripe (read-modify-write on parity).
+    pub fn allocate_placed(&mut self, len: u64, hint: Option<u64>) -> Option<Extent> {
         if let Some(h) = hint {
-            if let Some(ext) = self.take_at(h, len) {
+            if let Some(ext) = self.take_continuing(h, len) {
                 return Some(ext);
             }
         }
@@ -202,19 +228,62 @@ impl Allocator {
             }
             return Some(ext);
         }
-        let mut best: Option<(u32, u64, u64)> = None;
+        // Large: the most whole aligned stripes any run holds.
+        let mut roomiest: Option<(u32, u64, u64)> = None;
         for (&gi, group) in &self.groups {
-            for (&start, &flen) in &group.free {
-                if len <= flen {
-                    return self.take_at(group_addr(gi, start), len);
-                }
-                if best.is_none_or(|(_, _, blen)| flen > blen) {
-                    best = Some((gi, start, flen));
+            let stripe = group.stripe();
+            if len < stripe {
+                continue;
+            }
+            for &start in &group.roomy {
+                let flen = group.free.get(&start).copied().unwrap_or(0);
+                let aligned = round_up(start, stripe);
+                let room = (start + flen).saturating_sub(aligned) / stripe * stripe;
+                if room > 0 && roomiest.is_none_or(|(_, _, r)| room > r) {
+                    roomiest = Some((gi, aligned, room));
                 }
             }
         }
-        let (gi, start, flen) = best?;
-        self.take_at(group_addr(gi, start), len.min(flen))
+        if let Some((gi, aligned, room)) = roomiest {
+            return self.take_at(group_addr(gi, aligned), len.min(room));
+        }
+        // Small: the first hole that holds it.
+        let hole = self.groups.iter().find_map(|(&gi, group)| {
+            if len >= group.stripe() {
+                return None;
+            }
+            group
+                .free
+                .iter()
+                .find(|(_, &flen)| len <= flen)
+                .map(|(&start, _)| group_addr(gi, start))
+        });
+        hole.and_then(|at| self.take_at(at, len))
+    }
+
+    /// Continue a file at `addr`: all of `len` if the free run there holds
+    /// it. A large request (a stripe or more) that the run cannot hold
+    /// takes it only up to the run's last stripe boundary, and nothing if
+    /// there is none past `addr`: the tail of a run that ends inside a
+    /// stripe beside live data would make that stripe a partial one, and the
+    /// rest of the request would start misaligned wherever it went.
+    fn take_continuing(&mut self, addr: u64, len: u64) -> Option<Extent> {
+        let (g, off) = split(addr);
+        let group = self.groups.get(&g)?;
+        let stripe = group.stripe();
+        let (&fstart, &flen) = group.free.range(..=off).next_back()?;
+        let run_end = fstart + flen;
+        if run_end <= off {
+            return None;
+        }
+        if len < stripe || off + len <= run_end || run_end == group.usable {
+            return self.take_at(addr, len);
+        }
+        let cut = run_end / stripe * stripe;
+        if cut <= off {
+            return None;
+        }
+        self.take_at(addr, cut - off)
     }
 
     /// Take `[addr, addr+len)` or as much of it as is free from `addr` on.
@@ -395,5 +464,46 @@ mod tests {
         while a.allocate(1 << 20, None).is_some_and(|e| e.len >= stripe) {}
         let hole = a.allocate(BLOCK_SIZE, None).expect("a hole is left");
         assert!(hole.addr < file.addr + file.len, "{hole:?}");
+    }
+    /// Large requests keep to whole stripes: a continuation stops at the
+    /// last stripe boundary of a run that cannot hold it (and does not start
+    /// in a run that ends inside its stripe), the aligned stripes of the
+    /// roomiest run are taken when no run holds everything, and with only
+    /// fragments left the placed allocation says so, so the caller takes a
+    /// fresh group before scattering the request over them.
+    #[test]
+    fn large_requests_keep_to_whole_stripes_and_leave_fragments_for_last() {
+        let stripe = 65536;
+        let mut a = Allocator::default();
+        a.add_group(GroupInfo {
+            index: 0,
+            kind: GroupKind::Data,
+            capacity: 1 << 20,
+            stripe_bytes: stripe,
+        });
+        let at = |off: u64| group_addr(0, off);
+        // Used: the file's [0, 0x8000), one block at 0xc000, one at 0x80000.
+        let mark = |a: &mut Allocator, off: u64| a.mark_used(Extent::new(at(off), BLOCK_SIZE));
+        a.mark_used(Extent::new(at(0), 0x8000)).expect("mark");
+        mark(&mut a, 0xc000).expect("mark");
+        mark(&mut a, 0x80000).expect("mark");
+        // The run at the file's end ends inside the same stripe: no continuation.
+        assert_eq!(a.take_continuing(at(0x8000), 3 * stripe), None);
+        // A small request continues there as before.
+        let small = a.allocate_placed(BLOCK_SIZE, Some(at(0x8000))).expect("small");
+        assert_eq!(small.addr, at(0x8000));
+        // From 0xd000 the run ends at 0x80000, a boundary: taken up to it.
+        let cont = a.take_continuing(at(0xd000), 8 * stripe).expect("continued");
+        assert_eq!((cont.addr, cont.len), (at(0xd000), 0x80000 - 0xd000));
+        // No run holds 8 stripes aligned: the roomiest gives its whole stripes.
+        let roomiest = a.allocate_placed(8 * stripe, None).expect("roomiest");
+        assert_eq!(roomiest.addr % stripe, 0);
+        assert_eq!(roomiest.len % stripe, 0);
+        // Take every whole stripe; fragments are then left to `allocate` alone.
+        while a.allocate_placed(stripe, None).is_some() {}
+        assert!(a.free_bytes() > 0, "fragments are left");
+        assert_eq!(a.allocate_placed(2 * stripe, None), None);
+        let scrap = a.allocate(2 * stripe, None).expect("a fragment");
+        assert!(scrap.len < 2 * stripe);
     }
 }

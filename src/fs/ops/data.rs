@@ -17,7 +17,7 @@
 
 use super::super::atime::{needs_update, AtimeMode};
 use super::super::core::Inner;
-use super::super::extent::Extent;
+use super::super::extent::{Extent, Segment};
 use super::super::inode::{Inode, Time, BLOCK_SIZE};
 use super::super::layout::round_up;
 use super::super::perm;
@@ -28,6 +28,9 @@ use super::checked::BlockRead;
 /// Largest file size (keeps offsets far from overflow).
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
 const ZERO_CHUNK: u64 = 1 << 20;
+/// Unallocated groups a data allocation leaves for metadata while the
+/// allocated groups still have fragments free.
+const METADATA_RESERVE_GROUPS: u64 = 2;
 
 fn round_down(v: u64) -> u64 {
     v / BLOCK_SIZE * BLOCK_SIZE
@@ -52,6 +55,18 @@ impl Piece {
     /// Overwrites committed data where it lies (no free block was left).
     fn overwrites_in_place(&self) -> bool {
         !self.fresh && !self.unwritten && self.old.is_some()
+    }
+}
+
+/// A piece that overwrites mapped blocks where they lie.
+fn in_place(file_off: u64, len: u64, addr: u64) -> Piece {
+    Piece {
+        file_off,
+        len,
+        addr,
+        fresh: false,
+        old: Some(addr),
+        unwritten: false,
     }
 }
 
@@ -160,92 +175,135 @@ impl Inner {
         regular_file(inode)?;
         let segments = inode.extents.segments(start, end);
         let mut hint = inode.extents.continuation_hint(start);
+        let cow = self.csum.enabled();
+        // Mapped blocks move to fresh ones (copy-on-write) or are written
+        // where they lie; holes get fresh blocks.
+        let wants_fresh = |seg: &Segment| match seg.addr {
+            Some(_) if seg.unwritten => false,
+            Some(_) => cow && cover != Cover::HolesOnly,
+            None => cover != Cover::MappedOnly,
+        };
         let mut plan = Vec::new();
-        for seg in segments {
+        let mut i = 0;
+        while i < segments.len() {
+            let seg = &segments[i];
+            if wants_fresh(seg) {
+                // The run of segments that all want fresh blocks is
+                // allocated as one: a rewrite of a fragmented file then
+                // gets space as whole as a first write, not pieces as small
+                // as the old extents.
+                let run = segments[i..].iter().take_while(|s| wants_fresh(s)).count();
+                hint = self.plan_fresh(&mut st, &segments[i..i + run], hint, &mut plan)?;
+                i += run;
+                continue;
+            }
             match seg.addr {
                 Some(old) if seg.unwritten => {
                     hint = Some(old + seg.len);
                     // Already reads as zeros, and already reserved.
-                    if cover != Cover::Write {
-                        continue;
+                    if cover == Cover::Write {
+                        plan.push(Piece {
+                            file_off: seg.file_off,
+                            len: seg.len,
+                            addr: old,
+                            fresh: false,
+                            old: None,
+                            unwritten: true,
+                        });
                     }
-                    plan.push(Piece {
-                        file_off: seg.file_off,
-                        len: seg.len,
-                        addr: old,
-                        fresh: false,
-                        old: None,
-                        unwritten: true,
-                    });
                 }
                 Some(old) => {
-                    if cover == Cover::HolesOnly {
-                        hint = Some(old + seg.len);
-                        continue;
-                    }
-                    let mut done = 0;
-                    while done < seg.len {
-                        let fresh = if self.csum.enabled() {
-                            self.allocate(&mut st, seg.len - done, hint)
-                        } else {
-                            None
-                        };
-                        let piece = match fresh {
-                            Some(ext) => Piece {
-                                file_off: seg.file_off + done,
-                                len: ext.len,
-                                addr: ext.addr,
-                                fresh: true,
-                                old: Some(old + done),
-                                unwritten: false,
-                            },
-                            None => Piece {
-                                file_off: seg.file_off + done,
-                                len: seg.len - done,
-                                addr: old + done,
-                                fresh: false,
-                                old: Some(old + done),
-                                unwritten: false,
-                            },
-                        };
-                        hint = Some(piece.addr + piece.len);
-                        done += piece.len;
-                        plan.push(piece);
+                    hint = Some(old + seg.len);
+                    if cover != Cover::HolesOnly {
+                        plan.push(in_place(seg.file_off, seg.len, old));
                     }
                 }
-                None => {
-                    if cover == Cover::MappedOnly {
-                        continue;
-                    }
-                    let mut done = 0;
-                    while done < seg.len {
-                        let ext = match self.allocate(&mut st, seg.len - done, hint) {
-                            Some(ext) => ext,
-                            None => {
-                                for p in plan.iter().filter(|p| p.fresh) {
-                                    st.alloc.free(Extent::new(p.addr, p.len));
-                                }
-                                return Err(FsError::NoSpace);
-                            }
-                        };
-                        plan.push(Piece {
-                            file_off: seg.file_off + done,
-                            len: ext.len,
-                            addr: ext.addr,
-                            fresh: true,
-                            old: None,
-                            unwritten: false,
-                        });
-                        hint = Some(ext.addr + ext.len);
-                        done += ext.len;
-                    }
-                }
+                // A hole this cover leaves alone.
+                None => {}
             }
+            i += 1;
         }
         Ok(plan)
     }
 
+    /// Plan fresh blocks for `run` (consecutive segments that all want
+    /// them), allocating for the whole run at once and splitting what comes
+    /// back at the segments' edges. A mapped segment that finds no space is
+    /// written in place; a hole that finds none fails the plan (what it
+    /// allocated is given back). Returns the hint for what follows.
+    fn plan_fresh(
+        &self,
+        st: &mut State,
+        run: &[Segment],
+        mut hint: Option<u64>,
+        plan: &mut Vec<Piece>,
+    ) -> FsResult<Option<u64>> {
+        let mut left: u64 = run.iter().map(|s| s.len).sum();
+        let (mut seg_at, mut seg_done) = (0, 0);
+        while left > 0 {
+            let seg = &run[seg_at];
+            match self.allocate(st, left, hint) {
+                Some(ext) => {
+                    let mut ext_done = 0;
+                    while ext_done < ext.len {
+                        let seg = &run[seg_at];
+                        let len = (seg.len - seg_done).min(ext.len - ext_done);
+                        plan.push(Piece {
+                            file_off: seg.file_off + seg_done,
+                            len,
+                            addr: ext.addr + ext_done,
+                            fresh: true,
+                            old: seg.addr.map(|a| a + seg_done),
+                            unwritten: false,
+                        });
+                        ext_done += len;
+                        seg_done += len;
+                        if seg_done == seg.len {
+                            seg_at += 1;
+                            seg_done = 0;
+                        }
+                    }
+                    left -= ext.len;
+                    hint = Some(ext.addr + ext.len);
+                }
+                None => match seg.addr {
+                    Some(old) => {
+                        let len = seg.len - seg_done;
+                        plan.push(in_place(seg.file_off + seg_done, len, old + seg_done));
+                        hint = Some(old + seg.len);
+                        left -= len;
+                        seg_at += 1;
+                        seg_done = 0;
+                    }
+                    None => {
+                        for p in plan.iter().filter(|p| p.fresh) {
+                            st.alloc.free(Extent::new(p.addr, p.len));
+                        }
+                        return Err(FsError::NoSpace);
+                    }
+                },
+            }
+        }
+        Ok(hint)
+    }
+
+    /// Fresh blocks for up to `len` bytes: placed where they keep the file
+    /// contiguous or fill stripes whole, in a fresh group if the allocated
+    /// ones have only fragments left, and in the fragments when the groups
+    /// left are the metadata's reserve (the journal's image moves to a
+    /// fresh group as it grows; it must not find none while data sits in
+    /// fragments). The reserve itself goes to data only when nothing else
+    /// is free.
     fn allocate(&self, st: &mut State, len: u64, hint: Option<u64>) -> Option<Extent> {
+        loop {
+            if let Some(ext) = st.alloc.allocate_placed(len, hint) {
+                return Some(ext);
+            }
+            let (free_groups, _) = self.store.free_groups();
+            if free_groups <= METADATA_RESERVE_GROUPS || !self.grow(st) {
+                break;
+            }
+        }
         loop {
             if let Some(ext) = st.alloc.allocate(len, hint) {
                 return Some(ext);
@@ -303,6 +361,13 @@ impl Inner {
     /// Write `data` (at file `offset`) into the planned pieces, merging the
     /// old bytes of partly covered edge blocks; returns each piece's block
     /// checksums (empty with checksums off). The caller holds the lock on these blocks.
+    ///
+    /// Pieces that the write covers whole and that lie end to end both in
+    /// the file and in the array go out as one store write: a rewrite of a
+    /// file whose old extents are fragmented gets pieces as small as those
+    /// extents, contiguous in fresh space, and written one by one they would
+    /// reach a parity array as partial stripes (read-modify-write) where
+    /// together they cover whole ones.
     fn write_pieces(
         &self,
         ino: u64,
@@ -322,15 +387,33 @@ impl Inner {
                 Vec::new()
             }
         };
-        for p in plan {
-            let p_end = p.file_off + p.len;
-            if p.file_off >= offset && p_end <= end {
+        let covered = |p: &Piece| p.file_off >= offset && p.file_off + p.len <= end;
+        let mut i = 0;
+        while i < plan.len() {
+            let p = &plan[i];
+            if covered(p) {
+                let mut run_end = i + 1;
+                while run_end < plan.len() {
+                    let (prev, next) = (&plan[run_end - 1], &plan[run_end]);
+                    let end_to_end = prev.file_off + prev.len == next.file_off
+                        && prev.addr + prev.len == next.addr;
+                    if !(end_to_end && covered(next)) {
+                        break;
+                    }
+                    run_end += 1;
+                }
+                let last = &plan[run_end - 1];
                 let at = (p.file_off - offset) as usize;
-                let bytes = &data[at..at + p.len as usize];
-                self.store.write(p.addr, bytes)?;
-                crcs.push(sums(bytes));
+                let run_len = (last.file_off + last.len - p.file_off) as usize;
+                self.store.write(p.addr, &data[at..at + run_len])?;
+                for q in &plan[i..run_end] {
+                    let at = (q.file_off - offset) as usize;
+                    crcs.push(sums(&data[at..at + q.len as usize]));
+                }
+                i = run_end;
                 continue;
             }
+            let p_end = p.file_off + p.len;
             let mut buf = vec![0u8; p.len as usize];
             if let Some(src) = p.old {
                 let block = BLOCK_SIZE as usize;
@@ -348,6 +431,7 @@ impl Inner {
                 .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
             self.store.write(p.addr, &buf)?;
             crcs.push(sums(&buf));
+            i += 1;
         }
         Ok(crcs)
     }

@@ -8,6 +8,15 @@
 //! blocks) then fill stripes in order, and the array's stripe cache writes
 //! them whole. The runs that hold an aligned stripe are indexed, so finding
 //! one costs the same however many one-block holes copy-on-write has left.
+//!
+//! Those holes are where a large request must not go: each piece of it
+//! there would be a partial stripe, a read-modify-write on parity levels
+//! and a short read later. So a large request continues a file only up to a
+//! stripe boundary, takes the whole stripes of the roomiest run when no run
+//! holds it, and otherwise is refused by [`Allocator::allocate_placed`] (as
+//! is a small one once no run holds an aligned stripe), so that the
+//! filesystem takes a fresh group first; [`Allocator::allocate`] takes the
+//! fragments, for when no group is left.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -189,12 +198,12 @@ impl Allocator {
     /// Allocate up to `len` bytes where they keep the file contiguous or
     /// fill stripes whole: the `hint` address first; a request smaller than
     /// a stripe then continues at the cursor, or starts a free run that
-    /// holds an aligned stripe, or fills the first hole that holds it; a
-    /// larger one takes a stripe-aligned place that holds it, or the
-    /// aligned whole stripes of the roomiest run. `None` when only the
-    /// fragments between used blocks are left: the caller had better take
-    /// a fresh group than scatter a large write over them, where every
-    /// piece would be a partial stripe (read-modify-write on parity).
+    /// holds an aligned stripe; a larger one takes a stripe-aligned place
+    /// that holds it, or the aligned whole stripes of the roomiest run.
+    /// `None` when only the fragments between used blocks are left: the
+    /// caller had better take a fresh group than write into them, where
+    /// every write, small or large, would be a partial stripe
+    /// (read-modify-write on parity levels).
     pub fn allocate_placed(&mut self, len: u64, hint: Option<u64>) -> Option<Extent> {
         if let Some(h) = hint {
             if let Some(ext) = self.take_continuing(h, len) {
@@ -207,7 +216,7 @@ impl Allocator {
                 .is_some_and(|g| len < g.info.stripe_bytes)
         };
         if let Some(c) = self.cursor.filter(|&c| small_at(&self.groups, c)) {
-            if let Some(ext) = self.take_at(c, len) {
+            if let Some(ext) = self.take_continuing(c, len) {
                 self.cursor = Some(ext.addr + ext.len);
                 return Some(ext);
             }
@@ -247,26 +256,17 @@ impl Allocator {
         if let Some((gi, aligned, room)) = roomiest {
             return self.take_at(group_addr(gi, aligned), len.min(room));
         }
-        // Small: the first hole that holds it.
-        let hole = self.groups.iter().find_map(|(&gi, group)| {
-            if len >= group.stripe() {
-                return None;
-            }
-            group
-                .free
-                .iter()
-                .find(|(_, &flen)| len <= flen)
-                .map(|(&start, _)| group_addr(gi, start))
-        });
-        hole.and_then(|at| self.take_at(at, len))
+        None
     }
 
-    /// Continue a file at `addr`: all of `len` if the free run there holds
-    /// it. A large request (a stripe or more) that the run cannot hold
-    /// takes it only up to the run's last stripe boundary, and nothing if
-    /// there is none past `addr`: the tail of a run that ends inside a
-    /// stripe beside live data would make that stripe a partial one, and the
-    /// rest of the request would start misaligned wherever it went.
+    /// Continue a file at `addr`. A small request (under a stripe) does
+    /// only at the cursor or at a stripe's start, and only if the free run
+    /// there reaches the end of the stripe. A large
+    /// one takes all of `len` if the run holds it, else only up to the
+    /// run's last stripe boundary, and nothing if there is none past
+    /// `addr`: the tail of a run that ends inside a stripe beside live data
+    /// would make that stripe a partial one, and the rest of the request
+    /// would start misaligned wherever it went.
     fn take_continuing(&mut self, addr: u64, len: u64) -> Option<Extent> {
         let (g, off) = split(addr);
         let group = self.groups.get(&g)?;
@@ -276,7 +276,21 @@ impl Allocator {
         if run_end <= off {
             return None;
         }
-        if len < stripe || off + len <= run_end || run_end == group.usable {
+        if len < stripe {
+            // Only at the cursor (a small writer going on where it left
+            // off) or at the start of a stripe that is free to its end: the
+            // free block after wherever a random writer's previous block
+            // now lies is a hole beside live data, and every small write
+            // put there would be a partial stripe. They go to the cursor.
+            let stripe_end = ((off / stripe + 1) * stripe).min(group.usable);
+            let placed = Some(addr) == self.cursor || off.is_multiple_of(stripe);
+            return if placed && run_end >= stripe_end {
+                self.take_at(addr, len)
+            } else {
+                None
+            };
+        }
+        if off + len <= run_end || run_end == group.usable {
             return self.take_at(addr, len);
         }
         let cut = run_end / stripe * stripe;
@@ -487,14 +501,15 @@ mod tests {
         a.mark_used(Extent::new(at(0), 0x8000)).expect("mark");
         mark(&mut a, 0xc000).expect("mark");
         mark(&mut a, 0x80000).expect("mark");
-        // The run at the file's end ends inside the same stripe: no continuation.
-        assert_eq!(a.take_continuing(at(0x8000), 3 * stripe), None);
-        // A small request continues there as before.
-        let small = a.allocate_placed(BLOCK_SIZE, Some(at(0x8000))).expect("small");
-        assert_eq!(small.addr, at(0x8000));
         // From 0xd000 the run ends at 0x80000, a boundary: taken up to it.
         let cont = a.take_continuing(at(0xd000), 8 * stripe).expect("continued");
         assert_eq!((cont.addr, cont.len), (at(0xd000), 0x80000 - 0xd000));
+        // The run at the file's end ends inside the same stripe: no
+        // continuation, for a large request or a small one.
+        assert_eq!(a.take_continuing(at(0x8000), 3 * stripe), None);
+        assert_eq!(a.take_continuing(at(0x8000), BLOCK_SIZE), None);
+        let small = a.allocate_placed(BLOCK_SIZE, Some(at(0x8000))).expect("small");
+        assert_eq!(small.addr % stripe, 0, "a small one starts a stripe instead");
         // No run holds 8 stripes aligned: the roomiest gives its whole stripes.
         let roomiest = a.allocate_placed(8 * stripe, None).expect("roomiest");
         assert_eq!(roomiest.addr % stripe, 0);

@@ -117,6 +117,9 @@ fn statfs_counts_inodes_from_free_space() {
     );
 }
 
+/// Store writes recorded: (address, length).
+type Writes = Vec<(u64, u64)>;
+
 /// Stripes of `writes` (address, length) that they cover whole, and those
 /// they touch only in part: on a parity array each of the latter is a
 /// read-modify-write, whatever order the writes came in (the array's
@@ -149,7 +152,7 @@ fn stripe_cover(writes: &[(u64, u64)], stripe: u64) -> (usize, usize) {
 #[test]
 fn a_rewrite_fills_whole_stripes_after_rounds_of_mixed_jobs() {
     const BIG_STRIPE: u64 = 256 << 10;
-    let writes: Arc<Mutex<Option<Vec<(u64, u64)>>>> = Arc::new(Mutex::new(None));
+    let writes: Arc<Mutex<Option<Writes>>> = Arc::new(Mutex::new(None));
     let recorder = Arc::clone(&writes);
     let store = HookedStore::new(MemStore::new(64, 8 * MIB, BIG_STRIPE), move |addr, data| {
         if let Some(w) = recorder.lock().expect("recorder").as_mut() {
@@ -190,7 +193,11 @@ fn a_rewrite_fills_whole_stripes_after_rounds_of_mixed_jobs() {
         }
         let recorded = writes.lock().expect("recorder").take().unwrap_or_default();
         let (whole, partial) = stripe_cover(&recorded, BIG_STRIPE);
-        assert_eq!(whole as u64, size / BIG_STRIPE, "round {round}: whole stripes");
+        assert_eq!(
+            whole as u64,
+            size / BIG_STRIPE,
+            "round {round}: whole stripes"
+        );
         assert!(partial <= 1, "round {round}: {partial} partial stripes");
         fs.fsync(sw, false).expect("fsync");
         assert!(fs.read(sw, size - MIB, MIB as usize).expect("read") == mib);

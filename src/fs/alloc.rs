@@ -502,14 +502,22 @@ mod tests {
         mark(&mut a, 0xc000).expect("mark");
         mark(&mut a, 0x80000).expect("mark");
         // From 0xd000 the run ends at 0x80000, a boundary: taken up to it.
-        let cont = a.take_continuing(at(0xd000), 8 * stripe).expect("continued");
+        let cont = a
+            .take_continuing(at(0xd000), 8 * stripe)
+            .expect("continued");
         assert_eq!((cont.addr, cont.len), (at(0xd000), 0x80000 - 0xd000));
         // The run at the file's end ends inside the same stripe: no
         // continuation, for a large request or a small one.
         assert_eq!(a.take_continuing(at(0x8000), 3 * stripe), None);
         assert_eq!(a.take_continuing(at(0x8000), BLOCK_SIZE), None);
-        let small = a.allocate_placed(BLOCK_SIZE, Some(at(0x8000))).expect("small");
-        assert_eq!(small.addr % stripe, 0, "a small one starts a stripe instead");
+        let small = a
+            .allocate_placed(BLOCK_SIZE, Some(at(0x8000)))
+            .expect("small");
+        assert_eq!(
+            small.addr % stripe,
+            0,
+            "a small one starts a stripe instead"
+        );
         // No run holds 8 stripes aligned: the roomiest gives its whole stripes.
         let roomiest = a.allocate_placed(8 * stripe, None).expect("roomiest");
         assert_eq!(roomiest.addr % stripe, 0);

@@ -246,3 +246,62 @@ fn a_rewrite_fills_whole_stripes_after_rounds_of_mixed_jobs() {
         fs.sync_all().expect("sync");
     }
 }
+
+/// With only fragments free in the allocated groups, data takes fresh
+/// groups for its large writes but leaves two for the metadata journal
+/// (whose image moves to a fresh group as it grows), then uses the
+/// fragments, and takes the last groups only once nothing else is free:
+/// no capacity is lost to the placement.
+#[test]
+fn placement_leaves_groups_for_metadata_and_loses_no_capacity() {
+    let store = Arc::new(MemStore::new(8, 8 * MIB, 256 << 10));
+    FileSystem::format(store.clone()).expect("format");
+    let fs = FileSystem::open(store.clone(), FsOptions::default()).expect("open");
+    let block = pattern(9, 4096);
+    // One-block holes all over the first data group: every other block of
+    // a file rewritten (copy-on-write frees the old copies).
+    let holes = mkfile(&fs, "holes");
+    fs.write(holes, 0, &pattern(10, 6 * MIB)).expect("fill");
+    fs.sync_all().expect("sync");
+    for b in (0..6 * MIB / 4096).step_by(2) {
+        fs.write(holes, b * 4096, &block).expect("overwrite");
+    }
+    fs.sync_all().expect("sync");
+    let big = mkfile(&fs, "big");
+    let mib = pattern(11, MIB);
+    let free_bytes = || {
+        let st = fs.statfs().expect("statfs");
+        st.bfree * u64::from(st.bsize)
+    };
+    let mut written = 0;
+    let mut checked = false;
+    loop {
+        let (groups_before, group_bytes) = store.free_groups();
+        // Free in the allocated groups: fragments, once placement stops.
+        let in_allocated = free_bytes() - groups_before * group_bytes;
+        let chunk = if groups_before <= 2 {
+            &block[..]
+        } else {
+            &mib[..]
+        };
+        match fs.write(big, written, chunk) {
+            Ok(n) => written += n as u64,
+            Err(FsError::NoSpace) => break,
+            Err(e) => panic!("write: {e:?}"),
+        }
+        if groups_before == 2 && store.free_groups().0 < 2 {
+            // Data reached into the reserve: nothing else was free.
+            assert!(
+                in_allocated < 4096 * 2,
+                "data took a metadata group with {in_allocated} bytes free in fragments"
+            );
+            checked = true;
+        }
+    }
+    assert!(checked, "the writes never reached the last groups");
+    fs.sync_all().expect("sync");
+    // Everything free was usable.
+    let left = free_bytes();
+    assert!(left < MIB, "{left} bytes free but unwritable");
+    assert!(fs.read(big, 0, MIB as usize).expect("read") == mib);
+}

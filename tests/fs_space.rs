@@ -144,11 +144,12 @@ fn stripe_cover(writes: &[(u64, u64)], stripe: u64) -> (usize, usize) {
 /// O_DSYNC-style third, 4 KiB random overwrites of a fallocated fourth
 /// (copy-on-write leaves a one-block hole for each), and small files made
 /// and removed. Each round's rewrite of the first file must still go to
-/// whole stripes; it used to go to the holes, more with every round (70
-/// partial stripes of 161 in round 2, 196 of 259 in round 4), and each was
-/// a read-modify-write. The random overwrites must go on filling stripes
-/// at the cursor rather than the one-block holes beside their old copies
-/// (116 partial stripes to 51 whole in round 3 before).
+/// whole stripes; it used to go to the holes, more with every round (69
+/// partial stripes of 160 in round 2, 193 of 257 in round 4, all 316 in
+/// round 6), and each was a read-modify-write. The random overwrites must
+/// go on filling stripes at the cursor rather than the one-block holes
+/// beside their old copies: large writes taking fresh space first had
+/// pushed them there (116 partial stripes to 51 whole in round 3).
 #[test]
 fn a_rewrite_fills_whole_stripes_after_rounds_of_mixed_jobs() {
     const BIG_STRIPE: u64 = 256 << 10;

@@ -49,6 +49,10 @@ struct Piece {
     /// Blocks fallocate reserved: written in place (they hold no data a
     /// crash could need) and turned written when the write is installed.
     unwritten: bool,
+    /// Fresh blocks that take the place of mapped ones (data, or blocks
+    /// fallocate reserved): the old mapping goes, its blocks freed with
+    /// the commit.
+    replaces: bool,
 }
 
 impl Piece {
@@ -67,6 +71,20 @@ fn in_place(file_off: u64, len: u64, addr: u64) -> Piece {
         fresh: false,
         old: Some(addr),
         unwritten: false,
+        replaces: false,
+    }
+}
+
+/// A piece that writes blocks fallocate reserved where they lie.
+fn reserved_in_place(file_off: u64, len: u64, addr: u64) -> Piece {
+    Piece {
+        file_off,
+        len,
+        addr,
+        fresh: false,
+        old: None,
+        unwritten: true,
+        replaces: false,
     }
 }
 
@@ -177,9 +195,14 @@ impl Inner {
         let mut hint = inode.extents.continuation_hint(start);
         let cow = self.csum.enabled();
         // Mapped blocks move to fresh ones (copy-on-write) or are written
-        // where they lie; holes get fresh blocks.
+        // where they lie; holes get fresh blocks. Blocks fallocate reserved
+        // move too when written: in place, each first write of a random
+        // writer would be a partial stripe (read-modify-write on parity
+        // levels) wherever the reservation lies, where fresh blocks are
+        // packed into whole stripes. With no free space left they are
+        // written in place, so the reservation still keeps its promise.
         let wants_fresh = |seg: &Segment| match seg.addr {
-            Some(_) if seg.unwritten => false,
+            Some(_) if seg.unwritten => cow && cover == Cover::Write,
             Some(_) => cow && cover != Cover::HolesOnly,
             None => cover != Cover::MappedOnly,
         };
@@ -202,14 +225,7 @@ impl Inner {
                     hint = Some(old + seg.len);
                     // Already reads as zeros, and already reserved.
                     if cover == Cover::Write {
-                        plan.push(Piece {
-                            file_off: seg.file_off,
-                            len: seg.len,
-                            addr: old,
-                            fresh: false,
-                            old: None,
-                            unwritten: true,
-                        });
+                        plan.push(reserved_in_place(seg.file_off, seg.len, old));
                     }
                 }
                 Some(old) => {
@@ -253,8 +269,10 @@ impl Inner {
                             len,
                             addr: ext.addr + ext_done,
                             fresh: true,
-                            old: seg.addr.map(|a| a + seg_done),
+                            // Reserved blocks read as zeros: nothing to merge.
+                            old: seg.addr.filter(|_| !seg.unwritten).map(|a| a + seg_done),
                             unwritten: false,
+                            replaces: seg.addr.is_some(),
                         });
                         ext_done += len;
                         seg_done += len;
@@ -269,7 +287,12 @@ impl Inner {
                 None => match seg.addr {
                     Some(old) => {
                         let len = seg.len - seg_done;
-                        plan.push(in_place(seg.file_off + seg_done, len, old + seg_done));
+                        let (at, addr) = (seg.file_off + seg_done, old + seg_done);
+                        plan.push(if seg.unwritten {
+                            reserved_in_place(at, len, addr)
+                        } else {
+                            in_place(at, len, addr)
+                        });
                         hint = Some(old + seg.len);
                         left -= len;
                         seg_at += 1;
@@ -345,7 +368,7 @@ impl Inner {
             if !p.fresh {
                 continue;
             }
-            if p.old.is_some() {
+            if p.replaces {
                 freed.extend(inode.extents.remove_range(p.file_off, p.file_off + p.len));
             }
             inode.extents.insert(p.file_off, p.addr, p.len);

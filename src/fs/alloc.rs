@@ -253,20 +253,18 @@ impl Allocator {
                 }
             }
         }
-        if let Some((gi, aligned, room)) = roomiest {
-            return self.take_at(group_addr(gi, aligned), len.min(room));
-        }
-        None
+        let (gi, aligned, room) = roomiest?;
+        self.take_at(group_addr(gi, aligned), len.min(room))
     }
 
     /// Continue a file at `addr`. A small request (under a stripe) does
     /// only at the cursor or at a stripe's start, and only if the free run
-    /// there reaches the end of the stripe. A large
-    /// one takes all of `len` if the run holds it, else only up to the
-    /// run's last stripe boundary, and nothing if there is none past
-    /// `addr`: the tail of a run that ends inside a stripe beside live data
-    /// would make that stripe a partial one, and the rest of the request
-    /// would start misaligned wherever it went.
+    /// there reaches the end of the stripe. A large one takes all of `len`
+    /// if the run holds it, else only up to the run's last stripe boundary,
+    /// and nothing if there is none past `addr`: the tail of a run that
+    /// ends inside a stripe beside live data would make that stripe a
+    /// partial one, and the rest of the request would start misaligned
+    /// wherever it went.
     fn take_continuing(&mut self, addr: u64, len: u64) -> Option<Extent> {
         let (g, off) = split(addr);
         let group = self.groups.get(&g)?;
@@ -448,9 +446,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn small_allocations_pack_at_the_cursor_instead_of_filling_holes() {
-        let stripe = 65536;
+    /// An allocator over one 1 MiB Data group (index 0) of `stripe` stripes.
+    fn one_group(stripe: u64) -> Allocator {
         let mut a = Allocator::default();
         a.add_group(GroupInfo {
             index: 0,
@@ -458,6 +455,13 @@ mod tests {
             capacity: 1 << 20,
             stripe_bytes: stripe,
         });
+        a
+    }
+
+    #[test]
+    fn small_allocations_pack_at_the_cursor_instead_of_filling_holes() {
+        let stripe = 65536;
+        let mut a = one_group(stripe);
         let file = a.allocate(4 * stripe, None).unwrap();
         // Copy-on-write frees scattered single blocks of the file.
         for i in [1u64, 5, 9, 40] {
@@ -479,6 +483,7 @@ mod tests {
         let hole = a.allocate(BLOCK_SIZE, None).expect("a hole is left");
         assert!(hole.addr < file.addr + file.len, "{hole:?}");
     }
+
     /// Large requests keep to whole stripes: a continuation stops at the
     /// last stripe boundary of a run that cannot hold it (and does not start
     /// in a run that ends inside its stripe), the aligned stripes of the
@@ -488,13 +493,7 @@ mod tests {
     #[test]
     fn large_requests_keep_to_whole_stripes_and_leave_fragments_for_last() {
         let stripe = 65536;
-        let mut a = Allocator::default();
-        a.add_group(GroupInfo {
-            index: 0,
-            kind: GroupKind::Data,
-            capacity: 1 << 20,
-            stripe_bytes: stripe,
-        });
+        let mut a = one_group(stripe);
         let at = |off: u64| group_addr(0, off);
         // Used: the file's [0, 0x8000), one block at 0xc000, one at 0x80000.
         let mark = |a: &mut Allocator, off: u64| a.mark_used(Extent::new(at(off), BLOCK_SIZE));

@@ -36,55 +36,80 @@ fn round_down(v: u64) -> u64 {
     v / BLOCK_SIZE * BLOCK_SIZE
 }
 
+/// What the file had where a piece of a write goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Before {
+    /// Nothing: reads as zeros.
+    Hole,
+    /// Blocks fallocate reserved at this address: read as zeros, hold no
+    /// data a crash could need.
+    Reserved(u64),
+    /// Data at this address.
+    Data(u64),
+}
+
+impl Before {
+    /// What `seg` has `done` bytes into it.
+    fn of(seg: &Segment, done: u64) -> Before {
+        match seg.addr {
+            None => Before::Hole,
+            Some(a) if seg.unwritten => Before::Reserved(a + done),
+            Some(a) => Before::Data(a + done),
+        }
+    }
+}
+
 /// One block-aligned piece of a write: where it goes, whether the blocks
-/// were allocated for this call, and where the file's current bytes for it
-/// are (none for a hole).
+/// were allocated for this call, and what the file had there.
 #[derive(Clone, Copy, Debug)]
 struct Piece {
     file_off: u64,
     len: u64,
     addr: u64,
     fresh: bool,
-    old: Option<u64>,
-    /// Blocks fallocate reserved: written in place (they hold no data a
-    /// crash could need) and turned written when the write is installed.
-    unwritten: bool,
-    /// Fresh blocks that take the place of mapped ones (data, or blocks
-    /// fallocate reserved): the old mapping goes, its blocks freed with
-    /// the commit.
-    replaces: bool,
+    before: Before,
 }
 
 impl Piece {
+    /// Blocks the file already has, written where they lie: data (only
+    /// when no free block was left) or blocks fallocate reserved.
+    fn in_place(file_off: u64, len: u64, before: Before) -> Option<Piece> {
+        let addr = match before {
+            Before::Hole => return None,
+            Before::Reserved(a) | Before::Data(a) => a,
+        };
+        Some(Piece {
+            file_off,
+            len,
+            addr,
+            fresh: false,
+            before,
+        })
+    }
+
     /// Overwrites committed data where it lies (no free block was left).
     fn overwrites_in_place(&self) -> bool {
-        !self.fresh && !self.unwritten && self.old.is_some()
+        !self.fresh && matches!(self.before, Before::Data(_))
     }
-}
 
-/// A piece that overwrites mapped blocks where they lie.
-fn in_place(file_off: u64, len: u64, addr: u64) -> Piece {
-    Piece {
-        file_off,
-        len,
-        addr,
-        fresh: false,
-        old: Some(addr),
-        unwritten: false,
-        replaces: false,
+    /// Where the file's current bytes for this piece are, to merge into
+    /// partly written edge blocks (none for a hole or a reservation).
+    fn old_bytes(&self) -> Option<u64> {
+        match self.before {
+            Before::Data(a) => Some(a),
+            Before::Hole | Before::Reserved(_) => None,
+        }
     }
-}
 
-/// A piece that writes blocks fallocate reserved where they lie.
-fn reserved_in_place(file_off: u64, len: u64, addr: u64) -> Piece {
-    Piece {
-        file_off,
-        len,
-        addr,
-        fresh: false,
-        old: None,
-        unwritten: true,
-        replaces: false,
+    /// Fills reserved blocks in place: they turn written when installed.
+    fn fills_reservation(&self) -> bool {
+        !self.fresh && matches!(self.before, Before::Reserved(_))
+    }
+
+    /// Fresh blocks taking the place of mapped ones (data or a
+    /// reservation): the old mapping goes, its blocks freed with the commit.
+    fn replaces_mapping(&self) -> bool {
+        self.fresh && self.before != Before::Hole
     }
 }
 
@@ -220,22 +245,18 @@ impl Inner {
                 i += run;
                 continue;
             }
-            match seg.addr {
-                Some(old) if seg.unwritten => {
-                    hint = Some(old + seg.len);
-                    // Already reads as zeros, and already reserved.
-                    if cover == Cover::Write {
-                        plan.push(reserved_in_place(seg.file_off, seg.len, old));
-                    }
-                }
-                Some(old) => {
-                    hint = Some(old + seg.len);
-                    if cover != Cover::HolesOnly {
-                        plan.push(in_place(seg.file_off, seg.len, old));
-                    }
-                }
-                // A hole this cover leaves alone.
-                None => {}
+            // Not wanting fresh blocks: mapped blocks are written in place
+            // if this cover writes them; a hole is one this cover leaves.
+            if let Some(old) = seg.addr {
+                hint = Some(old + seg.len);
+            }
+            let writes = if seg.unwritten {
+                cover == Cover::Write
+            } else {
+                cover != Cover::HolesOnly
+            };
+            if writes {
+                plan.extend(Piece::in_place(seg.file_off, seg.len, Before::of(seg, 0)));
             }
             i += 1;
         }
@@ -269,10 +290,7 @@ impl Inner {
                             len,
                             addr: ext.addr + ext_done,
                             fresh: true,
-                            // Reserved blocks read as zeros: nothing to merge.
-                            old: seg.addr.filter(|_| !seg.unwritten).map(|a| a + seg_done),
-                            unwritten: false,
-                            replaces: seg.addr.is_some(),
+                            before: Before::of(seg, seg_done),
                         });
                         ext_done += len;
                         seg_done += len;
@@ -284,27 +302,21 @@ impl Inner {
                     left -= ext.len;
                     hint = Some(ext.addr + ext.len);
                 }
-                None => match seg.addr {
-                    Some(old) => {
-                        let len = seg.len - seg_done;
-                        let (at, addr) = (seg.file_off + seg_done, old + seg_done);
-                        plan.push(if seg.unwritten {
-                            reserved_in_place(at, len, addr)
-                        } else {
-                            in_place(at, len, addr)
-                        });
-                        hint = Some(old + seg.len);
-                        left -= len;
-                        seg_at += 1;
-                        seg_done = 0;
-                    }
-                    None => {
+                None => {
+                    let len = seg.len - seg_done;
+                    let before = Before::of(seg, seg_done);
+                    let Some(piece) = Piece::in_place(seg.file_off + seg_done, len, before) else {
                         for p in plan.iter().filter(|p| p.fresh) {
                             st.alloc.free(Extent::new(p.addr, p.len));
                         }
                         return Err(FsError::NoSpace);
-                    }
-                },
+                    };
+                    plan.push(piece);
+                    hint = Some(piece.addr + len);
+                    left -= len;
+                    seg_at += 1;
+                    seg_done = 0;
+                }
             }
         }
         Ok(hint)
@@ -362,13 +374,13 @@ impl Inner {
         let mut freed = Vec::new();
         let inode = st.inode_mut(ino)?;
         for p in plan {
-            if p.unwritten {
+            if p.fills_reservation() {
                 inode.extents.mark_written(p.file_off, p.file_off + p.len);
             }
             if !p.fresh {
                 continue;
             }
-            if p.replaces {
+            if p.replaces_mapping() {
                 freed.extend(inode.extents.remove_range(p.file_off, p.file_off + p.len));
             }
             inode.extents.insert(p.file_off, p.addr, p.len);
@@ -438,7 +450,7 @@ impl Inner {
             }
             let p_end = p.file_off + p.len;
             let mut buf = vec![0u8; p.len as usize];
-            if let Some(src) = p.old {
+            if let Some(src) = p.old_bytes() {
                 let block = BLOCK_SIZE as usize;
                 if p.file_off < offset {
                     self.read_old_block(ino, src, &mut buf[..block])?;

@@ -245,6 +245,48 @@ fn a_rewrite_fills_whole_stripes_after_rounds_of_mixed_jobs() {
     }
 }
 
+/// A file written front to back in requests smaller than a stripe (`dd
+/// bs=4k`, `dd bs=64k`, `cp`'s 128 KiB), fresh and then overwritten in
+/// place by the same writer, goes to whole stripes: each request continues
+/// where the last one went. The cursor used to stay behind the first block
+/// a file continued into, so the next request went to the next stripe's
+/// start and every stripe got two or three blocks (a 256 MiB `dd bs=4k`
+/// made 21,000 partial stripes, each a read-modify-write, at 61 MB/s).
+#[test]
+fn small_sequential_writes_fill_whole_stripes() {
+    const BIG_STRIPE: u64 = 256 << 10;
+    for request in [4096u64, 64 << 10, 128 << 10] {
+        let writes: Arc<Mutex<Option<Writes>>> = Arc::new(Mutex::new(None));
+        let recorder = Arc::clone(&writes);
+        let store = HookedStore::new(MemStore::new(16, 8 * MIB, BIG_STRIPE), move |addr, data| {
+            if let Some(w) = recorder.lock().expect("recorder").as_mut() {
+                w.push((addr, data.len() as u64));
+            }
+        });
+        let store = Arc::new(store);
+        FileSystem::format(store.clone()).expect("format");
+        let fs = FileSystem::open(store, FsOptions::default()).expect("open");
+        let file = mkfile(&fs, "f");
+        let size = 4 * MIB;
+        for pass in ["fresh", "overwrite"] {
+            let data = pattern(request as u8, size);
+            *writes.lock().expect("recorder") = Some(Vec::new());
+            for off in (0..size).step_by(request as usize) {
+                let chunk = &data[off as usize..(off + request) as usize];
+                fs.write(file, off, chunk).expect("write");
+            }
+            let recorded = writes.lock().expect("recorder").take().unwrap_or_default();
+            let (whole, partial) = stripe_cover(&recorded, BIG_STRIPE);
+            assert!(
+                partial <= 1 && whole as u64 >= size / BIG_STRIPE - 1,
+                "{pass} file in {request}-byte writes: {partial} partial stripes, {whole} whole"
+            );
+            fs.fsync(file, false).expect("fsync");
+            assert!(fs.read(file, 0, size as usize).expect("read") == data);
+        }
+    }
+}
+
 /// With only fragments free in the allocated groups, data takes fresh
 /// groups for its large writes but leaves two for the metadata journal
 /// (whose image moves to a fresh group as it grows), then uses the

@@ -205,16 +205,23 @@ impl Allocator {
     /// every write, small or large, would be a partial stripe
     /// (read-modify-write on parity levels).
     pub fn allocate_placed(&mut self, len: u64, hint: Option<u64>) -> Option<Extent> {
-        if let Some(h) = hint {
-            if let Some(ext) = self.take_continuing(h, len) {
-                return Some(ext);
-            }
-        }
         let small_at = |groups: &BTreeMap<u32, GroupFree>, at: u64| {
             groups
                 .get(&split(at).0)
                 .is_some_and(|g| len < g.info.stripe_bytes)
         };
+        if let Some(h) = hint {
+            if let Some(ext) = self.take_continuing(h, len) {
+                // A small writer continuing its file is where the next
+                // small request goes on: a cursor left behind would send
+                // the writer's next block to another stripe, and each
+                // stripe it passed through would stay partial.
+                if small_at(&self.groups, ext.addr) {
+                    self.cursor = Some(ext.addr + ext.len);
+                }
+                return Some(ext);
+            }
+        }
         if let Some(c) = self.cursor.filter(|&c| small_at(&self.groups, c)) {
             if let Some(ext) = self.take_continuing(c, len) {
                 self.cursor = Some(ext.addr + ext.len);
@@ -482,6 +489,30 @@ mod tests {
         while a.allocate(1 << 20, None).is_some_and(|e| e.len >= stripe) {}
         let hole = a.allocate(BLOCK_SIZE, None).expect("a hole is left");
         assert!(hole.addr < file.addr + file.len, "{hole:?}");
+    }
+
+    /// A small sequential writer (`dd bs=4k`, `cp`'s 128 KiB requests on a
+    /// 256 KiB stripe), each request hinted at the end of the last, fills
+    /// stripe after stripe, with another writer's small requests packing
+    /// behind it rather than splitting its stripes.
+    #[test]
+    fn small_requests_continuing_a_file_fill_stripes_in_order() {
+        let stripe = 65536;
+        for len in [BLOCK_SIZE, 4 * BLOCK_SIZE] {
+            let mut a = one_group(stripe);
+            let mut end = None;
+            let mut first = None;
+            for i in 0..3 * stripe / len {
+                let ext = a.allocate_placed(len, end).expect("room");
+                let start = *first.get_or_insert(ext.addr);
+                assert_eq!(start % stripe, 0, "a stripe start");
+                assert_eq!(ext.addr, start + i * len, "request {i} of {len} bytes");
+                end = Some(ext.addr + ext.len);
+            }
+            // Another writer's small request, unhinted, goes on behind.
+            let other = a.allocate_placed(len, None).expect("room");
+            assert_eq!(Some(other.addr), end);
+        }
     }
 
     /// Large requests keep to whole stripes: a continuation stops at the

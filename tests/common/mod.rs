@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use raidfs::cli::mount::registry::{self, DaemonRecord};
+use raidfs::fs::store::BlockStore;
 use raidfs::fs::teststore::MemStore;
 use raidfs::fs::{FileSystem, FsOptions};
 use raidfs::fuse::{self, MountConfig, MountHandle};
@@ -90,7 +91,7 @@ pub fn mem_store() -> Arc<MemStore> {
 
 /// Open the filesystem on `store` and mount it on a new temporary directory,
 /// answering writes before they are done as `raidfs mount` does by default.
-pub fn mount_store(store: Arc<MemStore>, config: &MountConfig) -> MountGuard {
+pub fn mount_store(store: Arc<dyn BlockStore>, config: &MountConfig) -> MountGuard {
     let opts = FsOptions {
         deferred_writes: 2,
         ..FsOptions::default()

@@ -93,6 +93,18 @@ impl CrashStore {
         ))
     }
 
+    /// The store as a power cut now would leave it without a write cache:
+    /// exactly what the last flush made durable.
+    pub fn crash_flushed(&self) -> io::Result<CrashStore> {
+        let st = self.state.lock();
+        let image = self.device.crash_image()?;
+        Ok(CrashStore::on(
+            FaultyMember::new(image),
+            self.shape,
+            st.infos.clone(),
+        ))
+    }
+
     fn power_lost(st: &CrashState) -> bool {
         st.power_lost_at.is_some_and(|at| st.writes >= at)
     }

@@ -8,6 +8,7 @@ use raidfs::member::Member;
 mod common;
 
 use common::members::handles;
+use parking_lot::{Condvar, Mutex};
 use raidfs::array::{
     assemble, create, Array, AssembleOptions, CreateSpec, SyncAction, GROUP_SHIFT,
 };
@@ -16,6 +17,7 @@ use raidfs::member::faulty::FaultyMember;
 use raidfs::superblock::{GroupProfile, Superblock};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,10 @@ const MEMBER_SIZE: u64 = 48 << 20;
 const CHUNK: u64 = 16 << 10;
 
 fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {
+    new_array_of(level, handles(ms))
+}
+
+fn new_array_of(level: Level, members: Vec<(Arc<dyn Member>, String)>) -> Arc<Array> {
     let spec = CreateSpec {
         level,
         layout: Layout::LeftSymmetric,
@@ -31,7 +37,7 @@ fn new_array(level: Level, ms: &[FaultyMember]) -> Arc<Array> {
         name: "grow".into(),
         ppl: false,
     };
-    let array = Arc::new(create(handles(ms), &spec).expect("create"));
+    let array = Arc::new(create(members, &spec).expect("create"));
     array.start_background();
     array
 }
@@ -408,6 +414,220 @@ fn live_raid0_add_two() {
 #[test]
 fn live_raid10_add_two() {
     live(Level::Raid10, 4, 2, Level::Raid10);
+}
+
+/// The thread whose member reads [`Park`] holds.
+const HELD_READER: &str = "held-reader";
+
+/// Holds one read between resolving where its range lies and reading it
+/// (a reader the scheduler left waiting), and tells when the bytes it is
+/// about to read are overwritten meanwhile.
+#[derive(Default)]
+struct Park {
+    state: Mutex<Parked>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Parked {
+    /// The next member read on [`HELD_READER`] waits until released.
+    holding: bool,
+    /// The member and member bytes of the read waiting.
+    at: Option<(String, Range<u64>)>,
+    /// A write landed on those bytes while it waited.
+    overwritten: bool,
+}
+
+impl Park {
+    fn hold(&self) {
+        *self.state.lock() = Parked {
+            holding: true,
+            ..Parked::default()
+        };
+    }
+
+    fn wait_parked(&self) {
+        let mut st = self.state.lock();
+        while st.at.is_none() {
+            let timed_out = self
+                .changed
+                .wait_for(&mut st, Duration::from_secs(30))
+                .timed_out();
+            assert!(!timed_out, "the read never reached a member");
+        }
+    }
+
+    /// Whether the held read's bytes are overwritten within `limit`.
+    fn wait_overwritten(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut st = self.state.lock();
+        while !st.overwritten && !self.changed.wait_until(&mut st, deadline).timed_out() {}
+        st.overwritten
+    }
+
+    fn release(&self) {
+        self.state.lock().holding = false;
+        self.changed.notify_all();
+    }
+
+    fn reading(&self, member: String, range: Range<u64>) {
+        if std::thread::current().name() != Some(HELD_READER) {
+            return;
+        }
+        let mut st = self.state.lock();
+        if !st.holding {
+            return;
+        }
+        st.at = Some((member, range));
+        self.changed.notify_all();
+        while st.holding {
+            self.changed.wait(&mut st);
+        }
+    }
+
+    fn written(&self, member: String, range: Range<u64>) {
+        let mut st = self.state.lock();
+        if let Some((m, r)) = &st.at {
+            if *m == member && r.start < range.end && range.start < r.end {
+                st.overwritten = true;
+                self.changed.notify_all();
+            }
+        }
+    }
+}
+
+/// A member whose reads and writes go through a [`Park`].
+struct Parking {
+    inner: FaultyMember,
+    park: Arc<Park>,
+}
+
+impl Member for Parking {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.park
+            .reading(self.name(), offset..offset + buf.len() as u64);
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)?;
+        self.park
+            .written(self.name(), offset..offset + buf.len() as u64);
+        Ok(())
+    }
+
+    fn write_durable(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_durable(buf, offset)?;
+        self.park
+            .written(self.name(), offset..offset + buf.len() as u64);
+        Ok(())
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+}
+
+/// Read `len` bytes at `addr` on [`HELD_READER`].
+fn held_read(array: &Arc<Array>, addr: u64, len: usize) -> std::thread::JoinHandle<Vec<u8>> {
+    let array = Arc::clone(array);
+    std::thread::Builder::new()
+        .name(HELD_READER.into())
+        .spawn(move || {
+            let mut buf = vec![0u8; len];
+            array.read(addr, &mut buf).expect("held read");
+            buf
+        })
+        .expect("spawn the reader")
+}
+
+/// A read that resolved where a group lies just before a commit moved it,
+/// and reads only after, still gets the group's bytes: the reshape
+/// overwrites the place the group left (its own slice, zeroed for the new
+/// geometry; the staging slice, for the next group) only once such reads
+/// have ended. Each read is held at its member until the bytes it reads
+/// are overwritten, or for half a second.
+#[test]
+fn a_read_held_across_a_commit_that_moves_its_group_reads_the_group() {
+    let park = Arc::new(Park::default());
+    let ms = common::members::faulty(2, MEMBER_SIZE, "held-");
+    let parking = ms
+        .iter()
+        .map(|m| {
+            let member = Parking {
+                inner: m.clone(),
+                park: Arc::clone(&park),
+            };
+            (Arc::new(member) as Arc<dyn Member>, m.name())
+        })
+        .collect();
+    let array = new_array_of(Level::Raid1, parking);
+    let model = Model::fill(&array, 2, 31);
+    let (addr, data) = &model.groups[0];
+    let group = (addr >> GROUP_SHIFT) as u32;
+    // One chunk of one member, away from the group's start (where the new
+    // geometry would put the same bytes on the first member).
+    let at = data.len() / 2 + CHUNK as usize;
+    let len = 4096;
+    let expected = &data[at..at + len];
+    let staged = || {
+        array
+            .superblock()
+            .reshape
+            .is_some_and(|r| r.staged == Some(group))
+    };
+
+    // Resolved at home in the old geometry; the group is then staged and
+    // its own slice rewritten in the new one.
+    park.hold();
+    let reader = held_read(&array, addr + at as u64, len);
+    park.wait_parked();
+    array
+        .start_reshape(target(&array, Level::Raid0))
+        .expect("start");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !staged() {
+        assert!(Instant::now() < deadline, "the group was never staged");
+        std::thread::yield_now();
+    }
+    if !park.wait_overwritten(Duration::from_millis(500)) {
+        // The reshape waits for the read: keep it from going on (to the
+        // group's move home) until the next read has resolved the staging slice.
+        ms.iter().for_each(FaultyMember::hold_writes);
+    }
+    park.release();
+    let back = reader.join().expect("reader");
+    assert!(
+        back == expected,
+        "a read resolved before the group was staged"
+    );
+
+    // Resolved at the staging slice; the group then goes home and the
+    // next group is staged there.
+    assert!(staged(), "the group is still staged");
+    park.hold();
+    let reader = held_read(&array, addr + at as u64, len);
+    park.wait_parked();
+    ms.iter().for_each(FaultyMember::release_writes);
+    park.wait_overwritten(Duration::from_millis(500));
+    park.release();
+    let back = reader.join().expect("reader");
+    assert!(
+        back == expected,
+        "a read resolved while the group was staged"
+    );
+
+    wait_reshaped(&array);
+    model.verify(&array, "after the reshape");
+    scrub_clean(&array);
 }
 
 #[test]

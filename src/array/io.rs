@@ -109,6 +109,9 @@ impl Array {
     /// Read `buf.len()` bytes at logical `addr`.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> ArrayResult<()> {
         self.sync.foreground.fetch_add(1, Ordering::Relaxed);
+        // Resolved and read under the gate: a reshape that moves the group
+        // meanwhile overwrites the old place only after this read ends.
+        let _reading = self.reshape_gate.read();
         let (region, offset) = self.region(addr, buf.len())?;
         self.read_region(&region, offset, buf, Choice::Any)
     }

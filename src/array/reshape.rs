@@ -14,9 +14,11 @@
 //!
 //! While a group moves, writes to it wait (reads go on from the copy in
 //! force); writes to every other group go on, and new groups get the new
-//! geometry at once. The data is read through the checked read path, so a
-//! block whose checksum the filesystem knows is copied only once it passes,
-//! and every copy is read back and compared before it is switched in.
+//! geometry at once. A slice a commit takes out of force is overwritten
+//! only once the reads that may have resolved it before have ended. The
+//! data is read through the checked read path, so a block whose checksum
+//! the filesystem knows is copied only once it passes, and every copy is
+//! read back and compared before it is switched in.
 
 use super::io::{Caching, Choice};
 use super::pace::Pacer;
@@ -47,12 +49,18 @@ pub struct ReshapeStatus {
     pub groups: usize,
 }
 
-/// Holds writes away from the group a reshape is moving. A write costs a
-/// shared lock and an atomic load; only writes to the frozen group wait.
+/// Holds writes away from the group a reshape is moving, and lets it wait
+/// for the reads under way. A write costs a shared lock and an atomic load;
+/// only writes to the frozen group wait. A read costs a shared lock.
 pub(crate) struct Gate {
     /// Writers hold it shared for the length of their write, so a freeze
     /// can wait for the writes already under way.
     passage: RwLock<()>,
+    /// Readers hold it shared from resolving their range's place until
+    /// their last member access (a verified read's repairs included), so a
+    /// reshape can wait for those that may still use a place it is about
+    /// to overwrite ([`Gate::drain_reads`]).
+    reading: RwLock<()>,
     /// The frozen group, or [`NONE`].
     frozen: AtomicU64,
     /// Waiters for the thaw sleep on `thawed` under this lock, which the
@@ -65,6 +73,7 @@ impl Default for Gate {
     fn default() -> Gate {
         Gate {
             passage: RwLock::new(()),
+            reading: RwLock::new(()),
             frozen: AtomicU64::new(NONE),
             sleepers: Mutex::new(()),
             thawed: Condvar::new(),
@@ -88,6 +97,20 @@ impl Gate {
                 self.thawed.wait(&mut sleeping);
             }
         }
+    }
+
+    /// Let a read resolve where its range lies and read it there: the
+    /// place it resolves is not overwritten until the guard is dropped.
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, ()> {
+        self.reading.read()
+    }
+
+    /// Wait for every read under way. Those that started before a commit
+    /// moved a group may have resolved its old place and still be reading
+    /// it; those that start after resolve the new one. (New reads wait
+    /// meanwhile: the lock is fair, so a stream of reads cannot starve it.)
+    fn drain_reads(&self) {
+        drop(self.reading.write());
     }
 
     /// Stop new writes to every group and wait for those under way; they
@@ -512,7 +535,12 @@ impl Array {
         }
     }
 
-    /// Change the reshape record and count the event, then write it.
+    /// Change the reshape record and count the event, then write it. The
+    /// change moves a group (to the staging slice, or home in the new
+    /// geometry) and the slice it leaves is overwritten next (the group's
+    /// own zeroed for the new geometry, the staging slice for the next
+    /// group): a read that resolved the old place before the change may
+    /// still be reading it, so those reads end first.
     fn reshape_transition(&self, change: impl FnOnce(&mut Reshape)) -> ArrayResult<()> {
         self.try_record_event(|sb| {
             let r = sb
@@ -522,6 +550,7 @@ impl Array {
             change(r);
             Ok::<(), ArrayError>(())
         })?;
+        self.reshape_gate.drain_reads();
         self.write_superblocks()
     }
 

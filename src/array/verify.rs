@@ -63,6 +63,9 @@ impl Array {
         every_copy: bool,
         repair: bool,
     ) -> ArrayResult<Vec<BadCopy>> {
+        // The place stays as resolved while it is read and repaired (see
+        // `Array::read`).
+        let _reading = self.reshape_gate.read();
         let (region, offset) = self.region(addr, buf.len())?;
         self.read_region(&region, offset, buf, Choice::Any)?;
         let passed = verify(buf);

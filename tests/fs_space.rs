@@ -120,6 +120,22 @@ fn statfs_counts_inodes_from_free_space() {
 /// Store writes recorded: (address, length).
 type Writes = Vec<(u64, u64)>;
 
+/// A fresh filesystem on `groups` groups of 8 MiB whose store records
+/// every write (address, length) while the returned list is `Some`.
+fn recording_fs(groups: u32, stripe: u64) -> (FileSystem, Arc<Mutex<Option<Writes>>>) {
+    let writes: Arc<Mutex<Option<Writes>>> = Arc::new(Mutex::new(None));
+    let recorder = Arc::clone(&writes);
+    let store = HookedStore::new(MemStore::new(groups, 8 * MIB, stripe), move |addr, data| {
+        if let Some(w) = recorder.lock().expect("recorder").as_mut() {
+            w.push((addr, data.len() as u64));
+        }
+    });
+    let store = Arc::new(store);
+    FileSystem::format(store.clone()).expect("format");
+    let fs = FileSystem::open(store, FsOptions::default()).expect("open");
+    (fs, writes)
+}
+
 /// Stripes of `writes` (address, length) that they cover whole, and those
 /// they touch only in part: on a parity array each of the latter is a
 /// read-modify-write, whatever order the writes came in (the array's
@@ -154,16 +170,7 @@ fn stripe_cover(writes: &[(u64, u64)], stripe: u64) -> (usize, usize) {
 #[test]
 fn a_rewrite_fills_whole_stripes_after_rounds_of_mixed_jobs() {
     const BIG_STRIPE: u64 = 256 << 10;
-    let writes: Arc<Mutex<Option<Writes>>> = Arc::new(Mutex::new(None));
-    let recorder = Arc::clone(&writes);
-    let store = HookedStore::new(MemStore::new(64, 8 * MIB, BIG_STRIPE), move |addr, data| {
-        if let Some(w) = recorder.lock().expect("recorder").as_mut() {
-            w.push((addr, data.len() as u64));
-        }
-    });
-    let store = Arc::new(store);
-    FileSystem::format(store.clone()).expect("format");
-    let fs = FileSystem::open(store, FsOptions::default()).expect("open");
+    let (fs, writes) = recording_fs(64, BIG_STRIPE);
     let root = Caller::root();
     let meta = fs
         .mkdir(&root, ROOT_INO, OsStr::new("meta"), 0o755, 0)
@@ -256,16 +263,7 @@ fn a_rewrite_fills_whole_stripes_after_rounds_of_mixed_jobs() {
 fn small_sequential_writes_fill_whole_stripes() {
     const BIG_STRIPE: u64 = 256 << 10;
     for request in [4096u64, 64 << 10, 128 << 10] {
-        let writes: Arc<Mutex<Option<Writes>>> = Arc::new(Mutex::new(None));
-        let recorder = Arc::clone(&writes);
-        let store = HookedStore::new(MemStore::new(16, 8 * MIB, BIG_STRIPE), move |addr, data| {
-            if let Some(w) = recorder.lock().expect("recorder").as_mut() {
-                w.push((addr, data.len() as u64));
-            }
-        });
-        let store = Arc::new(store);
-        FileSystem::format(store.clone()).expect("format");
-        let fs = FileSystem::open(store, FsOptions::default()).expect("open");
+        let (fs, writes) = recording_fs(16, BIG_STRIPE);
         let file = mkfile(&fs, "f");
         let size = 4 * MIB;
         for pass in ["fresh", "overwrite"] {

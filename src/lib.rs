@@ -3,7 +3,8 @@
 //! The modules are layers; each depends only on those listed above it:
 //!
 //! 0. [`notice`]: messages for the person at the terminal (relayed by a mount daemon);
-//!    [`features`]: the compat / ro-compat / incompat rules every on-disk header follows.
+//!    [`features`]: the compat / ro-compat / incompat rules every on-disk header follows;
+//!    [`handoff`]: the queue that hands work between threads without spinning.
 //! 1. [`member`]: member devices (image files, block devices, a simulated disk;
 //!    in-memory and fault-injecting doubles for tests, with the `testing` feature).
 //! 2. [`parity`]: XOR and RAID6 P+Q kernels, benchmarked and chosen at start.
@@ -23,6 +24,7 @@ pub mod features;
 pub mod fs;
 pub mod fuse;
 pub mod geometry;
+pub mod handoff;
 pub mod member;
 pub mod notice;
 pub mod parity;

@@ -11,8 +11,8 @@
 //! detached while the array runs (add, remove, replace).
 
 use super::iostat::{Direction, IoCounters, MemberIo};
+use crate::handoff::{self, Receiver, Sender};
 use crate::member::Member;
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -240,7 +240,7 @@ impl WorkerPool {
     }
 
     fn start_queue(&self, slot: usize, member: Arc<dyn Member>, tag: &str) -> io::Result<Queue> {
-        let (tx, rx) = unbounded::<Job>();
+        let (tx, rx) = handoff::channel::<Job>();
         let mut threads = self.threads.lock();
         // Only the main member's operations are the slot's.
         let counted = tag == "m";
@@ -537,7 +537,7 @@ impl WorkerPool {
         let Some(last) = jobs.len().checked_sub(1) else {
             return (batch, inline);
         };
-        let (reply_tx, reply_rx) = bounded(jobs.len() * 2);
+        let (reply_tx, reply_rx) = handoff::channel();
         for (tag, (slot, mut op)) in jobs.into_iter().enumerate() {
             let Some(lane) = lanes.get(slot) else {
                 batch.results[tag] = Some(Err(missing(slot)));
@@ -608,7 +608,7 @@ impl WorkerPool {
         if let Some(replies) = batch.replies.take() {
             for _ in 0..batch.pending {
                 match replies.recv() {
-                    Ok((tag, outcome)) if tag >= REPLACEMENT_TAG => {
+                    Some((tag, outcome)) if tag >= REPLACEMENT_TAG => {
                         if let Err(e) = outcome {
                             let slot = batch.replacement_slots[tag - REPLACEMENT_TAG];
                             if !self.replacement_failed[slot].swap(true, Ordering::AcqRel) {
@@ -618,8 +618,8 @@ impl WorkerPool {
                             }
                         }
                     }
-                    Ok((tag, outcome)) => batch.results[tag] = Some(outcome),
-                    Err(_) => break,
+                    Some((tag, outcome)) => batch.results[tag] = Some(outcome),
+                    None => break,
                 }
             }
         }

@@ -27,7 +27,7 @@
 use crate::array::stripe_lock::HeldStripes;
 use crate::array::worker::{Batch, Op};
 use crate::array::{Array, ArrayError, ArrayResult};
-use crossbeam_channel::Sender;
+use crate::handoff::{self, Sender};
 use parking_lot::{Condvar, Mutex};
 use std::sync::Weak;
 
@@ -93,11 +93,11 @@ impl WriteBack {
         if reaper.is_some() {
             return;
         }
-        let (tx, rx) = crossbeam_channel::unbounded::<InFlight>();
+        let (tx, rx) = handoff::channel::<InFlight>();
         let spawned = std::thread::Builder::new()
             .name("raidfs-writeback".into())
             .spawn(move || {
-                while let Ok(write) = rx.recv() {
+                while let Some(write) = rx.recv() {
                     match array.upgrade() {
                         Some(array) => array.reap(write),
                         None => return,
@@ -203,7 +203,7 @@ impl Array {
         };
         let reaper = self.write_back.reaper.lock().clone();
         let unsent = match reaper {
-            Some(reaper) => reaper.send(write).err().map(|e| e.into_inner()),
+            Some(reaper) => reaper.send(write).err(),
             None => Some(write),
         };
         if let Some(write) = unsent {

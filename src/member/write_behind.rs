@@ -19,7 +19,7 @@
 //! durable, and it covers every completed write whether its writeback was
 //! started or not.
 
-use crossbeam_channel::{Receiver, Sender};
+use crate::handoff::{self, Receiver, Sender};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::File;
@@ -72,7 +72,7 @@ impl WriteBehind {
             .kicker
             .get_or_init(|| Kicker::spawn(&self.file, &self.turn));
         let unsent = match kicker.as_ref().and_then(|k| k.ranges.as_ref()) {
-            Some(tx) => tx.send(range).err().map(|e| e.0),
+            Some(tx) => tx.send(range).err(),
             None => Some(range),
         };
         if let Some(range) = unsent {
@@ -83,7 +83,7 @@ impl WriteBehind {
 
 impl Kicker {
     fn spawn(file: &Arc<File>, turn: &Turn) -> Option<Kicker> {
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let (tx, rx) = handoff::channel();
         let (file, turn) = (Arc::clone(file), Arc::clone(turn));
         let spawned = std::thread::Builder::new()
             .name("raidfs-kick".into())
@@ -114,7 +114,7 @@ impl Drop for Kicker {
 }
 
 fn kick_loop(file: &File, turn: &Mutex<()>, ranges: &Receiver<Range<u64>>) {
-    while let Ok(first) = ranges.recv() {
+    while let Some(first) = ranges.recv() {
         // Ranges that arrive while this waits for its turn join this batch.
         let _turn = turn.lock();
         let mut pending = vec![first];

@@ -44,6 +44,8 @@ pub struct AdapterSettings {
     pub writeback_cache: bool,
     /// Every open is served as an O_DIRECT one (`-o direct_io`).
     pub direct_io: bool,
+    /// Ask for FUSE over io_uring (`-o io_uring`).
+    pub io_uring: bool,
     /// The kernel checks permissions itself (`default_permissions`), so
     /// supplementary groups need not be read for every request.
     pub default_permissions: bool,
@@ -274,6 +276,9 @@ impl Filesystem for RaidFuse {
         if self.settings.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
+        if self.settings.io_uring {
+            wanted |= InitFlags::FUSE_OVER_IO_URING;
+        }
         let supported = config.capabilities();
         let missing = wanted & !supported;
         if missing.contains(InitFlags::FUSE_EXPORT_SUPPORT) {
@@ -281,6 +286,14 @@ impl Filesystem for RaidFuse {
         }
         if missing.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
             warn!("kernel lacks FUSE_WRITEBACK_CACHE: writeback_cache ignored");
+        }
+        if missing.contains(InitFlags::FUSE_OVER_IO_URING) {
+            warn!(
+                "the kernel does not offer FUSE over io_uring (Linux 6.14 on, with \
+                 /sys/module/fuse/parameters/enable_uring set to Y): requests go through /dev/fuse"
+            );
+        } else if wanted.contains(InitFlags::FUSE_OVER_IO_URING) {
+            info!("requests are served over FUSE io_uring");
         }
         if config.add_capabilities(wanted & supported).is_err() {
             warn!("kernel refused some FUSE capabilities: {wanted:?}");

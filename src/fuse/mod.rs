@@ -42,6 +42,11 @@ pub struct MountConfig {
     /// Serve every open as if it were O_DIRECT (no page cache for file
     /// data, as libfuse's `direct_io` and mergerfs's `cache.files=off`).
     pub direct_io: bool,
+    /// Ask the kernel for FUSE over io_uring (Linux 6.14 on, with the
+    /// `fuse` module's `enable_uring` set): requests are served on the CPU
+    /// that issued them, by threads pinned there, without `/dev/fuse`
+    /// reads and writes. Without the kernel's offer, `/dev/fuse` serves.
+    pub io_uring: bool,
     /// Threads serving requests.
     pub threads: usize,
     /// Kernel readahead for the mount, in bytes (0: leave the kernel's
@@ -69,6 +74,7 @@ impl Default for MountConfig {
             kernel_cache: false,
             writeback_cache: false,
             direct_io: false,
+            io_uring: false,
             threads: cores.clamp(4, 16),
             read_ahead: DEFAULT_READ_AHEAD,
             source: LEGACY_SOURCE.to_string(),
@@ -255,6 +261,7 @@ pub fn mount(
         kernel_cache: config.kernel_cache,
         writeback_cache: config.writeback_cache,
         direct_io: config.direct_io,
+        io_uring: config.io_uring,
         default_permissions: config.default_permissions,
     };
     let notifier = Arc::new(std::sync::OnceLock::new());

@@ -174,6 +174,10 @@ pub const OPTIONS: &[(&str, &str)] = &[
         "no page cache for file data (every open as O_DIRECT)",
     ),
     (
+        "io_uring",
+        "serve requests over FUSE io_uring when the kernel offers it",
+    ),
+    (
         "attr_timeout=SECS",
         "kernel attribute cache lifetime (default 1)",
     ),
@@ -290,6 +294,7 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             ("kernel_cache", None) => opts.fuse.kernel_cache = true,
             ("writeback_cache", None) => opts.fuse.writeback_cache = true,
             ("direct_io", None) => opts.fuse.direct_io = true,
+            ("io_uring", None) => opts.fuse.io_uring = true,
             ("attr_timeout", Some(v)) => opts.fuse.attr_timeout = seconds(key, v)?,
             ("entry_timeout", Some(v)) => opts.fuse.entry_timeout = seconds(key, v)?,
             ("threads", Some(v)) => {

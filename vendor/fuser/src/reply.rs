@@ -38,6 +38,7 @@ use crate::passthrough::BackingId;
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    Ring(crate::uring::RingReply),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +50,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Ring(target) => target.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +65,7 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Ring(_) => Err(std::io::Error::other("no backing files over io_uring")),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,6 +77,7 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Ring(_) => panic!("no backing files over io_uring"),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -134,7 +138,14 @@ impl ReplyRaw {
         let sender = self.sender.take().unwrap();
         let res = response.with_iovec(self.unique, |iov| sender.send(iov));
         if let Err(err) = res {
-            error!("Failed to send FUSE reply: {err}");
+            // The answer to an INTERRUPT (its id has the kernel's
+            // FUSE_INT_REQ_BIT set) finds nothing when the request it was
+            // for has been answered meanwhile: ENOENT, and nothing is lost.
+            if self.unique.0 & 1 != 0 && err.raw_os_error() == Some(libc::ENOENT) {
+                log::debug!("interrupt {} outlived its request", self.unique.0);
+                return;
+            }
+            error!("Failed to send FUSE reply to request {}: {err}", self.unique.0);
         }
     }
     pub(crate) fn send_ll(mut self, response: &impl Response) {

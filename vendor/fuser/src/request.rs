@@ -34,6 +34,7 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    ring: Option<crate::uring::RingReply>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +50,17 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self { ch, ring: None, request })
+    }
+
+    pub(crate) fn new_ring(
+        ch: ChannelSender,
+        ring: crate::uring::RingReply,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut r = Self::new(ch, data)?;
+        r.ring = Some(ring);
+        Some(r)
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +315,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +490,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -562,7 +573,14 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
+    }
+
+    fn sender(&self) -> ReplySender {
+        match &self.ring {
+            Some(r) => ReplySender::Ring(r.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Returns a Request reference for this request

@@ -139,6 +139,8 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// The ring payload size when INIT negotiated FUSE over io_uring.
+    pub(crate) uring_payload: Option<usize>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -185,6 +187,7 @@ impl<FS: Filesystem> Session<FS> {
             allowed: options.acl,
             session_owner: geteuid(),
             proto_version: None,
+            uring_payload: None,
             config: options.clone(),
         };
 
@@ -213,6 +216,7 @@ impl<FS: Filesystem> Session<FS> {
             allowed: acl,
             session_owner: geteuid(),
             proto_version: None,
+            uring_payload: None,
             config,
         };
 
@@ -252,6 +256,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_payload,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -285,6 +290,26 @@ impl<FS: Filesystem> Session<FS> {
             } else {
                 channels.push(ch.clone());
             }
+        }
+        // The rings hold the session's filesystem too: they are stopped
+        // (below) before it is destroyed.
+        let mut rings = None;
+        if let Some(payload) = uring_payload {
+            use std::os::fd::AsRawFd;
+            let fd = ch.as_fd().as_raw_fd();
+            let se = Arc::new(SessionEventLoop {
+                thread_name: "fuser-ring".to_string(),
+                filesystem: filesystem.clone(),
+                ch: ch.clone(),
+                allowed,
+                session_owner,
+            });
+            let per_queue = n_threads.div_ceil(crate::uring::possible_cpus()?.max(1));
+            rings = Some(crate::uring::Rings::start(fd, per_queue, payload, move |reply, bytes| {
+                if let Some(req) = RequestWithSender::new_ring(se.ch.sender(), reply, bytes) {
+                    req.dispatch(&se);
+                }
+            })?);
         }
         channels.push(ch);
 
@@ -320,6 +345,8 @@ impl<FS: Filesystem> Session<FS> {
                 }
             }
         }
+
+        drop(rings);
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
             return Err(io::Error::other(
@@ -469,6 +496,11 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            if (init.capabilities() & config.requested).contains(InitFlags::FUSE_OVER_IO_URING) {
+                // The kernel wants room for the largest write and read.
+                let pages = usize::from(config.max_pages()) * page_size::get();
+                self.uring_payload = Some(pages.max(config.max_write as usize).max(8192));
+            }
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);

@@ -45,6 +45,8 @@ const CMD_COMMIT_AND_FETCH: u32 = 2;
 const SQE_LEN_AT: usize = 24;
 /// `user_data` of the stop poll.
 const STOP: u64 = u64::MAX;
+/// `user_data` of the poll that wakes a ring for replies sent elsewhere.
+const WAKE: u64 = u64::MAX - 1;
 
 const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
 
@@ -75,6 +77,21 @@ pub(crate) struct Ring {
     qid: u16,
     uring: Mutex<IoUring<squeue::Entry128, cqueue::Entry>>,
     buffers: Mutex<Buffers>,
+    /// The thread that waits on `uring`. A reply sent from any other
+    /// thread cannot take `uring` while that thread waits in it (for the
+    /// very commit the reply makes), so it leaves its commit in `handed`
+    /// and writes `wake`, an eventfd the ring polls.
+    owner: std::thread::ThreadId,
+    handed: Mutex<Vec<squeue::Entry128>>,
+    wake: RawFd,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: the ring's own eventfd, closed once. The io_uring, dropped
+        // after this, holds its own reference to it for the pending poll.
+        unsafe { libc::close(self.wake) };
+    }
 }
 
 impl std::fmt::Debug for Ring {
@@ -126,6 +143,15 @@ impl RingReply {
         let sqe = opcode::UringCmd80::new(types::Fd(ring.fd), CMD_COMMIT_AND_FETCH)
             .cmd(cmd_req(unique, ring.qid))
             .build();
+        if std::thread::current().id() != ring.owner {
+            lock(&ring.handed).push(sqe);
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a local to the ring's eventfd.
+            if unsafe { libc::write(ring.wake, (&one as *const u64).cast(), 8) } != 8 {
+                return Err(io::Error::last_os_error());
+            }
+            return Ok(());
+        }
         let mut uring = lock(&ring.uring);
         // SAFETY: the SQE refers to no memory of ours (the entry's buffers
         // were registered, and outlive the ring).
@@ -282,6 +308,13 @@ fn ring_thread(
             if user_data == STOP {
                 return;
             }
+            if user_data == WAKE {
+                if let Err(e) = take_handed(&ring) {
+                    error!("FUSE io_uring queue {qid}: {e}");
+                    return;
+                }
+                continue;
+            }
             if result < 0 {
                 let e = io::Error::from_raw_os_error(-result);
                 // ENOTCONN and ECANCELED: the connection ended.
@@ -317,7 +350,7 @@ fn register(
     stop: RawFd,
 ) -> io::Result<(Arc<Ring>, Vec<(u64, i32)>)> {
     let qid16 = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
-    let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4)?;
+    let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(8)?;
     let mut header = Box::new([0u8; HEADER]);
     let mut payload = vec![0u8; payload].into_boxed_slice();
     let iov = Box::new([
@@ -330,6 +363,11 @@ fn register(
             iov_len: payload.len(),
         },
     ]);
+    // SAFETY: plain syscall; the descriptor is owned by the `Ring`.
+    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if wake < 0 {
+        return Err(io::Error::last_os_error());
+    }
     let ring = Arc::new(Ring {
         fd,
         qid: qid16,
@@ -339,6 +377,9 @@ fn register(
             payload,
             iov,
         }),
+        owner: std::thread::current().id(),
+        handed: Mutex::new(Vec::new()),
+        wake,
     });
     let iov_addr = lock(&ring.buffers).iov.as_ptr() as u64;
     let register = opcode::UringCmd80::new(types::Fd(fd), CMD_REGISTER)
@@ -357,7 +398,9 @@ fn register(
         // io_uring; the eventfd outlives the threads (`Rings`).
         unsafe {
             let mut sq = uring.submission();
-            sq.push(&register).and_then(|()| sq.push(&stop_poll))
+            sq.push(&register)
+                .and_then(|()| sq.push(&stop_poll))
+                .and_then(|()| sq.push(&wake_poll(wake)))
         }
         .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         uring.submit()?;
@@ -377,6 +420,33 @@ fn register(
         drop(uring);
         Ok((ring, early))
     }
+}
+
+fn wake_poll(wake: RawFd) -> squeue::Entry128 {
+    opcode::PollAdd::new(types::Fd(wake), libc::POLLIN as u32)
+        .build()
+        .user_data(WAKE)
+        .into()
+}
+
+/// The ring thread, woken by a reply sent from another thread: reset the
+/// eventfd, poll it again, and submit the commits left in `handed`.
+fn take_handed(ring: &Ring) -> io::Result<()> {
+    let mut count = [0u8; 8];
+    // SAFETY: reads 8 bytes into a local from the ring's (non-blocking) eventfd.
+    unsafe { libc::read(ring.wake, count.as_mut_ptr().cast(), 8) };
+    let handed = std::mem::take(&mut *lock(&ring.handed));
+    let mut uring = lock(&ring.uring);
+    // SAFETY: the commits refer to no memory of ours (see `RingReply::send`).
+    unsafe {
+        let mut sq = uring.submission();
+        for sqe in handed.iter().chain(std::iter::once(&wake_poll(ring.wake))) {
+            sq.push(sqe)
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        }
+    }
+    uring.submit()?;
+    Ok(())
 }
 
 /// `sqe` with its `len` field set: io-uring's `UringCmd80` has no setter

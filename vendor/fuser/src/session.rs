@@ -304,8 +304,7 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
             });
-            let per_queue = n_threads.div_ceil(crate::uring::possible_cpus()?.max(1));
-            rings = Some(crate::uring::Rings::start(fd, per_queue, payload, move |reply, bytes| {
+            rings = Some(crate::uring::Rings::start(fd, n_threads, payload, move |reply, bytes| {
                 if let Some(req) = RequestWithSender::new_ring(se.ch.sender(), reply, bytes) {
                     req.dispatch(&se);
                 }

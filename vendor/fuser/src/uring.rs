@@ -4,7 +4,7 @@
 //! `fuse` module's `enable_uring` parameter set), the kernel hands each
 //! request to a ring entry of the queue of the CPU that issued it, instead
 //! of queueing it for `read(2)` on `/dev/fuse`. Here every CPU queue gets
-//! `threads_per_queue` threads pinned to that CPU, each with an io_uring of
+//! its share of the session's threads, pinned to that CPU, each with an io_uring of
 //! its own and one entry registered with the kernel: a request is served on
 //! the CPU its caller runs on, by whichever of the queue's threads is idle,
 //! and its reply is committed together with the fetch of the next request
@@ -172,7 +172,7 @@ pub(crate) struct Rings {
 
 /// CPUs the kernel may run a caller on: it has one queue per possible CPU
 /// and is ready only when every queue has an entry.
-pub(crate) fn possible_cpus() -> io::Result<usize> {
+fn possible_cpus() -> io::Result<usize> {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
     let last = s
         .trim()
@@ -184,13 +184,13 @@ pub(crate) fn possible_cpus() -> io::Result<usize> {
 }
 
 impl Rings {
-    /// Start `threads_per_queue` threads for each CPU queue, each serving
-    /// its entry's requests with `serve(reply, request_bytes)`. Entries
-    /// are registered before this returns, so the kernel switches to the
-    /// rings as soon as the last one is in.
+    /// Start `threads` threads, divided among the CPU queues (at least one
+    /// each), each serving its entry's requests with `serve(reply,
+    /// request_bytes)`. Entries are registered before this returns, so the
+    /// kernel switches to the rings as soon as the last one is in.
     pub(crate) fn start<F>(
         fd: RawFd,
-        threads_per_queue: usize,
+        threads: usize,
         payload: usize,
         serve: F,
     ) -> io::Result<Rings>
@@ -208,8 +208,9 @@ impl Rings {
         };
         let serve = Arc::new(serve);
         let queues = possible_cpus()?;
+        let threads_per_queue = threads.div_ceil(queues).max(1);
         for qid in 0..queues {
-            for n in 0..threads_per_queue.max(1) {
+            for n in 0..threads_per_queue {
                 let serve = Arc::clone(&serve);
                 let (ready_tx, ready_rx) = std::sync::mpsc::channel();
                 let thread = std::thread::Builder::new()

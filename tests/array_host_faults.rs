@@ -232,6 +232,96 @@ fn answered_write_refused_by_the_host_lands_once_space_returns(level: Level, pre
     check_clean(&array);
 }
 
+/// Run `f` on its own thread and wait for it a minute at most, so that a
+/// hang fails the test instead of stalling the run.
+fn within_a_minute<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what} did not end within a minute"))
+}
+
+#[test]
+fn a_parked_full_stripe_write_fails_its_readers_and_writers_with_the_hosts_error() {
+    parked_write_fails_the_requests_that_need_it(Level::Raid5, "parked5-", false);
+}
+
+#[test]
+fn a_parked_mirror_write_fails_its_readers_and_writers_with_the_hosts_error() {
+    parked_write_fails_the_requests_that_need_it(Level::Raid1, "parked1-", false);
+}
+
+#[test]
+fn a_write_parked_by_a_suspension_fails_its_readers_and_writers_with_the_hosts_error() {
+    parked_write_fails_the_requests_that_need_it(Level::Raid5, "parked-eio-", true);
+}
+
+/// An answered write the host then refuses is parked with its stripes
+/// locked until it lands. A read of those stripes (the members still hold
+/// the old bytes) and a write that needs their locks must not wait for the
+/// host, which may come back only after an unmount: they do the parked
+/// write again themselves and, while the host still refuses, fail with its
+/// error. Once the host takes writes again, the next read lands the parked
+/// write and returns the new bytes.
+fn parked_write_fails_the_requests_that_need_it(level: Level, prefix: &str, suspend: bool) {
+    let ms = faulty(3, prefix);
+    ms.iter().for_each(|m| m.set_cached_writes(true));
+    let array = new_array(level, &ms);
+    let kept = fill(&array, 11);
+    let at = kept.0 + (3 << 20);
+    let mut rng = StdRng::seed_from_u64(12);
+    let new: Vec<u8> = (0..(1 << 20)).map(|_| rng.gen()).collect();
+    if suspend {
+        ms.iter().for_each(|m| m.fail_after(0, Ops::WRITES));
+    } else {
+        full(&ms[2]);
+    }
+    let is_hosts = move |e: &ArrayError| match suspend {
+        true => matches!(e, ArrayError::HostFault { .. }),
+        false => matches!(e, ArrayError::HostNoSpace(_)),
+    };
+    array
+        .write(at, &new)
+        .expect("a large write is answered before it reaches the members");
+
+    let (a, len) = (Arc::clone(&array), new.len());
+    let read = within_a_minute("a read of a parked write", move || {
+        let mut buf = vec![0u8; len];
+        a.read(at, &mut buf)
+    });
+    let err = read.expect_err("the members do not hold the parked write");
+    assert!(is_hosts(&err), "{err}");
+
+    let a = Arc::clone(&array);
+    let write = within_a_minute("a write into a parked write's stripes", move || {
+        a.write(at + 4096, &[5u8; 4096])
+    });
+    let err = write.expect_err("the stripe's lock is the parked write's");
+    assert!(is_hosts(&err), "{err}");
+    let a = Arc::clone(&array);
+    let flush = within_a_minute("a flush", move || a.flush());
+    assert!(is_hosts(&flush.expect_err("not durable")));
+    assert!(array.failed_slots().is_empty(), "no member is failed");
+    verify(&array, &kept);
+
+    ms.iter().for_each(FaultyMember::heal);
+    if suspend {
+        assert!(array.try_resume(), "every member answers again");
+    }
+    let a = Arc::clone(&array);
+    let written = (at, new);
+    let check = written.clone();
+    within_a_minute("a read once the host takes writes", move || {
+        verify(&a, &check)
+    });
+    array.flush().expect("flush");
+    verify(&array, &written);
+    verify(&array, &kept);
+    check_clean(&array);
+}
+
 #[test]
 fn eio_on_every_member_at_once_suspends_and_records_nothing() {
     let ms = faulty(3, "eio-all-");

@@ -82,8 +82,8 @@ impl Array {
         // Writes of these stripes still gathered or under way land first,
         // never after the discard.
         self.write_out_cached((region.group, first)..=(region.group, last))?;
-        self.write_back.wait_for(region.group, first, last);
-        let _locks = self.locks.lock_all(region.group, first..=last);
+        self.wait_unqueued(region.group, first, last)?;
+        let _locks = self.lock_stripes(region.group, first..=last)?;
         let (runs, (start, end)) = self.discard_plan(region, offset, len, &pieces, (first, last));
         let runs: Vec<_> = runs
             .into_iter()

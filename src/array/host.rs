@@ -241,6 +241,24 @@ impl Array {
         Ok(())
     }
 
+    /// After the host refused a write again: under `on_host_error=wait`
+    /// (and a suspended array not being stopped) wait a while for the host
+    /// and say true, to try again; false when the error is the answer.
+    pub(crate) fn wait_for_host(&self, e: &ArrayError) -> bool {
+        let waits = matches!(e, ArrayError::HostFault { .. })
+            && self.host.policy() == OnHostError::Wait
+            && !self.sync.stop.load(Ordering::Acquire);
+        if waits {
+            let mut suspended = self.host.suspended.lock();
+            if suspended.is_some() {
+                self.host
+                    .resumed
+                    .wait_for(&mut suspended, Duration::from_millis(500));
+            }
+        }
+        waits
+    }
+
     /// Whether writes should reach the members before they are answered:
     /// the host is short of space (an ENOSPC lately, or little free).
     pub(crate) fn write_through(&self) -> bool {

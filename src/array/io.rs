@@ -433,9 +433,7 @@ impl Array {
         data: &[u8],
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, data.len());
-        let guard = self
-            .locks
-            .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+        let guard = self.lock_stripes(region.group, pieces.iter().map(|p| p.map.stripe))?;
         // Every piece must reach at least one working copy.
         self.every_piece_has_a_copy(region, offset, &pieces)?;
         let mut plan = Vec::new();
@@ -517,12 +515,14 @@ impl Array {
     }
 
     /// Wait until no queued write (`write_back`) covers the stripes of
-    /// `pieces`: reads take no stripe locks.
-    pub(super) fn wait_written(&self, region: &Region, pieces: &[Piece]) {
+    /// `pieces`: reads take no stripe locks. The host's error while a write
+    /// it refused covers them ([`Array::wait_unqueued`]).
+    pub(super) fn wait_written(&self, region: &Region, pieces: &[Piece]) -> ArrayResult<()> {
         let first = pieces.iter().map(|p| p.map.stripe).min();
         let last = pieces.iter().map(|p| p.map.stripe).max();
-        if let (Some(first), Some(last)) = (first, last) {
-            self.write_back.wait_for(region.group, first, last);
+        match (first, last) {
+            (Some(first), Some(last)) => self.wait_unqueued(region.group, first, last),
+            _ => Ok(()),
         }
     }
 }

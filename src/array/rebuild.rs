@@ -110,8 +110,10 @@ struct HeldLocks<'a> {
 
 impl<'a> HeldLocks<'a> {
     /// Take `slots` for one more step: wait for them when nothing is held,
-    /// otherwise only try. False (and nothing taken) when one is busy.
-    fn take(&mut self, array: &'a Array, slots: &[usize]) -> bool {
+    /// otherwise only try. False (and nothing taken) when one is busy; the
+    /// host's error when a write it refused holds one
+    /// ([`Array::lock_slot`]).
+    fn take(&mut self, array: &'a Array, slots: &[usize]) -> ArrayResult<bool> {
         let may_wait = self.held.is_empty();
         let mut taken = Vec::new();
         for &s in slots {
@@ -119,13 +121,13 @@ impl<'a> HeldLocks<'a> {
                 continue;
             }
             let guard = if may_wait {
-                Some(array.locks.lock_slot(s))
+                Some(array.lock_slot(s)?)
             } else {
                 array.locks.try_lock_slot(s)
             };
             match guard {
                 Some(g) => taken.push((s, g)),
-                None => return false,
+                None => return Ok(false),
             }
         }
         for &s in slots {
@@ -136,7 +138,7 @@ impl<'a> HeldLocks<'a> {
         for (s, g) in taken {
             self.held.insert(s, (g, 1));
         }
-        true
+        Ok(true)
     }
 
     fn release(&mut self, slots: &[usize]) {
@@ -337,7 +339,7 @@ impl Rebuild<'_> {
             );
             let locks = array.locks.slots_of(step.region.group, keys);
             // With nothing in flight `take` waits, so this ends.
-            while self.reading.len() >= READ_DEPTH || !self.locks.take(array, &locks) {
+            while self.reading.len() >= READ_DEPTH || !self.locks.take(array, &locks)? {
                 self.move_along()?;
             }
             pacer.add(step.len() as u64);

@@ -395,7 +395,7 @@ impl Array {
         // Writes the stripe cache and write-back still hold reach the
         // members before the copy reads them.
         self.write_out_cached((group, 0)..=(group, u64::MAX))?;
-        self.write_back.wait_for(group, 0, u64::MAX);
+        self.wait_unqueued(group, 0, u64::MAX)?;
         let (staged, staging, from, current, group_size, data_offset, profile) = {
             let sb = self.sb.lock();
             let shapes = self.shapes.read();

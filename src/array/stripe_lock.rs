@@ -9,6 +9,7 @@
 //! (`try_lock_slot`) and never waits while it holds any, for the same reason.
 
 use parking_lot::{Mutex, MutexGuard};
+use std::time::Duration;
 
 pub struct StripeLocks {
     table: Vec<Mutex<()>>,
@@ -28,6 +29,11 @@ pub struct HeldStripes {
 }
 
 impl HeldStripes {
+    /// The table slots held.
+    pub fn slots(&self) -> &[usize] {
+        &self.slots
+    }
+
     /// Unlock the stripes.
     pub fn release(self, locks: &StripeLocks) {
         for &i in &self.slots {
@@ -52,11 +58,33 @@ impl StripeLocks {
         (key >> 32) as usize % self.table.len()
     }
 
-    /// Lock every stripe in `stripes` of `group`.
-    pub fn lock_all(&self, group: u32, stripes: impl IntoIterator<Item = u64>) -> StripeGuards<'_> {
+    /// Lock every stripe in `stripes` of `group`, in ascending slot order.
+    /// Each time a slot stays busy for `patience`, `blocked(slot)` is asked
+    /// whether to wait on; its error gives up (what was taken is released).
+    pub fn lock_all_or<E>(
+        &self,
+        group: u32,
+        stripes: impl IntoIterator<Item = u64>,
+        patience: Duration,
+        mut blocked: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<StripeGuards<'_>, E> {
         let slots = self.slots_of(group, stripes);
-        let guards = slots.iter().map(|&i| self.table[i].lock()).collect();
-        StripeGuards { slots, guards }
+        let mut guards = Vec::with_capacity(slots.len());
+        for &i in &slots {
+            let guard = loop {
+                match self.lock_slot_or(i, patience) {
+                    Some(g) => break g,
+                    None => blocked(i)?,
+                }
+            };
+            guards.push(guard);
+        }
+        Ok(StripeGuards { slots, guards })
+    }
+
+    /// Lock one table slot, waiting for it at most `patience`.
+    pub fn lock_slot_or(&self, slot: usize, patience: Duration) -> Option<MutexGuard<'_, ()>> {
+        self.table[slot].try_lock_for(patience)
     }
 
     /// Keep `guards`' stripes locked until the returned value is released,
@@ -73,11 +101,6 @@ impl StripeLocks {
         idx.sort_unstable();
         idx.dedup();
         idx
-    }
-
-    /// Lock one table slot, waiting for it.
-    pub fn lock_slot(&self, slot: usize) -> MutexGuard<'_, ()> {
-        self.table[slot].lock()
     }
 
     /// Lock one table slot if nobody holds it.

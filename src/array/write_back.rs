@@ -20,19 +20,31 @@
 //!   meanwhile, so `fsync` never returns before the data is on the members.
 //!   Writes are not handed here at all while the host is short of space
 //!   ([`Array::write_through`]), so parking is rare.
+//! * nothing waits blindly for a parked write: a read of its stripes, or a
+//!   writer that needs one of its stripe locks, does the parked writes
+//!   again itself and, while the host still refuses them, gets the host's
+//!   error ([`Array::wait_unqueued`], [`Array::lock_stripes`]). Waiting
+//!   instead would hold the request's other locks until the host
+//!   recovers, and a host gone read-only recovers only after the array is
+//!   unmounted: every `fsync` of the file would hang with it.
 //!
 //! The reaper is a thread started with the array's background work; an
 //! array used without it writes synchronously.
 
 use crate::array::stripe_lock::HeldStripes;
+use crate::array::stripe_lock::StripeGuards;
 use crate::array::worker::{Batch, Op};
 use crate::array::{Array, ArrayError, ArrayResult};
 use crate::handoff::{self, Sender};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::sync::Weak;
+use std::time::Duration;
 
 /// Writes in flight at most; a writer beyond it waits for the oldest.
 const MAX_IN_FLIGHT: usize = 4;
+/// How long a writer waits for a stripe lock before asking whether a
+/// parked write holds it (the lock is usually free long before).
+const PARKED_PATIENCE: Duration = Duration::from_millis(100);
 
 /// A queued write, until the reaper has collected it.
 pub(crate) struct InFlight {
@@ -52,13 +64,20 @@ struct Parked {
     held: HeldStripes,
 }
 
-#[derive(Clone, Copy)]
 struct Entry {
     id: u64,
     group: u32,
     first: u64,
     last: u64,
+    /// The stripe-lock table slots the write holds.
+    slots: Vec<usize>,
     parked: bool,
+}
+
+impl Entry {
+    fn covers(&self, group: u32, first: u64, last: u64) -> bool {
+        self.group == group && self.first <= last && first <= self.last
+    }
 }
 
 #[derive(Default)]
@@ -73,10 +92,21 @@ impl State {
     }
 }
 
+/// What covers a span of stripes once the writes in flight there are done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Covered {
+    Clear,
+    /// A parked write: the members do not hold its data yet.
+    Parked,
+}
+
 #[derive(Default)]
 pub(crate) struct WriteBack {
     state: Mutex<State>,
     parked: Mutex<Vec<Parked>>,
+    /// Held while parked writes are done again, so that a retry that found
+    /// the list empty knows no other retry holds it.
+    retrying: Mutex<()>,
     changed: Condvar,
     reaper: Mutex<Option<Sender<InFlight>>>,
 }
@@ -114,7 +144,7 @@ impl WriteBack {
 
     /// Register stripes `first..=last` of `group` as in flight, waiting
     /// while too many writes are. Returns the write's id.
-    fn register(&self, group: u32, first: u64, last: u64) -> u64 {
+    fn register(&self, group: u32, (first, last): (u64, u64), slots: Vec<usize>) -> u64 {
         let mut st = self.state.lock();
         while st.in_flight() >= MAX_IN_FLIGHT {
             self.changed.wait(&mut st);
@@ -126,6 +156,7 @@ impl WriteBack {
             group,
             first,
             last,
+            slots,
             parked: false,
         });
         id
@@ -152,16 +183,34 @@ impl WriteBack {
         self.changed.notify_all();
     }
 
-    /// Wait until no write to stripes `first..=last` of `group` is in flight.
-    pub fn wait_for(&self, group: u32, first: u64, last: u64) {
+    /// Wait until no write to stripes `first..=last` of `group` is in
+    /// flight; then whether a parked one covers some of them.
+    pub fn wait_for(&self, group: u32, first: u64, last: u64) -> Covered {
         let mut st = self.state.lock();
-        while st
-            .entries
-            .iter()
-            .any(|e| e.group == group && e.first <= last && first <= e.last)
-        {
-            self.changed.wait(&mut st);
+        loop {
+            let mut covering = st.entries.iter().filter(|e| e.covers(group, first, last));
+            match covering.clone().any(|e| !e.parked) {
+                true => self.changed.wait(&mut st),
+                false if covering.next().is_some() => return Covered::Parked,
+                false => return Covered::Clear,
+            }
         }
+    }
+
+    /// Whether a parked write covers some of stripes `first..=last` of `group`.
+    fn parked_covers(&self, group: u32, first: u64, last: u64) -> bool {
+        let st = self.state.lock();
+        st.entries
+            .iter()
+            .any(|e| e.parked && e.covers(group, first, last))
+    }
+
+    /// Whether a parked write holds stripe-lock table slot `slot`.
+    fn parked_holds(&self, slot: usize) -> bool {
+        let st = self.state.lock();
+        st.entries
+            .iter()
+            .any(|e| e.parked && e.slots.contains(&slot))
     }
 
     /// Wait until nothing is in flight (parked writes aside: a flush does
@@ -191,7 +240,9 @@ impl Array {
         jobs: Vec<(usize, crate::array::worker::Op)>,
         held: HeldStripes,
     ) {
-        let id = self.write_back.register(group, first, last);
+        let id = self
+            .write_back
+            .register(group, (first, last), held.slots().to_vec());
         let slots = jobs.iter().map(|(slot, _)| *slot).collect();
         let copies = jobs.iter().map(|(_, op)| op.duplicate()).collect();
         let write = InFlight {
@@ -245,6 +296,7 @@ impl Array {
     /// Do the parked writes again (a flush, and the bitmap thread's pass):
     /// the host's error while any is still refused.
     pub(crate) fn retry_parked(&self) -> ArrayResult<()> {
+        let _retrying = self.write_back.retrying.lock();
         let parked = std::mem::take(&mut *self.write_back.parked.lock());
         let mut error: Option<ArrayError> = None;
         for Parked { id, jobs, held } in parked {
@@ -275,6 +327,74 @@ impl Array {
         match error {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Wait until no queued write covers stripes `first..=last` of
+    /// `group`, for a read (reads take no stripe locks) or for work that
+    /// must follow every write there. A parked write there is done again;
+    /// while the host still refuses it, the host's error.
+    pub(in crate::array) fn wait_unqueued(
+        &self,
+        group: u32,
+        first: u64,
+        last: u64,
+    ) -> ArrayResult<()> {
+        while self.write_back.wait_for(group, first, last) == Covered::Parked {
+            if let Err(e) = self.settle_parked() {
+                if self.write_back.parked_covers(group, first, last) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lock `stripes` of `group` to write, scrub or repair them. A lock a
+    /// parked write holds is not waited for blindly: the parked writes are
+    /// done again, and while the host still refuses them the caller gets
+    /// the host's error.
+    pub(in crate::array) fn lock_stripes(
+        &self,
+        group: u32,
+        stripes: impl IntoIterator<Item = u64>,
+    ) -> ArrayResult<StripeGuards<'_>> {
+        self.locks
+            .lock_all_or(group, stripes, PARKED_PATIENCE, |slot| {
+                self.unless_parked(slot)
+            })
+    }
+
+    /// Lock one stripe-lock table slot, as [`Array::lock_stripes`] does.
+    pub(in crate::array) fn lock_slot(&self, slot: usize) -> ArrayResult<MutexGuard<'_, ()>> {
+        loop {
+            match self.locks.lock_slot_or(slot, PARKED_PATIENCE) {
+                Some(guard) => return Ok(guard),
+                None => self.unless_parked(slot)?,
+            }
+        }
+    }
+
+    /// For a lock waiter that has waited [`PARKED_PATIENCE`] for table slot
+    /// `slot`: the host's error if a parked write holds it and still cannot
+    /// be done; otherwise wait on.
+    fn unless_parked(&self, slot: usize) -> ArrayResult<()> {
+        if !self.write_back.parked_holds(slot) {
+            return Ok(());
+        }
+        match self.settle_parked() {
+            Err(e) if self.write_back.parked_holds(slot) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Do the parked writes again: the host's error while it still refuses
+    /// them, after a while of waiting for it under `on_host_error=wait`
+    /// (then Ok: the caller looks again).
+    fn settle_parked(&self) -> ArrayResult<()> {
+        match self.retry_parked() {
+            Err(e) if !self.wait_for_host(&e) => Err(e),
+            _ => Ok(()),
         }
     }
 }

@@ -48,7 +48,7 @@ impl Array {
         choice: Choice,
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
-        self.wait_written(region, &pieces);
+        self.wait_written(region, &pieces)?;
         // A large read on solid-state copies is split into one part per
         // copy, read in parallel: piece i goes to copy i * copies / pieces.
         let split_across = choice == Choice::Any
@@ -169,9 +169,7 @@ impl Array {
             }
         }
         if repair {
-            let _guard = self
-                .locks
-                .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+            let _guard = self.lock_stripes(region.group, pieces.iter().map(|p| p.map.stripe))?;
             self.write_repairs(writes);
         }
         Ok(Some(bad.into_iter().collect()))
@@ -205,7 +203,7 @@ impl Array {
         let g = region.geometry;
         let chunk = g.chunk as usize;
         let map = g.map(k * g.chunk);
-        let _guard = self.locks.lock_all(region.group, [k]);
+        let _guard = self.lock_stripes(region.group, [k])?;
         let targets: Vec<_> = map
             .targets
             .iter()

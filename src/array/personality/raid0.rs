@@ -14,14 +14,14 @@ impl Array {
         buf: &mut [u8],
     ) -> ArrayResult<()> {
         let pieces = split(region, offset, buf.len());
-        self.wait_written(region, &pieces);
+        self.wait_written(region, &pieces)?;
         let lost = self.read_pieces_direct(region, &pieces, buf)?;
         // A piece whose read failed is read once more if its member is
         // still in service (the error did not fail it); there is no other
         // copy to turn to.
         for i in lost {
             let p = &pieces[i];
-            let _guard = self.locks.lock_all(region.group, [p.map.stripe]);
+            let _guard = self.lock_stripes(region.group, [p.map.stripe])?;
             let within = p.map.stripe * region.geometry.chunk + p.map.offset_in_chunk;
             let last = within + p.len as u64 - 1;
             let unreadable = region

@@ -38,9 +38,7 @@ impl Array {
         let k = geometry.data_chunks();
         let chunk = geometry.chunk as usize;
         let first = stripes[0][0].map.stripe;
-        let guard = self
-            .locks
-            .lock_all(region.group, stripes.iter().map(|s| s[0].map.stripe));
+        let guard = self.lock_stripes(region.group, stripes.iter().map(|s| s[0].map.stripe))?;
         self.ensure_writable()?;
 
         // Parity first, into one buffer per parity position covering every

@@ -37,7 +37,7 @@ impl Array {
                 (region.group, first.map.stripe)..=(region.group, last.map.stripe),
             )?;
         }
-        self.wait_written(region, &pieces);
+        self.wait_written(region, &pieces)?;
         let degraded = self.read_pieces_direct(region, &pieces, buf)?;
         // A parity suspect is tried under the stripe locks by `verify_parity`.
         let suspect = None;
@@ -96,7 +96,7 @@ impl Array {
         len: usize,
         suspect: Option<usize>,
     ) -> ArrayResult<Vec<Vec<u8>>> {
-        let _guard = self.locks.lock_all(region.group, [stripe]);
+        let _guard = self.lock_stripes(region.group, [stripe])?;
         self.reconstruct_locked(region, stripe, lo, len, suspect)
     }
 
@@ -309,7 +309,7 @@ impl Array {
             block[from..from + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
         };
 
-        let _guard = self.locks.lock_all(region.group, [stripe]);
+        let _guard = self.lock_stripes(region.group, [stripe])?;
         self.ensure_writable()?;
         let touched = new.iter().filter(|n| n.is_some()).count();
         let full = new.iter().filter(|n| n.is_some_and(covers)).count();
@@ -457,9 +457,7 @@ impl Array {
             if self.is_failed(suspect) {
                 continue;
             }
-            let _guard = self
-                .locks
-                .lock_all(region.group, pieces.iter().map(|p| p.map.stripe));
+            let _guard = self.lock_stripes(region.group, pieces.iter().map(|p| p.map.stripe))?;
             let mut trial = vec![0u8; buf.len()];
             let rebuilt = pieces.iter().try_for_each(|p| {
                 let lo = p.map.offset_in_chunk as usize;
@@ -504,7 +502,7 @@ impl Array {
     ) -> ArrayResult<u64> {
         let g = region.geometry;
         let chunk = g.chunk as usize;
-        let _guard = self.locks.lock_all(region.group, [stripe]);
+        let _guard = self.lock_stripes(region.group, [stripe])?;
         let members = self.stripe_slots(region, stripe);
         if members
             .iter()

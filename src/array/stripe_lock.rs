@@ -29,11 +29,6 @@ pub struct HeldStripes {
 }
 
 impl HeldStripes {
-    /// The table slots held.
-    pub fn slots(&self) -> &[usize] {
-        &self.slots
-    }
-
     /// Unlock the stripes.
     pub fn release(self, locks: &StripeLocks) {
         for &i in &self.slots {
@@ -42,6 +37,13 @@ impl HeldStripes {
             // once. parking_lot mutexes may be unlocked by another thread.
             unsafe { locks.table[i].force_unlock() };
         }
+    }
+}
+
+impl<'a> StripeGuards<'a> {
+    /// Guards of `slots` (ascending), each locked by its caller.
+    pub fn new(slots: Vec<usize>, guards: Vec<MutexGuard<'a, ()>>) -> StripeGuards<'a> {
+        StripeGuards { slots, guards }
     }
 }
 
@@ -56,30 +58,6 @@ impl StripeLocks {
         // Fibonacci hashing spreads consecutive stripes over the table.
         let key = (stripe ^ ((group as u64) << 44)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (key >> 32) as usize % self.table.len()
-    }
-
-    /// Lock every stripe in `stripes` of `group`, in ascending slot order.
-    /// Each time a slot stays busy for `patience`, `blocked(slot)` is asked
-    /// whether to wait on; its error gives up (what was taken is released).
-    pub fn lock_all_or<E>(
-        &self,
-        group: u32,
-        stripes: impl IntoIterator<Item = u64>,
-        patience: Duration,
-        mut blocked: impl FnMut(usize) -> Result<(), E>,
-    ) -> Result<StripeGuards<'_>, E> {
-        let slots = self.slots_of(group, stripes);
-        let mut guards = Vec::with_capacity(slots.len());
-        for &i in &slots {
-            let guard = loop {
-                match self.lock_slot_or(i, patience) {
-                    Some(g) => break g,
-                    None => blocked(i)?,
-                }
-            };
-            guards.push(guard);
-        }
-        Ok(StripeGuards { slots, guards })
     }
 
     /// Lock one table slot, waiting for it at most `patience`.

@@ -32,7 +32,7 @@
 //! array used without it writes synchronously.
 
 use crate::array::stripe_lock::HeldStripes;
-use crate::array::stripe_lock::StripeGuards;
+use crate::array::stripe_lock::{StripeGuards, StripeLocks};
 use crate::array::worker::{Batch, Op};
 use crate::array::{Array, ArrayError, ArrayResult};
 use crate::handoff::{self, Sender};
@@ -69,8 +69,6 @@ struct Entry {
     group: u32,
     first: u64,
     last: u64,
-    /// The stripe-lock table slots the write holds.
-    slots: Vec<usize>,
     parked: bool,
 }
 
@@ -144,7 +142,7 @@ impl WriteBack {
 
     /// Register stripes `first..=last` of `group` as in flight, waiting
     /// while too many writes are. Returns the write's id.
-    fn register(&self, group: u32, (first, last): (u64, u64), slots: Vec<usize>) -> u64 {
+    fn register(&self, group: u32, first: u64, last: u64) -> u64 {
         let mut st = self.state.lock();
         while st.in_flight() >= MAX_IN_FLIGHT {
             self.changed.wait(&mut st);
@@ -156,7 +154,6 @@ impl WriteBack {
             group,
             first,
             last,
-            slots,
             parked: false,
         });
         id
@@ -205,12 +202,14 @@ impl WriteBack {
             .any(|e| e.parked && e.covers(group, first, last))
     }
 
-    /// Whether a parked write holds stripe-lock table slot `slot`.
-    fn parked_holds(&self, slot: usize) -> bool {
+    /// Whether a parked write holds stripe-lock table slot `slot` of `locks`
+    /// (asked only by a writer that waited for it, so worked out then).
+    fn parked_holds(&self, locks: &StripeLocks, slot: usize) -> bool {
         let st = self.state.lock();
         st.entries
             .iter()
-            .any(|e| e.parked && e.slots.contains(&slot))
+            .filter(|e| e.parked)
+            .any(|e| locks.slots_of(e.group, e.first..=e.last).contains(&slot))
     }
 
     /// Wait until nothing is in flight (parked writes aside: a flush does
@@ -240,9 +239,7 @@ impl Array {
         jobs: Vec<(usize, crate::array::worker::Op)>,
         held: HeldStripes,
     ) {
-        let id = self
-            .write_back
-            .register(group, (first, last), held.slots().to_vec());
+        let id = self.write_back.register(group, first, last);
         let slots = jobs.iter().map(|(slot, _)| *slot).collect();
         let copies = jobs.iter().map(|(_, op)| op.duplicate()).collect();
         let write = InFlight {
@@ -359,10 +356,13 @@ impl Array {
         group: u32,
         stripes: impl IntoIterator<Item = u64>,
     ) -> ArrayResult<StripeGuards<'_>> {
-        self.locks
-            .lock_all_or(group, stripes, PARKED_PATIENCE, |slot| {
-                self.unless_parked(slot)
-            })
+        // Ascending slot order, as every multi-stripe lock takes them.
+        let slots = self.locks.slots_of(group, stripes);
+        let guards = slots
+            .iter()
+            .map(|&slot| self.lock_slot(slot))
+            .collect::<ArrayResult<_>>()?;
+        Ok(StripeGuards::new(slots, guards))
     }
 
     /// Lock one stripe-lock table slot, as [`Array::lock_stripes`] does.
@@ -379,11 +379,11 @@ impl Array {
     /// `slot`: the host's error if a parked write holds it and still cannot
     /// be done; otherwise wait on.
     fn unless_parked(&self, slot: usize) -> ArrayResult<()> {
-        if !self.write_back.parked_holds(slot) {
+        if !self.write_back.parked_holds(&self.locks, slot) {
             return Ok(());
         }
         match self.settle_parked() {
-            Err(e) if self.write_back.parked_holds(slot) => Err(e),
+            Err(e) if self.write_back.parked_holds(&self.locks, slot) => Err(e),
             _ => Ok(()),
         }
     }

@@ -31,6 +31,22 @@ use crate::fs::{self, Attr, FallocateMode, FileSystem, FsError, FsResult, SetAtt
 /// Largest write request the kernel may send (and readahead it may issue).
 pub const MAX_REQUEST_BYTES: u32 = 1 << 20;
 
+/// The smallest write answered before it is done. Answering early lets the
+/// writer copy its next request while the daemon writes this one, which
+/// pays for the hand-off between threads it costs only when there is a
+/// copy to overlap: `scripts/ab-dd --b-opts deferred_writes=0` (RAID5, three
+/// rounds) put writes done before their answer ahead at 4 KiB (173 against
+/// 131 MB/s), level at 16 KiB (307 against 300) and behind from 64 KiB on
+/// (412 against 495, and 993 against 1,315 at 1 MiB); 4 KiB random writes
+/// (fio, psync) gained a tenth the same way.
+const SMALLEST_ANSWERED_FIRST: usize = 16 << 10;
+
+/// Whether a write of `len` bytes is worth answering before it is done
+/// (when the filesystem accepts it so: [`FileSystem::accept_write`]).
+fn answered_first(len: usize) -> bool {
+    len >= SMALLEST_ANSWERED_FIRST
+}
+
 /// Directory entries fetched from the filesystem per batch while filling
 /// one readdir reply (whose byte size only the reply buffer knows).
 const READDIR_BATCH: usize = 128;
@@ -537,7 +553,7 @@ impl Filesystem for RaidFuse {
         let kill_setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let sync = write_sync(HandleFlags::from_handle(fh.0), flags.0, from_cache);
-        if sync.is_none() {
+        if sync.is_none() && answered_first(data.len()) {
             // Answer first, then write: the writer copies its next request
             // while this one is written (see `fs::deferred`).
             // The length is checked first: an accepted write must be done.

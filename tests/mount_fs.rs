@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirEntryExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use common::{fuse_available, mem_store, mount_mem, mount_store};
+use common::{fuse_available, mem_store, mount_mem, mount_store, Aligned};
 use raidfs::fuse::MountConfig;
 
 fn cstr(path: &Path) -> CString {
@@ -317,33 +317,6 @@ fn extended_attributes_follow_the_size_probe_protocol() {
             std::io::Error::last_os_error().raw_os_error(),
             Some(libc::ENODATA)
         );
-    }
-}
-
-/// A heap buffer aligned for O_DIRECT.
-struct Aligned {
-    ptr: *mut u8,
-    layout: std::alloc::Layout,
-}
-
-impl Aligned {
-    fn new(len: usize) -> Aligned {
-        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
-        // SAFETY: layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null());
-        Aligned { ptr, layout }
-    }
-    fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is valid for layout.size() bytes and uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with the same layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
 }
 

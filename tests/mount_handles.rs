@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::sync::Arc;
 
-use common::{fuse_available, mount_store, pattern};
+use common::{fuse_available, mount_store, pattern, Aligned};
 use raidfs::fs::teststore::{CrashStore, MemStore};
 use raidfs::fs::{FileSystem, FsOptions};
 use raidfs::fuse::MountConfig;
@@ -146,8 +146,9 @@ fn a_lost_write_is_reported_by_the_writers_close_not_a_readers() {
     ] {
         let writer = writable.open(&path).unwrap();
         store.set_write_budget(Some(0));
-        // Answered before it is done (deferred), so the write itself succeeds.
-        writer.write_all_at(&pattern(2, PAGE), 0).unwrap();
+        // Answered before it is done (deferred: large enough to be worth
+        // it), so the write itself succeeds.
+        writer.write_all_at(&pattern(2, 16 * PAGE), 0).unwrap();
         let reader = File::open(&path).unwrap();
         assert_eq!(close(reader), 0, "a reader's close reports nothing");
         assert_eq!(
@@ -181,9 +182,19 @@ fn dsync_writes_through_any_handle_survive_a_power_cut_right_after() {
     if !fuse_available() {
         return;
     }
+    for writeback_cache in [false, true] {
+        let config = MountConfig {
+            writeback_cache,
+            ..MountConfig::default()
+        };
+        dsync_writes_survive_a_power_cut(&config);
+    }
+}
+
+fn dsync_writes_survive_a_power_cut(config: &MountConfig) {
     let store = Arc::new(CrashStore::new(32, 8 * MIB, 64 * 1024).expect("crash store"));
     FileSystem::format(store.clone()).unwrap();
-    let mnt = mount_store(store.clone(), &MountConfig::default());
+    let mnt = mount_store(store.clone(), config);
     let mut inodes = Vec::new();
     for (i, name) in ["write-only", "read-write"].into_iter().enumerate() {
         let path = mnt.join(name);
@@ -209,8 +220,75 @@ fn dsync_writes_through_any_handle_survive_a_power_cut_right_after() {
         expected[5000..5000 + written.len()].copy_from_slice(&written);
         assert!(
             after.read(inodes[i], 0, expected.len()).unwrap() == expected,
-            "an O_DSYNC write through a {} handle lost by a power cut after it returned",
-            ["write-only", "read-write"][i]
+            "an O_DSYNC write through a {} handle lost by a power cut after it returned \
+             (writeback_cache {})",
+            ["write-only", "read-write"][i],
+            config.writeback_cache
         );
+    }
+}
+
+/// With `writeback_cache` the kernel keeps a file's times itself and takes
+/// them from the daemon no more, so a write it does not see as its own
+/// would leave `stat` showing an old mtime for good. Every kind of handle
+/// moves the mtime: write-only, read-write, O_DIRECT, O_DIRECT|O_DSYNC (and
+/// the O_DSYNC write is durable, as the power-cut test shows for the rest).
+#[test]
+fn every_write_moves_the_mtime_with_and_without_writeback_cache() {
+    if !fuse_available() {
+        return;
+    }
+    let long_ago = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    for writeback_cache in [false, true] {
+        let config = MountConfig {
+            writeback_cache,
+            ..MountConfig::default()
+        };
+        let mnt = mount_store(common::mem_store(), &config);
+        let path = mnt.join("f");
+        fs::write(&path, pattern(1, 16 * PAGE)).unwrap();
+        let kinds: [(&str, bool, i32); 4] = [
+            ("write-only", false, 0),
+            ("read-write", true, 0),
+            ("O_DIRECT", true, libc::O_DIRECT),
+            ("O_DIRECT|O_DSYNC", false, libc::O_DIRECT | libc::O_DSYNC),
+        ];
+        let mut buf = Aligned::new(2 * PAGE);
+        for (i, (kind, read, flags)) in kinds.into_iter().enumerate() {
+            File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(long_ago)
+                .unwrap();
+            assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), long_ago);
+            let file = OpenOptions::new()
+                .read(read)
+                .write(true)
+                .custom_flags(flags)
+                .open(&path)
+                .unwrap();
+            buf.as_mut()
+                .copy_from_slice(&pattern(10 + i as u8, 2 * PAGE));
+            file.write_all_at(buf.as_mut(), (2 * i * PAGE) as u64)
+                .unwrap();
+            let seen = file.metadata().unwrap().modified().unwrap();
+            drop(file);
+            let after_close = fs::metadata(&path).unwrap().modified().unwrap();
+            assert!(
+                seen > long_ago && after_close > long_ago,
+                "a write through a {kind} handle left the mtime where it was \
+                 (writeback_cache {writeback_cache})"
+            );
+            let mut back = vec![0u8; 2 * PAGE];
+            File::open(&path)
+                .unwrap()
+                .read_exact_at(&mut back, (2 * i * PAGE) as u64)
+                .unwrap();
+            assert!(
+                back == pattern(10 + i as u8, 2 * PAGE),
+                "{kind} write read back"
+            );
+        }
     }
 }

@@ -136,13 +136,26 @@ impl RaidFuse {
     /// anyway, so copying its writes into them buys nothing. Served direct,
     /// its writes also skip the kernel's `security.capability` lookup before
     /// a file's first cached write: one round trip less per file written.
+    ///
+    /// With `writeback_cache` no handle that can write is served direct, not
+    /// even an O_DIRECT one: the kernel then keeps a file's times and size
+    /// itself and never takes them from the daemon again, and a write
+    /// through a direct handle (`FOPEN_DIRECT_IO`) does not move its mtime,
+    /// so `stat` would show the time of the last cached write for good. An
+    /// O_DIRECT open still goes around the page cache, through the kernel's
+    /// own direct I/O, which updates the times (and sends FSYNC after
+    /// O_DSYNC writes, as for cached ones).
     fn handle_flags(&self, flags: i32) -> HandleFlags {
+        let asked = HandleFlags(flags);
+        if self.settings.writeback_cache && asked.writable() {
+            return HandleFlags(flags & !libc::O_DIRECT);
+        }
         let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
         let keeps_pages = self.settings.kernel_cache || self.settings.writeback_cache;
         if self.settings.direct_io || (write_only && !keeps_pages) {
             HandleFlags(flags | libc::O_DIRECT)
         } else {
-            HandleFlags(flags)
+            asked
         }
     }
 

@@ -232,3 +232,30 @@ pub fn shared_mount() -> MountGuard {
         .expect("chmod root");
     mnt
 }
+
+/// A heap buffer aligned for O_DIRECT.
+pub struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    pub fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, layout }
+    }
+    pub fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for layout.size() bytes and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}

@@ -371,6 +371,17 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
             }
         }
     }
+    if opts.fuse.direct_io && opts.fuse.writeback_cache {
+        // Under the writeback cache the kernel keeps a file's times itself
+        // and a write around it would not move them (see the adapter's
+        // `handle_flags`): the two cannot both be had.
+        return Err(
+            "direct_io and writeback_cache exclude each other: direct_io serves \
+                    every open without the page cache, writeback_cache has the kernel \
+                    cache writes"
+                .to_string(),
+        );
+    }
     Ok(opts)
 }
 
@@ -496,6 +507,8 @@ mod tests {
         assert!(parse(&["nofail=1".into()]).is_err());
         assert!(parse(&["read_ahead_kb=x".into()]).is_err());
         assert!(parse(&["read_ahead_kb=70000".into()]).is_err());
+        assert!(parse(&["direct_io,writeback_cache".into()]).is_err());
+        assert!(parse(&["direct_io".into(), "writeback_cache".into()]).is_err());
         assert!(parse(&["deferred_writes=many".into()]).is_err());
         assert!(parse(&["deferred_writes=257".into()]).is_err());
     }

@@ -38,7 +38,8 @@ pub const MAX_REQUEST_BYTES: u32 = 1 << 20;
 /// rounds) put writes done before their answer ahead at 4 KiB (173 against
 /// 131 MB/s), level at 16 KiB (307 against 300) and behind from 64 KiB on
 /// (412 against 495, and 993 against 1,315 at 1 MiB); 4 KiB random writes
-/// (fio, psync) gained a tenth the same way.
+/// (fio, psync) gained 7 to 37 % across the levels (docs/performance.md,
+/// "Small writes done before their answer").
 const SMALLEST_ANSWERED_FIRST: usize = 16 << 10;
 
 /// Whether a write of `len` bytes is worth answering before it is done
@@ -131,8 +132,8 @@ impl RaidFuse {
     /// counts as O_DIRECT, so its writes are synced as an O_DIRECT file's
     /// would be (the kernel sends no FSYNC after direct writes of O_DSYNC
     /// files). That is every open with `direct_io`, and a write-only open
-    /// unless `kernel_cache` or `writeback_cache` has the kernel keep pages:
-    /// such a handle reads nothing, and the next open drops the file's pages
+    /// unless `kernel_cache` has the kernel keep pages (or `writeback_cache`,
+    /// below): such a handle reads nothing, and the next open drops the file's pages
     /// anyway, so copying its writes into them buys nothing. Served direct,
     /// its writes also skip the kernel's `security.capability` lookup before
     /// a file's first cached write: one round trip less per file written.
@@ -151,8 +152,7 @@ impl RaidFuse {
             return HandleFlags(flags & !libc::O_DIRECT);
         }
         let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
-        let keeps_pages = self.settings.kernel_cache || self.settings.writeback_cache;
-        if self.settings.direct_io || (write_only && !keeps_pages) {
+        if self.settings.direct_io || (write_only && !self.settings.kernel_cache) {
             HandleFlags(flags | libc::O_DIRECT)
         } else {
             asked

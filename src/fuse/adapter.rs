@@ -133,8 +133,8 @@ impl RaidFuse {
     /// would be (the kernel sends no FSYNC after direct writes of O_DSYNC
     /// files). That is every open with `direct_io`, and a write-only open
     /// unless `kernel_cache` has the kernel keep pages (or `writeback_cache`,
-    /// below): such a handle reads nothing, and the next open drops the file's pages
-    /// anyway, so copying its writes into them buys nothing. Served direct,
+    /// below): such a handle reads nothing, and the next open drops the
+    /// file's pages anyway, so copying its writes into them buys nothing. Served direct,
     /// its writes also skip the kernel's `security.capability` lookup before
     /// a file's first cached write: one round trip less per file written.
     ///
@@ -151,7 +151,7 @@ impl RaidFuse {
         if self.settings.writeback_cache && asked.writable() {
             return HandleFlags(flags & !libc::O_DIRECT);
         }
-        let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
+        let write_only = !asked.readable();
         if self.settings.direct_io || (write_only && !self.settings.kernel_cache) {
             HandleFlags(flags | libc::O_DIRECT)
         } else {

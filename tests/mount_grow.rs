@@ -97,9 +97,33 @@ fn raid1_becomes_raid5_while_files_are_written() {
     assert!(detail.contains("Reshape : raid1 -> raid5"), "{detail}");
     // Writes go on while groups move.
     writer.wait_for_more(10);
-    m.ok("speed-limit", &["--max", "0"]);
     // `grow --wait` attaches to the running reshape and returns at its end.
-    m.ok("grow", &["--wait"]);
+    // The limit is lifted only once it has attached (its first progress
+    // line): unlimited, a reshape this small can end before a client that
+    // starts later asks for it, which then finds no reshape to wait for.
+    let mut waiter = std::process::Command::new(env!("CARGO_BIN_EXE_raidfs"))
+        .args([std::ffi::OsStr::new("grow"), m.mnt.as_os_str()])
+        .arg("--wait")
+        .current_dir(m.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start raidfs grow --wait");
+    let mut progress = std::io::BufReader::new(waiter.stdout.take().expect("piped stdout"));
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut progress, &mut first).expect("read grow --wait");
+    assert!(first.contains("reshape"), "grow --wait said {first:?}");
+    m.ok("speed-limit", &["--max", "0"]);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut progress, &mut rest).expect("read grow --wait");
+    let waited = waiter
+        .wait_with_output()
+        .expect("wait for raidfs grow --wait");
+    assert!(
+        waited.status.success(),
+        "raidfs grow --wait failed\nstdout: {first}{rest}\nstderr: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
     let done = detail_json(&m.mnt);
     assert!(reshaped(&done, "raid5"), "{done:#}");
     let files = writer.finish();

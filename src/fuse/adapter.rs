@@ -48,6 +48,66 @@ fn answered_first(len: usize) -> bool {
     len >= SMALLEST_ANSWERED_FIRST
 }
 
+/// FUSE opcodes (the kernel's `enum fuse_opcode`) of the requests that
+/// [`quick_request`] lets the thread that read them serve.
+mod opcode {
+    pub const LOOKUP: u32 = 1;
+    pub const FORGET: u32 = 2;
+    pub const GETATTR: u32 = 3;
+    pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
+    pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
+    pub const OPEN: u32 = 14;
+    pub const WRITE: u32 = 16;
+    pub const STATFS: u32 = 17;
+    pub const RELEASE: u32 = 18;
+    pub const SETXATTR: u32 = 21;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
+    pub const FLUSH: u32 = 25;
+    pub const OPENDIR: u32 = 27;
+    pub const RELEASEDIR: u32 = 29;
+    pub const ACCESS: u32 = 34;
+    pub const CREATE: u32 = 35;
+    pub const IOCTL: u32 = 39;
+    pub const BATCH_FORGET: u32 = 42;
+    pub const RENAME2: u32 = 45;
+    pub const TMPFILE: u32 = 51;
+}
+
+/// A WRITE request's bytes before its data: `fuse_in_header` and
+/// `fuse_write_in`, 40 bytes each.
+const WRITE_REQUEST_HEADERS: u32 = 80;
+
+/// Whether a request (its opcode and length, header included) is served in
+/// memory without waiting for a disk, so that under busy polling the
+/// thread that read it serves it without handing the reading on first
+/// (`fuser::BusyPoll`). Those are the namespace and attribute requests,
+/// and writes done before their answer ([`answered_first`]): they touch
+/// the stripe cache, not the members. Reads, fsyncs, writes answered first
+/// and everything else hand the reading to another thread first, so the
+/// next request is read while they wait. A quick request that waits after
+/// all (a lock, a full journal) holds the reading up for a millisecond at
+/// most: the session's watchdog then hands it on.
+pub fn quick_request(op: u32, len: u32) -> bool {
+    use opcode::*;
+    match op {
+        WRITE => !answered_first(len.saturating_sub(WRITE_REQUEST_HEADERS) as usize),
+        LOOKUP | FORGET | BATCH_FORGET | GETATTR | SETATTR | READLINK | SYMLINK | MKNOD | MKDIR
+        | UNLINK | RMDIR | RENAME | RENAME2 | LINK | OPEN | CREATE | TMPFILE | STATFS | RELEASE
+        | FLUSH | OPENDIR | RELEASEDIR | ACCESS | SETXATTR | GETXATTR | LISTXATTR | REMOVEXATTR
+        | IOCTL => true,
+        _ => false,
+    }
+}
+
 /// Directory entries fetched from the filesystem per batch while filling
 /// one readdir reply (whose byte size only the reply buffer knows).
 const READDIR_BATCH: usize = 128;

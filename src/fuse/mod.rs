@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL};
+use fuser::{BackgroundSession, BusyPoll, Config, MountOption, Session, SessionACL};
 use log::{info, warn};
 use parking_lot::Mutex;
 
@@ -49,6 +49,12 @@ pub struct MountConfig {
     pub io_uring: bool,
     /// Threads serving requests.
     pub threads: usize,
+    /// How long the thread reading `/dev/fuse` polls for the next request
+    /// before it sleeps there (zero: every thread sleeps in `read(2)`). A
+    /// caller issuing one request after another then finds a thread awake
+    /// instead of waking one (`adapter::quick_request` says which requests
+    /// that thread serves itself).
+    pub busy_poll: Duration,
     /// Kernel readahead for the mount, in bytes (0: leave the kernel's
     /// default). FUSE caps a new mount's readahead at 128 KiB whatever the
     /// filesystem asks for in INIT; the mount raises it through the
@@ -76,6 +82,7 @@ impl Default for MountConfig {
             direct_io: false,
             io_uring: false,
             threads: cores.clamp(4, 16),
+            busy_poll: DEFAULT_BUSY_POLL,
             read_ahead: DEFAULT_READ_AHEAD,
             source: LEGACY_SOURCE.to_string(),
         }
@@ -307,6 +314,14 @@ pub fn serve(
     mount(fs, mount_point, config)?.wait()
 }
 
+/// How long the reading thread polls `/dev/fuse` by default: a caller's
+/// next request comes within a few microseconds of the last answer when it
+/// issues them one after another (fio, a `create, write, close` loop), and
+/// the kernel's own socket busy polling suggests 50 µs too
+/// (`net.core.busy_poll`). On 4 KiB random writes it took RAID5 from
+/// FIXME (docs/performance.md, "Busy polling").
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+
 /// The mount's readahead unless `-o read_ahead_kb` says otherwise: four
 /// 1 MiB READs of a sequential stream in flight, served by different FUSE
 /// threads, so the members have several reads queued (cold large reads go
@@ -382,12 +397,41 @@ fn fuser_config(config: &MountConfig) -> Config {
     };
     fuser_config.n_threads = Some(config.threads.max(1));
     fuser_config.clone_fd = true;
+    // Over io_uring (when the kernel offers it) the session leaves it off:
+    // requests come on the rings, not from `read(2)`.
+    fuser_config.busy_poll = (!config.busy_poll.is_zero()).then_some(BusyPoll {
+        spin: config.busy_poll,
+        quick: adapter::quick_request,
+    });
     fuser_config
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_requests_served_in_memory_are_served_by_the_thread_that_read_them() {
+        const HEADERS: u32 = 80;
+        let write = |data: u32| adapter::quick_request(16, HEADERS + data);
+        assert!(write(4096) && write(16 * 1024 - 1));
+        assert!(!write(16 * 1024) && !write(1 << 20));
+        // LOOKUP, GETATTR, CREATE, UNLINK, FLUSH, RELEASE
+        for op in [1, 3, 35, 10, 25, 18] {
+            assert!(adapter::quick_request(op, 64), "opcode {op}");
+        }
+        // READ, FSYNC, READDIR, FALLOCATE, SETLKW, COPY_FILE_RANGE, SYNCFS, an unknown one
+        for op in [15, 20, 28, 43, 33, 47, 50, 9999] {
+            assert!(!adapter::quick_request(op, 64), "opcode {op}");
+        }
+        let config = fuser_config(&MountConfig::default());
+        assert_eq!(config.busy_poll.map(|p| p.spin), Some(DEFAULT_BUSY_POLL));
+        let off = MountConfig {
+            busy_poll: Duration::ZERO,
+            ..MountConfig::default()
+        };
+        assert!(fuser_config(&off).busy_poll.is_none());
+    }
 
     #[test]
     fn raidfs_mounts_are_told_by_their_type_whatever_their_source() {

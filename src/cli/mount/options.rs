@@ -190,6 +190,10 @@ pub const OPTIONS: &[(&str, &str)] = &[
         "request-serving threads, 1 to 256 (default: CPU count, 4 to 16)",
     ),
     (
+        "busy_poll=USECS",
+        "how long a FUSE thread polls for the next request before it sleeps, 0 to 10000 (default 50; 0: off)",
+    ),
+    (
         "deferred_writes=N",
         "writes answered before they are done, 0 to 256 (default: half the threads)",
     ),
@@ -303,6 +307,16 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                     _ => {
                         return Err(format!(
                             "threads={v}: expected a number of threads from 1 to 256"
+                        ))
+                    }
+                }
+            }
+            ("busy_poll", Some(v)) => {
+                opts.fuse.busy_poll = match v.parse::<u64>() {
+                    Ok(us) if us <= 10_000 => Duration::from_micros(us),
+                    _ => {
+                        return Err(format!(
+                            "busy_poll={v}: expected microseconds from 0 (off) to 10000"
                         ))
                     }
                 }
@@ -489,6 +503,11 @@ mod tests {
         assert_eq!(none.fuse.read_ahead, 0);
         let big = parse(&["read_ahead_kb=4096".into()]).unwrap();
         assert_eq!(big.fuse.read_ahead, 4 << 20);
+        assert_eq!(opts.fuse.busy_poll, Duration::from_micros(50));
+        let off = parse(&["busy_poll=0".into()]).unwrap();
+        assert!(off.fuse.busy_poll.is_zero());
+        let long = parse(&["busy_poll=200".into()]).unwrap();
+        assert_eq!(long.fuse.busy_poll, Duration::from_micros(200));
     }
 
     #[test]
@@ -511,6 +530,9 @@ mod tests {
         assert!(parse(&["direct_io".into(), "writeback_cache".into()]).is_err());
         assert!(parse(&["deferred_writes=many".into()]).is_err());
         assert!(parse(&["deferred_writes=257".into()]).is_err());
+        assert!(parse(&["busy_poll=10001".into()]).is_err());
+        assert!(parse(&["busy_poll=-1".into()]).is_err());
+        assert!(parse(&["busy_poll".into()]).is_err());
     }
 
     #[test]

@@ -31,6 +31,7 @@ use serde::Serialize;
 
 pub use crate::access_flags::AccessFlags;
 pub use crate::bsd_file_flags::BsdFileFlags;
+pub use crate::busy_poll::BusyPoll;
 use crate::forget_one::ForgetOne;
 pub use crate::ll::Errno;
 pub use crate::ll::Generation;
@@ -82,6 +83,7 @@ pub use crate::session::SessionUnmounter;
 
 mod access_flags;
 mod bsd_file_flags;
+mod busy_poll;
 mod channel;
 mod dev_fuse;
 /// Experimental APIs

@@ -303,6 +303,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch: ch.clone(),
                 allowed,
                 session_owner,
+                readers: None,
             });
             rings = Some(crate::uring::Rings::start(fd, n_threads, payload, move |reply, bytes| {
                 if let Some(req) = RequestWithSender::new_ring(se.ch.sender(), reply, bytes) {
@@ -311,6 +312,26 @@ impl<FS: Filesystem> Session<FS> {
             })?);
         }
         channels.push(ch);
+
+        // Busy polling needs a descriptor per thread (its O_NONBLOCK mode is
+        // the thread's own) and has nothing to do beside the rings.
+        let readers = match config.busy_poll {
+            Some(poll) if config.clone_fd && rings.is_none() => {
+                Some(Arc::new(crate::busy_poll::Readers::new(poll)))
+            }
+            _ => None,
+        };
+        let watchdog = match &readers {
+            Some(readers) => {
+                let readers = readers.clone();
+                Some(
+                    thread::Builder::new()
+                        .name("fuser-watch".to_string())
+                        .spawn(move || readers.watch())?,
+                )
+            }
+            None => None,
+        };
 
         let mut threads = Vec::with_capacity(n_threads);
 
@@ -322,6 +343,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                readers: readers.clone(),
             };
             threads.push(
                 thread::Builder::new()
@@ -345,6 +367,12 @@ impl<FS: Filesystem> Session<FS> {
             }
         }
 
+        if let Some(readers) = &readers {
+            readers.stop();
+        }
+        if let Some(watchdog) = watchdog {
+            let _ = watchdog.join();
+        }
         drop(rings);
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
@@ -549,18 +577,57 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// The reading role, when busy polling is on.
+    pub(crate) readers: Option<Arc<crate::busy_poll::Readers>>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
+        let result = self.serve();
+        // However this thread ends, the session does: nobody waits for a
+        // role that no one will hand over.
+        if let Some(readers) = &self.readers {
+            readers.stop();
+        }
+        result
+    }
+
+    /// Read the next request: as every thread does, or as the holder of the
+    /// reading role. `None`: the session is ending.
+    fn next(
+        &self,
+        buf: &mut [u8],
+        nonblocking: &mut bool,
+        served_slow: &mut bool,
+    ) -> Option<nix::Result<usize>> {
+        let Some(readers) = &self.readers else {
+            return Some(self.ch.receive_retrying(buf));
+        };
+        if !readers.take_role(std::mem::take(served_slow)) {
+            return None;
+        }
+        let read = readers.read(&self.ch, nonblocking, buf);
+        match &read {
+            Ok(size) => *served_slow = !readers.release_role(&buf[..*size]),
+            Err(_) => readers.stop(),
+        }
+        Some(read)
+    }
+
+    fn serve(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
+        let mut nonblocking = false;
+        let mut served_slow = false;
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            match self.ch.receive_retrying(buf) {
+            let Some(read) = self.next(buf, &mut nonblocking, &mut served_slow) else {
+                return Ok(());
+            };
+            match read {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {

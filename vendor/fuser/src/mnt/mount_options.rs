@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Poll `/dev/fuse` before sleeping in it, one thread at a time, and
+    /// serve quick requests on the thread that read them (a raidfs patch:
+    /// `busy_poll.rs`). Without it every thread sleeps in `read(2)`.
+    pub busy_poll: Option<crate::BusyPoll>,
 }
 
 /// Mount options accepted by the FUSE filesystem type

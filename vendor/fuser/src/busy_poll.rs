@@ -1,0 +1,268 @@
+//! Busy polling of `/dev/fuse` (a raidfs patch, see RAIDFS-PATCH.md).
+//!
+//! Without it every thread sleeps in `read(2)` on `/dev/fuse`, and each
+//! request the kernel queues wakes one of them: on a machine whose other
+//! CPU is idle that wake is an inter-processor interrupt, which a virtual
+//! machine pays for with exits on both sides. A caller that issues one
+//! request after another (a `pwrite` loop, a `create, write, close` loop)
+//! pays it on every request.
+//!
+//! With it one thread at a time holds the *reading role*: it polls the
+//! device without sleeping for a short while (the caller's next request
+//! usually comes within microseconds of the last answer), and only then
+//! sleeps in `read(2)`. The other threads wait in user space, so no thread
+//! sleeps in the kernel's queue to be woken while the poller is there.
+//!
+//! The holder polls only while no slow request is being served: that
+//! request's thread and the I/O it waits for need the CPUs then, and the
+//! holder sleeps in `read(2)` at once, as every thread did before. Polling
+//! yields the CPU between tries, so a caller woken on the poller's CPU
+//! runs at once.
+//!
+//! A request the filesystem says is quick is served by the thread that
+//! read it, without handing the role on (which would be a wake-up of its
+//! own); that thread takes the role back when it has answered. A slow
+//! request (reading a disk, an fsync) hands the role to a waiting thread
+//! first, so other requests are read meanwhile as before. A quick request
+//! that is not quick after all (it waits for a lock or for the host) is
+//! caught by a watchdog: when nobody has read the device for a tick, it
+//! hands the role to a waiting thread.
+
+use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
+use std::sync::Condvar;
+use std::sync::Mutex;
+use std::sync::MutexGuard;
+use std::time::Duration;
+use std::time::Instant;
+
+use nix::errno::Errno;
+
+use crate::channel::Channel;
+
+/// How the session's threads read `/dev/fuse` when busy polling is on.
+#[derive(Clone, Copy, Debug)]
+pub struct BusyPoll {
+    /// How long the reading thread polls for the next request before it
+    /// sleeps in `read(2)`.
+    pub spin: Duration,
+    /// Whether a request, by its opcode and its length in bytes (header
+    /// included), is answered quickly enough to be served by the thread
+    /// that read it, without handing the reading role on first.
+    pub quick: fn(opcode: u32, len: u32) -> bool,
+}
+
+impl PartialEq for BusyPoll {
+    fn eq(&self, other: &Self) -> bool {
+        self.spin == other.spin && std::ptr::fn_addr_eq(self.quick, other.quick)
+    }
+}
+
+impl Eq for BusyPoll {}
+
+/// Longest time no thread reads the device while one serves a quick
+/// request and others wait for the role.
+const TICK: Duration = Duration::from_millis(1);
+/// Ticks without a quick request after which the watchdog sleeps until
+/// the next one, so that an idle filesystem costs no wake-ups.
+const IDLE_TICKS: u32 = 100;
+
+#[derive(Default)]
+struct State {
+    /// A thread holds the reading role.
+    reading: bool,
+    /// Since when no thread reads because the last reader serves a quick
+    /// request itself.
+    unread_since: Option<Instant>,
+    /// Threads waiting for the role.
+    waiting: usize,
+    /// Quick requests served so far (the watchdog's sign of activity).
+    quick_served: u64,
+    /// The watchdog sleeps without a timeout.
+    watchdog_asleep: bool,
+    /// The session is ending: no thread takes the role again.
+    stopping: bool,
+    /// Slow requests being served (the role is not polled meanwhile).
+    slow: usize,
+}
+
+/// The reading role and its watchdog, shared by a session's threads.
+pub(crate) struct Readers {
+    poll: BusyPoll,
+    state: Mutex<State>,
+    waiting: Condvar,
+    watchdog: Condvar,
+}
+
+impl Readers {
+    pub(crate) fn new(poll: BusyPoll) -> Readers {
+        Readers {
+            poll,
+            state: Mutex::new(State::default()),
+            waiting: Condvar::new(),
+            watchdog: Condvar::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A thread that panicked holding the lock left the state whole
+        // (every change is a single assignment), so it is still good.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait for the reading role; false once the session is ending.
+    /// `served_slow`: the caller has just answered a slow request.
+    pub(crate) fn take_role(&self, served_slow: bool) -> bool {
+        let mut st = self.state();
+        if served_slow {
+            st.slow = st.slow.saturating_sub(1);
+        }
+        loop {
+            if st.stopping {
+                return false;
+            }
+            if !st.reading {
+                st.reading = true;
+                st.unread_since = None;
+                return true;
+            }
+            st.waiting += 1;
+            st = self.waiting.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting -= 1;
+        }
+    }
+
+    /// Give the role up after reading `request`; returns whether it is
+    /// quick (served without a hand-over: the caller takes the role back
+    /// when it has answered).
+    pub(crate) fn release_role(&self, request: &[u8]) -> bool {
+        let quick = match (request.get(0..4), request.get(4..8)) {
+            (Some(len), Some(opcode)) => (self.poll.quick)(
+                u32::from_ne_bytes([opcode[0], opcode[1], opcode[2], opcode[3]]),
+                u32::from_ne_bytes([len[0], len[1], len[2], len[3]]),
+            ),
+            _ => false,
+        };
+        let mut st = self.state();
+        st.reading = false;
+        if quick {
+            st.unread_since = Some(Instant::now());
+            st.quick_served += 1;
+            if st.watchdog_asleep {
+                st.watchdog_asleep = false;
+                self.watchdog.notify_one();
+            }
+        } else {
+            st.slow += 1;
+            if st.waiting > 0 {
+                self.waiting.notify_one();
+            }
+        }
+        quick
+    }
+
+    /// The session ends: waiting threads and the watchdog return.
+    pub(crate) fn stop(&self) {
+        let mut st = self.state();
+        st.stopping = true;
+        self.waiting.notify_all();
+        self.watchdog.notify_all();
+    }
+
+    /// Read one request as the role's holder: poll for `spin`, then sleep
+    /// in `read(2)`. `nonblocking` is whether this thread's descriptor is
+    /// in O_NONBLOCK mode now (each thread has a descriptor of its own).
+    pub(crate) fn read(
+        &self,
+        ch: &Channel,
+        nonblocking: &mut bool,
+        buf: &mut [u8],
+    ) -> nix::Result<usize> {
+        // While a slow request is served its thread and the member I/O it
+        // waits for need the CPUs more than a poller does (4 KiB random
+        // reads lost a third to one).
+        if self.state().slow > 0 {
+            if *nonblocking {
+                set_nonblocking(ch, false)?;
+                *nonblocking = false;
+            }
+            return ch.receive_retrying(buf);
+        }
+        let start = Instant::now();
+        if !*nonblocking {
+            set_nonblocking(ch, true)?;
+            *nonblocking = true;
+        }
+        loop {
+            match nix::unistd::read(ch, buf) {
+                Ok(size) => return Ok(size),
+                // Yield rather than spin: the caller whose answer this
+                // thread just sent may have been woken on this CPU, and its
+                // next request is what the poll waits for.
+                Err(Errno::EAGAIN) if start.elapsed() < self.poll.spin => std::thread::yield_now(),
+                Err(Errno::EAGAIN) => break,
+                Err(Errno::ENOENT | Errno::EINTR) => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        set_nonblocking(ch, false)?;
+        *nonblocking = false;
+        ch.receive_retrying(buf)
+    }
+
+    /// The watchdog thread: hands the role to a waiting thread when
+    /// nobody has read the device for a tick.
+    pub(crate) fn watch(&self) {
+        let mut st = self.state();
+        let mut seen = st.quick_served;
+        let mut quiet = 0;
+        loop {
+            if st.stopping {
+                return;
+            }
+            if st.watchdog_asleep {
+                st = self.watchdog.wait(st).unwrap_or_else(|e| e.into_inner());
+                quiet = 0;
+                continue;
+            }
+            st = self
+                .watchdog
+                .wait_timeout(st, TICK)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            let stalled = st.unread_since.is_some_and(|since| since.elapsed() >= TICK);
+            if stalled && !st.reading && st.waiting > 0 {
+                st.unread_since = None;
+                self.waiting.notify_one();
+            }
+            if st.quick_served == seen {
+                quiet += 1;
+                if quiet >= IDLE_TICKS && st.unread_since.is_none() {
+                    st.watchdog_asleep = true;
+                }
+            } else {
+                seen = st.quick_served;
+                quiet = 0;
+            }
+        }
+    }
+}
+
+fn set_nonblocking(ch: &Channel, on: bool) -> nix::Result<()> {
+    let fd = ch.as_fd().as_raw_fd();
+    // SAFETY: F_GETFL and F_SETFL on a descriptor the channel owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Errno::last());
+    }
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}

@@ -624,7 +624,7 @@ mod tests {
                 None => form.to_string(),
                 Some((key, value)) => {
                     let value = match value {
-                        "SECS" | "N" => "1",
+                        "SECS" | "N" | "USECS" => "1",
                         "PATH" => "/tmp/x.log",
                         "KERNEL" => "scalar",
                         "POLICY" => "round-robin",

@@ -112,7 +112,14 @@ fn raid1_becomes_raid5_while_files_are_written() {
     let mut progress = std::io::BufReader::new(waiter.stdout.take().expect("piped stdout"));
     let mut first = String::new();
     std::io::BufRead::read_line(&mut progress, &mut first).expect("read grow --wait");
-    assert!(first.contains("reshape"), "grow --wait said {first:?}");
+    if !first.contains("reshape") {
+        let out = waiter.wait_with_output().expect("wait for grow --wait");
+        panic!(
+            "grow --wait said {first:?} ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     m.ok("speed-limit", &["--max", "0"]);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut progress, &mut rest).expect("read grow --wait");

@@ -76,7 +76,11 @@ fn raid1_becomes_raid5_while_files_are_written() {
     let writer = Writer::start(&m.mnt.join("w"));
     writer.wait_for_more(10);
     let size_before = blocks(&m.mnt);
-    m.ok("speed-limit", &["--max", "16M"]);
+    // Slow enough that the reshape outlasts the checks below until
+    // `grow --wait` attaches: at 16 MiB/s the 96 MiB members took 6 s, which
+    // a loaded full run spent before the waiter asked ("no reshape is under
+    // way"); at 1 MiB/s it would take over a minute.
+    m.ok("speed-limit", &["--max", "1M"]);
     let said = m.ok("grow", &["--level", "5"]);
     assert!(
         said.contains("reshape from raid1 on 3 members to raid5 on 3 started"),

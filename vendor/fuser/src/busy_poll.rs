@@ -19,6 +19,12 @@
 //! yields the CPU between tries, so a caller woken on the poller's CPU
 //! runs at once.
 //!
+//! While slow requests are served, a thread that has answered one does not
+//! wait for the role either: it sleeps in `read(2)` beside the holder, as
+//! without busy polling. Slow requests come in bursts (the kernel's
+//! write-back sends many 1 MiB WRITEs at once), and a role passed from
+//! thread to thread would read them one wake-up at a time.
+//!
 //! A request the filesystem says is quick is served by the thread that
 //! read it, without handing the role on (which would be a wake-up of its
 //! own); that thread takes the role back when it has answered. A slow
@@ -86,6 +92,21 @@ struct State {
     slow: usize,
 }
 
+/// How a thread reads its next request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// As the role's holder; it polls first unless a slow request is being
+    /// served, whose thread and the member I/O it waits for need the CPUs
+    /// more (4 KiB random reads lost a third to a poller).
+    Holder { poll: bool },
+    /// Beside the holder, asleep in `read(2)` as every thread is without
+    /// busy polling: while slow requests are served, requests come in
+    /// bursts (the kernel's write-back sends many 1 MiB WRITEs at once),
+    /// and a thread that has answered one reads the next at once instead
+    /// of waiting for the role, which passes one wake-up at a time.
+    Free,
+}
+
 /// The reading role and its watchdog, shared by a session's threads.
 pub(crate) struct Readers {
     poll: BusyPoll,
@@ -110,21 +131,28 @@ impl Readers {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wait for the reading role; false once the session is ending.
-    /// `served_slow`: the caller has just answered a slow request.
-    pub(crate) fn take_role(&self, served_slow: bool) -> bool {
+    /// How this thread reads its next request: as the role's holder, or
+    /// freely beside it while slow requests are served; `None` once the
+    /// session is ending. `served_slow`: the caller has just answered a
+    /// slow request.
+    pub(crate) fn take_role(&self, served_slow: bool) -> Option<Turn> {
         let mut st = self.state();
         if served_slow {
             st.slow = st.slow.saturating_sub(1);
         }
         loop {
             if st.stopping {
-                return false;
+                return None;
             }
             if !st.reading {
                 st.reading = true;
                 st.unread_since = None;
-                return true;
+                return Some(Turn::Holder {
+                    poll: st.slow == 0,
+                });
+            }
+            if st.slow > 0 {
+                return Some(Turn::Free);
             }
             st.waiting += 1;
             st = self.waiting.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -132,18 +160,26 @@ impl Readers {
         }
     }
 
-    /// Give the role up after reading `request`; returns whether it is
-    /// quick (served without a hand-over: the caller takes the role back
-    /// when it has answered).
-    pub(crate) fn release_role(&self, request: &[u8]) -> bool {
-        let quick = match (request.get(0..4), request.get(4..8)) {
-            (Some(len), Some(opcode)) => (self.poll.quick)(
-                u32::from_ne_bytes([opcode[0], opcode[1], opcode[2], opcode[3]]),
-                u32::from_ne_bytes([len[0], len[1], len[2], len[3]]),
-            ),
+    /// Account for `request`, read in `turn`; the holder gives the role up.
+    /// Returns whether the request is quick (a holder serves it without a
+    /// hand-over and takes the role back when it has answered).
+    pub(crate) fn release_role(&self, turn: Turn, request: &[u8]) -> bool {
+        // `fuse_in_header` starts with the request's length and opcode.
+        let word = |at: usize| {
+            let bytes = request.get(at..at + 4)?;
+            Some(u32::from_ne_bytes(bytes.try_into().ok()?))
+        };
+        let quick = match (word(4), word(0)) {
+            (Some(opcode), Some(len)) => (self.poll.quick)(opcode, len),
             _ => false,
         };
         let mut st = self.state();
+        if !quick {
+            st.slow += 1;
+        }
+        if turn == Turn::Free {
+            return quick;
+        }
         st.reading = false;
         if quick {
             st.unread_since = Some(Instant::now());
@@ -152,11 +188,8 @@ impl Readers {
                 st.watchdog_asleep = false;
                 self.watchdog.notify_one();
             }
-        } else {
-            st.slow += 1;
-            if st.waiting > 0 {
-                self.waiting.notify_one();
-            }
+        } else if st.waiting > 0 {
+            self.waiting.notify_one();
         }
         quick
     }
@@ -169,24 +202,19 @@ impl Readers {
         self.watchdog.notify_all();
     }
 
-    /// Read one request as the role's holder: poll for `spin`, then sleep
-    /// in `read(2)`. `nonblocking` is whether this thread's descriptor is
-    /// in O_NONBLOCK mode now (each thread has a descriptor of its own).
+    /// Read one request in `turn`: a polling holder polls for `spin` first;
+    /// then the thread sleeps in `read(2)`. `nonblocking` is whether this
+    /// thread's descriptor is in O_NONBLOCK mode now (each thread has a
+    /// descriptor of its own).
     pub(crate) fn read(
         &self,
         ch: &Channel,
         nonblocking: &mut bool,
+        turn: Turn,
         buf: &mut [u8],
     ) -> nix::Result<usize> {
-        // While a slow request is served its thread and the member I/O it
-        // waits for need the CPUs more than a poller does (4 KiB random
-        // reads lost a third to one).
-        if self.state().slow > 0 {
-            if *nonblocking {
-                set_nonblocking(ch, false)?;
-                *nonblocking = false;
-            }
-            return ch.receive_retrying(buf);
+        if turn != (Turn::Holder { poll: true }) {
+            return read_asleep(ch, nonblocking, buf);
         }
         let start = Instant::now();
         if !*nonblocking {
@@ -205,9 +233,7 @@ impl Readers {
                 Err(err) => return Err(err),
             }
         }
-        set_nonblocking(ch, false)?;
-        *nonblocking = false;
-        ch.receive_retrying(buf)
+        read_asleep(ch, nonblocking, buf)
     }
 
     /// The watchdog thread: hands the role to a waiting thread when
@@ -246,6 +272,15 @@ impl Readers {
             }
         }
     }
+}
+
+/// Sleep in `read(2)` for the next request, the descriptor blocking again.
+fn read_asleep(ch: &Channel, nonblocking: &mut bool, buf: &mut [u8]) -> nix::Result<usize> {
+    if *nonblocking {
+        set_nonblocking(ch, false)?;
+        *nonblocking = false;
+    }
+    ch.receive_retrying(buf)
 }
 
 fn set_nonblocking(ch: &Channel, on: bool) -> nix::Result<()> {

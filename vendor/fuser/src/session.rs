@@ -603,12 +603,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let Some(readers) = &self.readers else {
             return Some(self.ch.receive_retrying(buf));
         };
-        if !readers.take_role(std::mem::take(served_slow)) {
-            return None;
-        }
-        let read = readers.read(&self.ch, nonblocking, buf);
+        let turn = readers.take_role(std::mem::take(served_slow))?;
+        let read = readers.read(&self.ch, nonblocking, turn, buf);
         match &read {
-            Ok(size) => *served_slow = !readers.release_role(&buf[..*size]),
+            Ok(size) => *served_slow = !readers.release_role(turn, &buf[..*size]),
             Err(_) => readers.stop(),
         }
         Some(read)

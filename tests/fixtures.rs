@@ -130,9 +130,15 @@ fn check_files(name: &str, fs: &FileSystem) {
     assert_eq!((empty.size, empty.perm), (0, 0o600), "{name}");
 }
 
+/// The member's superblock, read as `raidfs examine` reads it: without the
+/// member's lock, which the array just dropped may hold a moment longer (a
+/// member's write-behind thread closes its copy of the descriptor as it
+/// ends), and which a zero wait turned into "in use by another raidfs
+/// process" once in a loaded full run.
 fn superblock(path: &Path) -> Superblock {
     let options = OpenOptions {
         read_only: true,
+        lock: false,
         ..Default::default()
     };
     let member = FileMember::open(path, options).unwrap();

@@ -92,10 +92,11 @@ const WRITE_REQUEST_HEADERS: u32 = 80;
 /// (`fuser::BusyPoll`). Those are the namespace and attribute requests,
 /// and writes done before their answer ([`answered_first`]): they touch
 /// the stripe cache, not the members. Reads, fsyncs, writes answered first
-/// and everything else hand the reading to another thread first, so the
-/// next request is read while they wait. A quick request that waits after
-/// all (a lock, a full journal) holds the reading up for a millisecond or
-/// two: the session's watchdog then hands it on.
+/// and everything else end the polling: every idle thread then reads the
+/// device as without busy polling, so the next request is read while they
+/// wait. A quick request that waits after all (a lock, a full journal)
+/// holds the reading up for a millisecond or two: the session's watchdog
+/// then hands it on.
 pub fn quick_request(op: u32, len: u32) -> bool {
     use opcode::*;
     match op {

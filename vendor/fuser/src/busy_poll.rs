@@ -7,29 +7,32 @@
 //! request after another (a `pwrite` loop, a `create, write, close` loop)
 //! pays it on every request.
 //!
-//! With it one thread at a time holds the *reading role*: it polls the
-//! device without sleeping for a short while (the caller's next request
-//! usually comes within microseconds of the last answer), and only then
-//! sleeps in `read(2)`. The other threads wait in user space, so no thread
-//! sleeps in the kernel's queue to be woken while the poller is there.
+//! With it, while callers issue quick requests one after another, one
+//! thread at a time holds the *reading role*: it polls the device without
+//! sleeping for a short while (the caller's next request usually comes
+//! within microseconds of the last answer), and only then sleeps in
+//! `read(2)`. The other threads wait in user space, so no thread sleeps in
+//! the kernel's queue to be woken while the poller is there. Polling yields
+//! the CPU between tries, so a caller woken on the poller's CPU runs at
+//! once.
 //!
-//! The holder polls only while no slow request is being served: that
-//! request's thread and the I/O it waits for need the CPUs then, and the
-//! holder sleeps in `read(2)` at once, as every thread did before. Polling
-//! yields the CPU between tries, so a caller woken on the poller's CPU
-//! runs at once.
-//!
-//! While slow requests are served, a thread that has answered one does not
-//! wait for the role either: it sleeps in `read(2)` beside the holder, as
-//! without busy polling. Slow requests come in bursts (the kernel's
-//! write-back sends many 1 MiB WRITEs at once), and a role passed from
-//! thread to thread would read them one wake-up at a time.
+//! Polling pays only for such a stream. After a slow request (a read, a
+//! large write whose member writes go on in the background), and while
+//! one is being served, the threads read *freely*: each sleeps in
+//! `read(2)` as without busy polling. The caller's next request then comes
+//! after work of its own, a poller would take CPU from the I/O in flight
+//! (4 KiB random reads lost a third to one), slow requests come in bursts
+//! (the kernel's write-back sends many 1 MiB WRITEs at once) that a role
+//! passed from thread to thread would read one wake-up at a time, and a
+//! hand-over to a thread waiting in user space is a wake-up more per
+//! request than the kernel's own.
 //!
 //! A request the filesystem says is quick is served by the thread that
 //! read it, without handing the role on (which would be a wake-up of its
 //! own); that thread takes the role back when it has answered. A slow
-//! request (reading a disk, an fsync) hands the role to a waiting thread
-//! first, so other requests are read meanwhile as before. A quick request
+//! request (reading a disk, an fsync) ends the polling and sends the
+//! waiting threads to read freely, so other requests are read meanwhile as
+//! before. A quick request
 //! that is not quick after all (it waits for a lock or for the host) is
 //! caught by a watchdog: when nobody has read the device for a tick, it
 //! hands the role to a waiting thread.
@@ -90,20 +93,28 @@ struct State {
     stopping: bool,
     /// Slow requests being served (the role is not polled meanwhile).
     slow: usize,
+    /// The last request read was quick. Polling pays off for a caller that
+    /// issues quick requests one after another; after a slow one (a read,
+    /// a large write whose member writes go on in the background) its next
+    /// request comes after work of its own, and a poller would only take
+    /// CPU from the work still in flight.
+    after_quick: bool,
+}
+
+impl State {
+    /// Whether the reading is by role and polled: after a quick request,
+    /// with no slow one being served.
+    fn polling(&self) -> bool {
+        self.after_quick && self.slow == 0
+    }
 }
 
 /// How a thread reads its next request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Turn {
-    /// As the role's holder; it polls first unless a slow request is being
-    /// served, whose thread and the member I/O it waits for need the CPUs
-    /// more (4 KiB random reads lost a third to a poller).
-    Holder { poll: bool },
-    /// Beside the holder, asleep in `read(2)` as every thread is without
-    /// busy polling: while slow requests are served, requests come in
-    /// bursts (the kernel's write-back sends many 1 MiB WRITEs at once),
-    /// and a thread that has answered one reads the next at once instead
-    /// of waiting for the role, which passes one wake-up at a time.
+    /// As the role's holder: poll, then sleep in `read(2)`.
+    Holder,
+    /// Asleep in `read(2)` at once, as every thread is without busy polling.
     Free,
 }
 
@@ -131,8 +142,8 @@ impl Readers {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How this thread reads its next request: as the role's holder, or
-    /// freely beside it while slow requests are served; `None` once the
+    /// How this thread reads its next request: as the role's holder
+    /// (while callers issue quick requests), or freely; `None` once the
     /// session is ending. `served_slow`: the caller has just answered a
     /// slow request.
     pub(crate) fn take_role(&self, served_slow: bool) -> Option<Turn> {
@@ -144,15 +155,13 @@ impl Readers {
             if st.stopping {
                 return None;
             }
+            if !st.polling() {
+                return Some(Turn::Free);
+            }
             if !st.reading {
                 st.reading = true;
                 st.unread_since = None;
-                return Some(Turn::Holder {
-                    poll: st.slow == 0,
-                });
-            }
-            if st.slow > 0 {
-                return Some(Turn::Free);
+                return Some(Turn::Holder);
             }
             st.waiting += 1;
             st = self.waiting.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -174,22 +183,24 @@ impl Readers {
             _ => false,
         };
         let mut st = self.state();
+        st.after_quick = quick;
         if !quick {
             st.slow += 1;
-        }
-        if turn == Turn::Free {
-            return quick;
-        }
-        st.reading = false;
-        if quick {
-            st.unread_since = Some(Instant::now());
-            st.quick_served += 1;
-            if st.watchdog_asleep {
-                st.watchdog_asleep = false;
-                self.watchdog.notify_one();
+            // The polling is over: threads waiting for the role read freely.
+            if st.waiting > 0 {
+                self.waiting.notify_all();
             }
-        } else if st.waiting > 0 {
-            self.waiting.notify_one();
+        }
+        if turn == Turn::Holder {
+            st.reading = false;
+            if quick {
+                st.unread_since = Some(Instant::now());
+                st.quick_served += 1;
+                if st.watchdog_asleep {
+                    st.watchdog_asleep = false;
+                    self.watchdog.notify_one();
+                }
+            }
         }
         quick
     }
@@ -202,8 +213,8 @@ impl Readers {
         self.watchdog.notify_all();
     }
 
-    /// Read one request in `turn`: a polling holder polls for `spin` first;
-    /// then the thread sleeps in `read(2)`. `nonblocking` is whether this
+    /// Read one request in `turn`: the holder polls for `spin` first; then
+    /// the thread sleeps in `read(2)`. `nonblocking` is whether this
     /// thread's descriptor is in O_NONBLOCK mode now (each thread has a
     /// descriptor of its own).
     pub(crate) fn read(
@@ -213,7 +224,7 @@ impl Readers {
         turn: Turn,
         buf: &mut [u8],
     ) -> nix::Result<usize> {
-        if turn != (Turn::Holder { poll: true }) {
+        if turn == Turn::Free {
             return read_asleep(ch, nonblocking, buf);
         }
         let start = Instant::now();

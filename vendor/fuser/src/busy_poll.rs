@@ -93,11 +93,8 @@ struct State {
     stopping: bool,
     /// Slow requests being served (the role is not polled meanwhile).
     slow: usize,
-    /// The last request read was quick. Polling pays off for a caller that
-    /// issues quick requests one after another; after a slow one (a read,
-    /// a large write whose member writes go on in the background) its next
-    /// request comes after work of its own, and a poller would only take
-    /// CPU from the work still in flight.
+    /// The last request read was quick (polling pays only then; see the
+    /// module's header).
     after_quick: bool,
 }
 

@@ -36,9 +36,21 @@
 //! that is not quick after all (it waits for a lock or for the host) is
 //! caught by a watchdog: when nobody has read the device for a tick, it
 //! hands the role to a waiting thread.
+//!
+//! Whether polling pays for a stream of quick requests depends on where
+//! the kernel wakes the caller with each answer. When the caller shares
+//! the poller's CPU, the answer wakes it there and polling saves the
+//! request's wake-up. When another CPU is idle, the caller is woken there
+//! and each answer is an interrupt to that CPU, where sleeping threads
+//! would have served the caller on its own CPU without one (RAID1's 4 KiB
+//! writes lost 7 % to polling on a two-CPU virtual machine, where RAID5's,
+//! whose member threads keep the other CPU busy, gained a sixth). So the
+//! filesystem may judge ([`PollChoice`]): it is told how far apart the
+//! stream's requests come and says whether to go on polling.
 
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::Condvar;
 use std::sync::Mutex;
 use std::sync::MutexGuard;
@@ -50,7 +62,7 @@ use nix::errno::Errno;
 use crate::channel::Channel;
 
 /// How the session's threads read `/dev/fuse` when busy polling is on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct BusyPoll {
     /// How long the reading thread polls for the next request before it
     /// sleeps in `read(2)`.
@@ -59,11 +71,28 @@ pub struct BusyPoll {
     /// included), is answered quickly enough to be served by the thread
     /// that read it, without handing the reading role on first.
     pub quick: fn(opcode: u32, len: u32) -> bool,
+    /// Judges from the stream's pace whether polling pays (`None`: a
+    /// stream of quick requests is always polled).
+    pub choice: Option<Arc<dyn PollChoice>>,
+}
+
+/// Chooses between polling and sleeping for a stream of quick requests by
+/// what each gives (see the module's header).
+pub trait PollChoice: Send + Sync + std::fmt::Debug {
+    /// A quick request was read `interval` after the quick request before
+    /// it, with nothing slow served between them, while the stream was
+    /// read as `polled` says. Returns whether to poll from now on.
+    fn quick_interval(&self, interval: Duration, polled: bool) -> bool;
 }
 
 impl PartialEq for BusyPoll {
     fn eq(&self, other: &Self) -> bool {
-        self.spin == other.spin && std::ptr::fn_addr_eq(self.quick, other.quick)
+        let same_choice = match (&self.choice, &other.choice) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        self.spin == other.spin && std::ptr::fn_addr_eq(self.quick, other.quick) && same_choice
     }
 }
 
@@ -75,6 +104,10 @@ const TICK: Duration = Duration::from_millis(1);
 /// Ticks without a quick request after which the watchdog sleeps until
 /// the next one, so that an idle filesystem costs no wake-ups.
 const IDLE_TICKS: u32 = 100;
+/// Longest interval between two quick requests that still counts as one
+/// stream for [`PollChoice`]: a caller that pauses longer finds every
+/// thread asleep either way.
+const STREAM_GAP: Duration = Duration::from_millis(1);
 
 #[derive(Default)]
 struct State {
@@ -96,13 +129,18 @@ struct State {
     /// The last request read was quick (polling pays only then; see the
     /// module's header).
     after_quick: bool,
+    /// When the last quick request was read, if nothing slow came since.
+    last_quick: Option<Instant>,
+    /// A stream of quick requests is not polled: the [`PollChoice`] found
+    /// sleeping threads serve it faster.
+    asleep_by_choice: bool,
 }
 
 impl State {
     /// Whether the reading is by role and polled: after a quick request,
-    /// with no slow one being served.
+    /// with no slow one being served, unless the choice is to sleep.
     fn polling(&self) -> bool {
-        self.after_quick && self.slow == 0
+        self.after_quick && self.slow == 0 && !self.asleep_by_choice
     }
 }
 
@@ -179,7 +217,9 @@ impl Readers {
             (Some(opcode), Some(len)) => (self.poll.quick)(opcode, len),
             _ => false,
         };
+        let now = Instant::now();
         let mut st = self.state();
+        self.judge(&mut st, quick, now);
         st.after_quick = quick;
         if !quick {
             st.slow += 1;
@@ -191,7 +231,7 @@ impl Readers {
         if turn == Turn::Holder {
             st.reading = false;
             if quick {
-                st.unread_since = Some(Instant::now());
+                st.unread_since = Some(now);
                 st.quick_served += 1;
                 if st.watchdog_asleep {
                     st.watchdog_asleep = false;
@@ -200,6 +240,33 @@ impl Readers {
             }
         }
         quick
+    }
+
+    /// Tell the [`PollChoice`] how far apart a stream's quick requests
+    /// come, and follow its answer.
+    fn judge(&self, st: &mut State, quick: bool, now: Instant) {
+        let Some(choice) = &self.poll.choice else {
+            return;
+        };
+        if !quick || st.slow > 0 {
+            st.last_quick = None;
+            return;
+        }
+        let previous = st.last_quick.replace(now);
+        let interval = match previous {
+            Some(at) if st.after_quick => now.saturating_duration_since(at),
+            _ => return,
+        };
+        if interval > STREAM_GAP {
+            return;
+        }
+        let polled = !st.asleep_by_choice;
+        let poll = choice.quick_interval(interval, polled);
+        st.asleep_by_choice = !poll;
+        if polled && !poll && st.waiting > 0 {
+            // Threads waiting for the role read freely from now on.
+            self.waiting.notify_all();
+        }
     }
 
     /// The session ends: waiting threads and the watchdog return.

@@ -31,7 +31,7 @@ use serde::Serialize;
 
 pub use crate::access_flags::AccessFlags;
 pub use crate::bsd_file_flags::BsdFileFlags;
-pub use crate::busy_poll::BusyPoll;
+pub use crate::busy_poll::{BusyPoll, PollChoice};
 use crate::forget_one::ForgetOne;
 pub use crate::ll::Errno;
 pub use crate::ll::Generation;

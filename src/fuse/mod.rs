@@ -8,6 +8,7 @@
 mod adapter;
 mod convert;
 pub mod mounts;
+mod poll_choice;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,9 @@ pub struct MountConfig {
     /// instead of waking one (`adapter::quick_request` says which requests
     /// that thread serves itself).
     pub busy_poll: Duration,
+    /// Poll every stream of quick requests, instead of measuring whether
+    /// polling or sleeping serves it faster (`poll_choice`).
+    pub busy_poll_always: bool,
     /// Kernel readahead for the mount, in bytes (0: leave the kernel's
     /// default). FUSE caps a new mount's readahead at 128 KiB whatever the
     /// filesystem asks for in INIT; the mount raises it through the
@@ -83,6 +87,7 @@ impl Default for MountConfig {
             io_uring: false,
             threads: cores.clamp(4, 16),
             busy_poll: DEFAULT_BUSY_POLL,
+            busy_poll_always: false,
             read_ahead: DEFAULT_READ_AHEAD,
             source: LEGACY_SOURCE.to_string(),
         }
@@ -404,6 +409,9 @@ fn fuser_config(config: &MountConfig) -> Config {
     fuser_config.busy_poll = (!config.busy_poll.is_zero()).then_some(BusyPoll {
         spin: config.busy_poll,
         quick: adapter::quick_request,
+        choice: (!config.busy_poll_always).then(|| {
+            Arc::new(poll_choice::MeasuredPolling::default()) as Arc<dyn fuser::PollChoice>
+        }),
     });
     fuser_config
 }

@@ -194,6 +194,10 @@ pub const OPTIONS: &[(&str, &str)] = &[
         "how long a FUSE thread polls for the next request before it sleeps, 0 to 10000 (default 50; 0: off)",
     ),
     (
+        "busy_poll_mode=MODE",
+        "measure (default: poll a stream of quick requests only while that is faster) or always",
+    ),
+    (
         "deferred_writes=N",
         "writes answered before they are done, 0 to 256 (default: half the threads)",
     ),
@@ -317,6 +321,17 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                     _ => {
                         return Err(format!(
                             "busy_poll={v}: expected microseconds from 0 (off) to 10000"
+                        ))
+                    }
+                }
+            }
+            ("busy_poll_mode", Some(v)) => {
+                opts.fuse.busy_poll_always = match v {
+                    "measure" => false,
+                    "always" => true,
+                    _ => {
+                        return Err(format!(
+                            "busy_poll_mode={v}: expected `measure` or `always`"
                         ))
                     }
                 }

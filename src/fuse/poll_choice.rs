@@ -1,0 +1,371 @@
+//! Whether a stream of quick requests is read by a polling thread or by
+//! threads asleep in `read(2)`, chosen by measuring both (`-o busy_poll`).
+//!
+//! Neither wins everywhere. Polling saves the wake-up of a thread for each
+//! request, but the answer then wakes the caller wherever the kernel put
+//! it: on the poller's CPU that costs nothing, on another idle CPU it is an
+//! interrupt, which a virtual machine pays with exits on both sides. The
+//! kernel puts the caller on the poller's CPU only when the other CPUs are
+//! busy (RAID5's member threads keep them so; a RAID1 write, done inline,
+//! does not). On a two-CPU virtual machine, 4 KiB random writes gained a
+//! sixth from polling on RAID5 and lost 7 % on RAID1; after the machine
+//! was restarted, they lost a fifth on RAID5 too (docs/performance.md,
+//! "Busy polling"). So, as the parity kernels are chosen by benchmark,
+//! the reading is chosen by the pace it gives: the mean interval between
+//! the stream's requests, over epochs of [`EPOCH`] requests, read the
+//! chosen way and, in short trials, the other way.
+//!
+//! One epoch varies a lot (a burst of the host's write-back, the caller
+//! moved between CPUs), so each way keeps a running mean of its epochs
+//! ([`WEIGHT`] for the newest, an outlier capped at twice the mean), and
+//! the choice changes when the other way's mean is [`MARGIN`] better.
+//! Each trial costs epochs in the slower way, so while trials confirm the
+//! choice they come twice as rarely each time (up to every
+//! [`MAX_SETTLED`] epochs), and after a change they come soon. The first
+//! epoch of every stretch is not counted: a switch moves threads, and the
+//! kernel's placement of the caller follows only over some milliseconds
+//! (just after a stretch asleep the caller still shares the poller's CPU,
+//! and polling looks better than it stays).
+
+use std::fmt;
+use std::time::Duration;
+
+use log::{debug, info};
+use parking_lot::Mutex;
+
+/// Intervals an epoch averages.
+const EPOCH: u32 = 256;
+/// Epochs counted in a trial (after the one that is not).
+const TRIAL: u32 = 3;
+/// The newest epoch's weight in its way's running mean.
+const WEIGHT: f64 = 0.125;
+/// How much faster the other way must be to replace the choice, and
+/// beyond which a trial confirms it.
+const MARGIN: f64 = 0.05;
+/// Most epochs counted between two trials.
+const MAX_SETTLED: u32 = 64;
+
+/// The two ways, as indices of [`Tuner::mean`].
+const POLLED: usize = 0;
+const ASLEEP: usize = 1;
+
+/// The measuring and the choosing, free of clocks and locks.
+#[derive(Debug)]
+pub struct Tuner {
+    /// The chosen way: polling.
+    chosen_poll: bool,
+    /// In a trial of the other way.
+    trial: bool,
+    /// Counted epochs the current stretch lasts.
+    length: u32,
+    /// Epochs of the current stretch so far, the uncounted first included.
+    epochs: u32,
+    /// Counted epochs between trials now.
+    settled: u32,
+    /// Intervals in this epoch so far, and their sum.
+    seen: u32,
+    sum: Duration,
+    /// Running mean interval of each way, in seconds, once measured.
+    mean: [Option<f64>; 2],
+}
+
+/// A trial's outcome, for the log.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    /// Running mean interval between requests polled and asleep.
+    pub polling: Duration,
+    pub asleep: Duration,
+    /// The choice from now on, and whether it changed.
+    pub poll: bool,
+    pub changed: bool,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        write!(
+            f,
+            "quick requests {:.1} µs apart polled, {:.1} µs asleep: {}",
+            us(self.polling),
+            us(self.asleep),
+            if self.poll { "polling" } else { "sleeping" }
+        )
+    }
+}
+
+impl Default for Tuner {
+    fn default() -> Self {
+        Tuner::new()
+    }
+}
+
+impl Tuner {
+    /// Polling first (it is what `busy_poll` asks for), tried against
+    /// sleeping after [`TRIAL`] counted epochs.
+    pub fn new() -> Tuner {
+        Tuner {
+            chosen_poll: true,
+            trial: false,
+            length: TRIAL,
+            epochs: 0,
+            settled: TRIAL,
+            seen: 0,
+            sum: Duration::ZERO,
+            mean: [None, None],
+        }
+    }
+
+    /// Whether to poll now.
+    pub fn polls(&self) -> bool {
+        self.chosen_poll != self.trial
+    }
+
+    /// Count one interval between a stream's requests, read as `polled`
+    /// says. Returns a verdict when a trial has just been judged.
+    pub fn observe(&mut self, interval: Duration, polled: bool) -> Option<Verdict> {
+        // An interval read the other way belongs to the stretch before.
+        if polled != self.polls() {
+            return None;
+        }
+        self.seen += 1;
+        self.sum += interval;
+        if self.seen < EPOCH {
+            return None;
+        }
+        let epoch = self.sum.as_secs_f64() / f64::from(self.seen);
+        self.seen = 0;
+        self.sum = Duration::ZERO;
+        self.epochs += 1;
+        if self.epochs == 1 {
+            return None;
+        }
+        let way = if polled { POLLED } else { ASLEEP };
+        self.mean[way] = Some(match self.mean[way] {
+            None => epoch,
+            Some(mean) => mean + WEIGHT * (epoch.min(2.0 * mean) - mean),
+        });
+        if self.epochs <= self.length {
+            return None;
+        }
+        self.epochs = 0;
+        if self.trial {
+            Some(self.judge())
+        } else {
+            self.trial = true;
+            self.length = TRIAL;
+            None
+        }
+    }
+
+    /// After a trial: the other way's mean against the chosen way's.
+    fn judge(&mut self) -> Verdict {
+        let (chosen, other) = if self.chosen_poll {
+            (POLLED, ASLEEP)
+        } else {
+            (ASLEEP, POLLED)
+        };
+        // Both are measured by now: a stretch counts at least one epoch.
+        let (c, o) = (
+            self.mean[chosen].unwrap_or(0.0),
+            self.mean[other].unwrap_or(0.0),
+        );
+        let changed = o < c * (1.0 - MARGIN);
+        if changed {
+            self.chosen_poll = !self.chosen_poll;
+            self.settled = TRIAL;
+        } else if o > c * (1.0 + MARGIN) {
+            self.settled = (self.settled * 2).min(MAX_SETTLED);
+        }
+        self.trial = false;
+        self.length = self.settled;
+        let secs = |way: usize| Duration::from_secs_f64(self.mean[way].unwrap_or(0.0));
+        Verdict {
+            polling: secs(POLLED),
+            asleep: secs(ASLEEP),
+            poll: self.chosen_poll,
+            changed,
+        }
+    }
+}
+
+/// The [`Tuner`] behind fuser's [`fuser::PollChoice`], shared by the
+/// session's threads (fuser calls it under its own lock; this one is
+/// never contended).
+#[derive(Debug, Default)]
+pub struct MeasuredPolling {
+    tuner: Mutex<Tuner>,
+}
+
+impl fuser::PollChoice for MeasuredPolling {
+    fn quick_interval(&self, interval: Duration, polled: bool) -> bool {
+        let mut tuner = self.tuner.lock();
+        if let Some(verdict) = tuner.observe(interval, polled) {
+            if verdict.changed {
+                info!("busy polling: {verdict}");
+            } else {
+                debug!("busy polling: {verdict}");
+            }
+        }
+        tuner.polls()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feed `tuner` intervals of `polled` or `asleep` µs, whichever way
+    /// it reads, until it has judged `trials` trials; the verdicts.
+    fn run(tuner: &mut Tuner, polled: u64, asleep: u64, trials: usize) -> Vec<Verdict> {
+        let mut verdicts = Vec::new();
+        for _ in 0..10_000_000 {
+            let poll = tuner.polls();
+            let us = if poll { polled } else { asleep };
+            if let Some(v) = tuner.observe(Duration::from_micros(us), poll) {
+                verdicts.push(v);
+                if verdicts.len() == trials {
+                    return verdicts;
+                }
+            }
+        }
+        panic!("only {} of {trials} trials judged", verdicts.len());
+    }
+
+    #[test]
+    fn sleeping_replaces_polling_when_it_is_faster_and_stays() {
+        let mut tuner = Tuner::new();
+        let verdicts = run(&mut tuner, 70, 63, 4);
+        assert!(verdicts[0].changed && !verdicts[0].poll, "{verdicts:?}");
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        assert!(
+            (us(verdicts[0].polling) - 70.0).abs() < 0.01,
+            "{verdicts:?}"
+        );
+        assert!((us(verdicts[0].asleep) - 63.0).abs() < 0.01, "{verdicts:?}");
+        assert!(
+            verdicts[1..].iter().all(|v| !v.changed && !v.poll),
+            "{verdicts:?}"
+        );
+        assert!(!tuner.polls());
+    }
+
+    #[test]
+    fn polling_stays_when_it_is_faster_and_trials_grow_rare() {
+        let mut tuner = Tuner::new();
+        let verdicts = run(&mut tuner, 33, 45, 10);
+        assert!(
+            verdicts.iter().all(|v| v.poll && !v.changed),
+            "{verdicts:?}"
+        );
+        assert_eq!(tuner.settled, MAX_SETTLED);
+        // Two whole cycles: each a trial of 1 + TRIAL epochs asleep
+        // against 1 + MAX_SETTLED polled.
+        let mut asleep = 0;
+        for _ in 0..2 * (MAX_SETTLED + TRIAL + 2) * EPOCH {
+            let poll = tuner.polls();
+            asleep += u32::from(!poll);
+            tuner.observe(Duration::from_micros(if poll { 33 } else { 45 }), poll);
+        }
+        assert!(
+            asleep <= 2 * (TRIAL + 1) * EPOCH,
+            "{asleep} intervals asleep"
+        );
+    }
+
+    #[test]
+    fn a_close_call_keeps_the_choice_and_the_pace_of_trials() {
+        let mut tuner = Tuner::new();
+        let verdicts = run(&mut tuner, 50, 51, 3);
+        assert!(
+            verdicts.iter().all(|v| v.poll && !v.changed),
+            "{verdicts:?}"
+        );
+        assert_eq!(tuner.settled, TRIAL);
+    }
+
+    #[test]
+    fn the_choice_follows_the_workload_when_it_changes() {
+        let mut tuner = Tuner::new();
+        run(&mut tuner, 40, 60, 3);
+        assert!(tuner.polls());
+        run(&mut tuner, 70, 60, 1);
+        assert!(!tuner.polls());
+        run(&mut tuner, 40, 60, 3);
+        assert!(tuner.polls());
+    }
+
+    #[test]
+    fn the_first_epoch_after_a_switch_does_not_decide() {
+        // Just after a stretch asleep the caller still shares the poller's
+        // CPU (26 µs); once the kernel has moved it to the idle one,
+        // polling is slower (46 µs) than sleeping (41 µs).
+        let mut tuner = Tuner::new();
+        let mut since_switch = 0u32;
+        let mut last = tuner.polls();
+        let mut verdicts = Vec::new();
+        while verdicts.len() < 6 {
+            let poll = tuner.polls();
+            if poll != last {
+                since_switch = 0;
+                last = poll;
+            }
+            since_switch += 1;
+            let us = match (poll, since_switch <= EPOCH) {
+                (true, true) => 26,
+                (true, false) => 46,
+                (false, _) => 41,
+            };
+            if let Some(v) = tuner.observe(Duration::from_micros(us), poll) {
+                verdicts.push(v);
+            }
+        }
+        assert!(verdicts[0].changed && !verdicts[0].poll, "{verdicts:?}");
+        assert!(
+            verdicts[1..].iter().all(|v| !v.changed && !v.poll),
+            "{verdicts:?}"
+        );
+    }
+
+    #[test]
+    fn one_slow_epoch_does_not_reverse_the_choice() {
+        let mut tuner = Tuner::new();
+        run(&mut tuner, 30, 40, 3);
+        assert!(tuner.polls());
+        // A burst of the host's write-back: the last polled epoch before
+        // the next trial is ten times as slow.
+        let last = tuner.settled * EPOCH;
+        let mut polled = 0;
+        let mut verdicts = Vec::new();
+        while verdicts.len() < 2 {
+            let poll = tuner.polls();
+            let us = match poll {
+                true if (last..last + EPOCH).contains(&polled) => 300,
+                true => 30,
+                false => 40,
+            };
+            polled += u32::from(poll);
+            if let Some(v) = tuner.observe(Duration::from_micros(us), poll) {
+                verdicts.push(v);
+            }
+        }
+        assert!(
+            verdicts.iter().all(|v| v.poll && !v.changed),
+            "{verdicts:?}"
+        );
+    }
+
+    #[test]
+    fn intervals_read_the_other_way_are_not_counted() {
+        let mut tuner = Tuner::new();
+        // Polled intervals arriving during the trial (threads still in
+        // the old way) must not count as the trial's.
+        for _ in 0..(TRIAL + 1) * EPOCH {
+            tuner.observe(Duration::from_micros(50), true);
+        }
+        assert!(!tuner.polls(), "the trial has begun");
+        for _ in 0..10 * EPOCH {
+            assert_eq!(tuner.observe(Duration::from_micros(1), true), None);
+        }
+        assert!(!tuner.polls(), "the trial has counted nothing");
+    }
+}

@@ -194,7 +194,7 @@ pub const OPTIONS: &[(&str, &str)] = &[
         "how long a FUSE thread polls for the next request before it sleeps, 0 to 10000 (default 50; 0: off)",
     ),
     (
-        "busy_poll_mode=MODE",
+        "busy_poll_mode=measure|always",
         "measure (default: poll a stream of quick requests only while that is faster) or always",
     ),
     (
@@ -523,6 +523,11 @@ mod tests {
         assert!(off.fuse.busy_poll.is_zero());
         let long = parse(&["busy_poll=200".into()]).unwrap();
         assert_eq!(long.fuse.busy_poll, Duration::from_micros(200));
+        assert!(!opts.fuse.busy_poll_always);
+        let always = parse(&["busy_poll_mode=always".into()]).unwrap();
+        assert!(always.fuse.busy_poll_always);
+        let err = parse(&["busy_poll_mode=sometimes".into()]).unwrap_err();
+        assert!(err.contains("expected `measure` or `always`"), "{err}");
     }
 
     #[test]

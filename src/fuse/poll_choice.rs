@@ -15,17 +15,23 @@
 //! the stream's requests, over epochs of [`EPOCH`] requests, read the
 //! chosen way and, in short trials, the other way.
 //!
-//! One epoch varies a lot (a burst of the host's write-back, the caller
-//! moved between CPUs), so each way keeps a running mean of its epochs
-//! ([`WEIGHT`] for the newest, an outlier capped at twice the mean), and
-//! the choice changes when the other way's mean is [`MARGIN`] better.
-//! Each trial costs epochs in the slower way, so while trials confirm the
-//! choice they come twice as rarely each time (up to every
-//! [`MAX_SETTLED`] epochs), and after a change they come soon. The first
-//! epoch of every stretch is not counted: a switch moves threads, and the
-//! kernel's placement of the caller follows only over some milliseconds
-//! (just after a stretch asleep the caller still shares the poller's CPU,
-//! and polling looks better than it stays).
+//! The pace also follows the workload: a loop of creates, then stats,
+//! then unlinks reads at three different paces within a second. So a
+//! trial is judged against the chosen way's epochs just before it, not
+//! against what either way gave earlier: each trial gives a ratio, the
+//! median of its epochs polled over the median of those asleep (a median
+//! of [`TRIAL`], so that one slow epoch, a burst of the host's write-back,
+//! does not decide). A trial that straddles a change of pace still gives
+//! a wrong ratio, so each is clamped to [`CLAMP`] and the choice follows
+//! a running ratio ([`WEIGHT`] for the newest trial); it changes when
+//! that ratio, and the trial's own, favour the other way by [`MARGIN`].
+//! Each trial costs epochs in the slower way, so while the running ratio
+//! confirms the choice trials come twice as rarely each time (up to every
+//! [`MAX_SETTLED`] epochs); a trial that favours the other way, or a
+//! change, brings the next one soon. The first epoch of every stretch is not counted: a switch moves
+//! threads, and the kernel's placement of the caller follows only over
+//! some milliseconds (just after a stretch asleep the caller still shares
+//! the poller's CPU, and polling looks better than it stays).
 
 use std::fmt;
 use std::time::Duration;
@@ -35,19 +41,19 @@ use parking_lot::Mutex;
 
 /// Intervals an epoch averages.
 const EPOCH: u32 = 256;
-/// Epochs counted in a trial (after the one that is not).
-const TRIAL: u32 = 3;
-/// The newest epoch's weight in its way's running mean.
-const WEIGHT: f64 = 0.125;
+/// Epochs counted in a trial (after the one that is not), and the chosen
+/// way's epochs it is compared with.
+const TRIAL: usize = 3;
+/// The newest trial's weight in the running ratio.
+const WEIGHT: f64 = 0.5;
+/// The range a trial's ratio is clamped to: a larger one is more likely a
+/// change of pace than of the way's cost.
+const CLAMP: (f64, f64) = (0.8, 1.25);
 /// How much faster the other way must be to replace the choice, and
 /// beyond which a trial confirms it.
 const MARGIN: f64 = 0.05;
 /// Most epochs counted between two trials.
 const MAX_SETTLED: u32 = 64;
-
-/// The two ways, as indices of [`Tuner::mean`].
-const POLLED: usize = 0;
-const ASLEEP: usize = 1;
 
 /// The measuring and the choosing, free of clocks and locks.
 #[derive(Debug)]
@@ -65,16 +71,25 @@ pub struct Tuner {
     /// Intervals in this epoch so far, and their sum.
     seen: u32,
     sum: Duration,
-    /// Running mean interval of each way, in seconds, once measured.
-    mean: [Option<f64>; 2],
+    /// The chosen way's last [`TRIAL`] counted epochs (mean interval in
+    /// seconds), newest last: what the next trial is judged against.
+    chosen: Vec<f64>,
+    /// The current trial's counted epochs.
+    tried: Vec<f64>,
+    /// Running ratio of the interval polled to the interval asleep, once
+    /// a trial has been judged.
+    ratio: Option<f64>,
 }
 
 /// A trial's outcome, for the log.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Verdict {
-    /// Running mean interval between requests polled and asleep.
+    /// Median interval between requests polled and asleep, in this trial
+    /// and the stretch before it.
     pub polling: Duration,
     pub asleep: Duration,
+    /// The running ratio polled / asleep.
+    pub ratio: f64,
     /// The choice from now on, and whether it changed.
     pub poll: bool,
     pub changed: bool,
@@ -85,9 +100,10 @@ impl fmt::Display for Verdict {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         write!(
             f,
-            "quick requests {:.1} µs apart polled, {:.1} µs asleep: {}",
+            "quick requests {:.1} µs apart polled, {:.1} µs asleep (running ratio {:.2}): {}",
             us(self.polling),
             us(self.asleep),
+            self.ratio,
             if self.poll { "polling" } else { "sleeping" }
         )
     }
@@ -99,6 +115,13 @@ impl Default for Tuner {
     }
 }
 
+/// The median of a trial's epochs (there are [`TRIAL`], an odd number).
+fn median(epochs: &[f64]) -> f64 {
+    let mut sorted = epochs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
 impl Tuner {
     /// Polling first (it is what `busy_poll` asks for), tried against
     /// sleeping after [`TRIAL`] counted epochs.
@@ -106,12 +129,14 @@ impl Tuner {
         Tuner {
             chosen_poll: true,
             trial: false,
-            length: TRIAL,
+            length: TRIAL as u32,
             epochs: 0,
-            settled: TRIAL,
+            settled: TRIAL as u32,
             seen: 0,
             sum: Duration::ZERO,
-            mean: [None, None],
+            chosen: Vec::with_capacity(TRIAL + 1),
+            tried: Vec::with_capacity(TRIAL),
+            ratio: None,
         }
     }
 
@@ -139,11 +164,14 @@ impl Tuner {
         if self.epochs == 1 {
             return None;
         }
-        let way = if polled { POLLED } else { ASLEEP };
-        self.mean[way] = Some(match self.mean[way] {
-            None => epoch,
-            Some(mean) => mean + WEIGHT * (epoch.min(2.0 * mean) - mean),
-        });
+        if self.trial {
+            self.tried.push(epoch);
+        } else {
+            if self.chosen.len() == TRIAL {
+                self.chosen.remove(0);
+            }
+            self.chosen.push(epoch);
+        }
         if self.epochs <= self.length {
             return None;
         }
@@ -152,38 +180,58 @@ impl Tuner {
             Some(self.judge())
         } else {
             self.trial = true;
-            self.length = TRIAL;
+            self.length = TRIAL as u32;
+            self.tried.clear();
             None
         }
     }
 
-    /// After a trial: the other way's mean against the chosen way's.
+    /// After a trial: its epochs against the chosen way's before it.
     fn judge(&mut self) -> Verdict {
-        let (chosen, other) = if self.chosen_poll {
-            (POLLED, ASLEEP)
+        let (chosen, tried) = (median(&self.chosen), median(&self.tried));
+        let (polling, asleep) = if self.chosen_poll {
+            (chosen, tried)
         } else {
-            (ASLEEP, POLLED)
+            (tried, chosen)
         };
-        // Both are measured by now: a stretch counts at least one epoch.
-        let (c, o) = (
-            self.mean[chosen].unwrap_or(0.0),
-            self.mean[other].unwrap_or(0.0),
-        );
-        let changed = o < c * (1.0 - MARGIN);
-        if changed {
+        let trial = if asleep > 0.0 { polling / asleep } else { 1.0 }.clamp(CLAMP.0, CLAMP.1);
+        let ratio = match self.ratio {
+            None => trial,
+            Some(ratio) => ratio + WEIGHT * (trial - ratio),
+        };
+        self.ratio = Some(ratio);
+        // Whether a ratio favours sleeping, or polling, by the margin.
+        let for_sleeping = |r: f64| r > 1.0 + MARGIN;
+        let for_polling = |r: f64| r < 1.0 / (1.0 + MARGIN);
+        let (favours_chosen, favours_other): (&dyn Fn(f64) -> bool, &dyn Fn(f64) -> bool) =
+            if self.chosen_poll {
+                (&for_polling, &for_sleeping)
+            } else {
+                (&for_sleeping, &for_polling)
+            };
+        let against = favours_other(ratio) && favours_other(trial);
+        if against {
             self.chosen_poll = !self.chosen_poll;
-            self.settled = TRIAL;
-        } else if o > c * (1.0 + MARGIN) {
-            self.settled = (self.settled * 2).min(MAX_SETTLED);
         }
+        // A trial against the choice brings the next one soon; one over
+        // a change of pace may fall either way, so a close or contrary
+        // trial does not undo a running ratio that confirms the choice.
+        self.settled = if against || favours_other(trial) {
+            TRIAL as u32
+        } else if favours_chosen(ratio) {
+            (self.settled * 2).min(MAX_SETTLED)
+        } else {
+            self.settled
+        };
         self.trial = false;
         self.length = self.settled;
-        let secs = |way: usize| Duration::from_secs_f64(self.mean[way].unwrap_or(0.0));
+        self.chosen.clear();
         Verdict {
-            polling: secs(POLLED),
-            asleep: secs(ASLEEP),
+            polling: Duration::from_secs_f64(polling),
+            asleep: Duration::from_secs_f64(asleep),
+            ratio,
             poll: self.chosen_poll,
-            changed,
+            changed: against,
         }
     }
 }
@@ -261,13 +309,13 @@ mod tests {
         // Two whole cycles: each a trial of 1 + TRIAL epochs asleep
         // against 1 + MAX_SETTLED polled.
         let mut asleep = 0;
-        for _ in 0..2 * (MAX_SETTLED + TRIAL + 2) * EPOCH {
+        for _ in 0..2 * (MAX_SETTLED + TRIAL as u32 + 2) * EPOCH {
             let poll = tuner.polls();
             asleep += u32::from(!poll);
             tuner.observe(Duration::from_micros(if poll { 33 } else { 45 }), poll);
         }
         assert!(
-            asleep <= 2 * (TRIAL + 1) * EPOCH,
+            asleep <= 2 * (TRIAL as u32 + 1) * EPOCH,
             "{asleep} intervals asleep"
         );
     }
@@ -280,7 +328,7 @@ mod tests {
             verdicts.iter().all(|v| v.poll && !v.changed),
             "{verdicts:?}"
         );
-        assert_eq!(tuner.settled, TRIAL);
+        assert_eq!(tuner.settled, TRIAL as u32);
     }
 
     #[test]
@@ -288,10 +336,47 @@ mod tests {
         let mut tuner = Tuner::new();
         run(&mut tuner, 40, 60, 3);
         assert!(tuner.polls());
-        run(&mut tuner, 70, 60, 1);
+        // The running ratio needs a few trials to cross over, which come
+        // soon once one disagrees.
+        let verdicts = run(&mut tuner, 70, 60, 3);
+        assert!(verdicts.iter().any(|v| v.changed), "{verdicts:?}");
         assert!(!tuner.polls());
-        run(&mut tuner, 40, 60, 3);
+        let verdicts = run(&mut tuner, 40, 60, 3);
+        assert!(verdicts.iter().any(|v| v.changed), "{verdicts:?}");
         assert!(tuner.polls());
+    }
+
+    #[test]
+    fn a_change_of_pace_is_not_taken_for_the_other_way() {
+        // Creates, stats, unlinks: the pace changes every twenty epochs or
+        // so, while polling stays a sixth faster in each. A trial judged
+        // against a stretch at another pace must not turn polling off.
+        let mut tuner = Tuner::new();
+        let (mut count, mut asleep) = (0u64, 0u64);
+        // And the machine's noise: every 251 intervals the pace moves by
+        // up to a fifth either way (a fixed pseudo-random sequence).
+        let mut noise = 12345u64;
+        let mut verdicts = Vec::new();
+        while verdicts.len() < 60 {
+            let poll = tuner.polls();
+            asleep += u64::from(!poll);
+            if count % 251 == 0 {
+                noise = noise
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+            }
+            let jitter = 80 + (noise >> 33) % 41;
+            let pace =
+                [10_000u64, 25_000, 6_000][(count / (20 * 256 + 37)) as usize % 3] * jitter / 100;
+            let ns = if poll { pace } else { pace * 7 / 6 };
+            count += 1;
+            if let Some(v) = tuner.observe(Duration::from_nanos(ns), poll) {
+                verdicts.push(v);
+            }
+        }
+        assert!(verdicts.iter().all(|v| v.poll), "{verdicts:?}");
+        // Nor keep the trials, each in the slower way, coming often.
+        assert!(asleep * 10 < count, "{asleep} of {count} intervals asleep");
     }
 
     #[test]
@@ -359,7 +444,7 @@ mod tests {
         let mut tuner = Tuner::new();
         // Polled intervals arriving during the trial (threads still in
         // the old way) must not count as the trial's.
-        for _ in 0..(TRIAL + 1) * EPOCH {
+        for _ in 0..(TRIAL as u32 + 1) * EPOCH {
             tuner.observe(Duration::from_micros(50), true);
         }
         assert!(!tuner.polls(), "the trial has begun");

@@ -43,7 +43,7 @@ use parking_lot::Mutex;
 const EPOCH: u32 = 256;
 /// Epochs counted in a trial (after the one that is not), and the chosen
 /// way's epochs it is compared with.
-const TRIAL: usize = 3;
+const TRIAL: u32 = 3;
 /// The newest trial's weight in the running ratio.
 const WEIGHT: f64 = 0.5;
 /// The range a trial's ratio is clamped to: a larger one is more likely a
@@ -129,13 +129,13 @@ impl Tuner {
         Tuner {
             chosen_poll: true,
             trial: false,
-            length: TRIAL as u32,
+            length: TRIAL,
             epochs: 0,
-            settled: TRIAL as u32,
+            settled: TRIAL,
             seen: 0,
             sum: Duration::ZERO,
-            chosen: Vec::with_capacity(TRIAL + 1),
-            tried: Vec::with_capacity(TRIAL),
+            chosen: Vec::with_capacity(TRIAL as usize),
+            tried: Vec::with_capacity(TRIAL as usize),
             ratio: None,
         }
     }
@@ -167,7 +167,7 @@ impl Tuner {
         if self.trial {
             self.tried.push(epoch);
         } else {
-            if self.chosen.len() == TRIAL {
+            if self.chosen.len() == TRIAL as usize {
                 self.chosen.remove(0);
             }
             self.chosen.push(epoch);
@@ -180,7 +180,7 @@ impl Tuner {
             Some(self.judge())
         } else {
             self.trial = true;
-            self.length = TRIAL as u32;
+            self.length = TRIAL;
             self.tried.clear();
             None
         }
@@ -200,29 +200,25 @@ impl Tuner {
             Some(ratio) => ratio + WEIGHT * (trial - ratio),
         };
         self.ratio = Some(ratio);
-        // Whether a ratio favours sleeping, or polling, by the margin.
-        let for_sleeping = |r: f64| r > 1.0 + MARGIN;
-        let for_polling = |r: f64| r < 1.0 / (1.0 + MARGIN);
-        let (favours_chosen, favours_other): (&dyn Fn(f64) -> bool, &dyn Fn(f64) -> bool) =
-            if self.chosen_poll {
-                (&for_polling, &for_sleeping)
-            } else {
-                (&for_sleeping, &for_polling)
-            };
+        // How much faster the other way reads than the chosen one, by a
+        // polled / asleep ratio; past the margin either way it favours one.
+        let other_gain = |r: f64| if self.chosen_poll { r } else { 1.0 / r };
+        let favours_other = |r: f64| other_gain(r) > 1.0 + MARGIN;
+        let favours_chosen = |r: f64| other_gain(r) < 1.0 / (1.0 + MARGIN);
         let against = favours_other(ratio) && favours_other(trial);
-        if against {
-            self.chosen_poll = !self.chosen_poll;
-        }
         // A trial against the choice brings the next one soon; one over
         // a change of pace may fall either way, so a close or contrary
         // trial does not undo a running ratio that confirms the choice.
-        self.settled = if against || favours_other(trial) {
-            TRIAL as u32
+        self.settled = if favours_other(trial) {
+            TRIAL
         } else if favours_chosen(ratio) {
             (self.settled * 2).min(MAX_SETTLED)
         } else {
             self.settled
         };
+        if against {
+            self.chosen_poll = !self.chosen_poll;
+        }
         self.trial = false;
         self.length = self.settled;
         self.chosen.clear();
@@ -279,6 +275,14 @@ mod tests {
         panic!("only {} of {trials} trials judged", verdicts.len());
     }
 
+    /// Every verdict kept polling without a change.
+    fn kept_polling(verdicts: &[Verdict]) {
+        assert!(
+            verdicts.iter().all(|v| v.poll && !v.changed),
+            "{verdicts:?}"
+        );
+    }
+
     #[test]
     fn sleeping_replaces_polling_when_it_is_faster_and_stays() {
         let mut tuner = Tuner::new();
@@ -301,21 +305,18 @@ mod tests {
     fn polling_stays_when_it_is_faster_and_trials_grow_rare() {
         let mut tuner = Tuner::new();
         let verdicts = run(&mut tuner, 33, 45, 10);
-        assert!(
-            verdicts.iter().all(|v| v.poll && !v.changed),
-            "{verdicts:?}"
-        );
+        kept_polling(&verdicts);
         assert_eq!(tuner.settled, MAX_SETTLED);
         // Two whole cycles: each a trial of 1 + TRIAL epochs asleep
         // against 1 + MAX_SETTLED polled.
         let mut asleep = 0;
-        for _ in 0..2 * (MAX_SETTLED + TRIAL as u32 + 2) * EPOCH {
+        for _ in 0..2 * (MAX_SETTLED + TRIAL + 2) * EPOCH {
             let poll = tuner.polls();
             asleep += u32::from(!poll);
             tuner.observe(Duration::from_micros(if poll { 33 } else { 45 }), poll);
         }
         assert!(
-            asleep <= 2 * (TRIAL as u32 + 1) * EPOCH,
+            asleep <= 2 * (TRIAL + 1) * EPOCH,
             "{asleep} intervals asleep"
         );
     }
@@ -324,11 +325,8 @@ mod tests {
     fn a_close_call_keeps_the_choice_and_the_pace_of_trials() {
         let mut tuner = Tuner::new();
         let verdicts = run(&mut tuner, 50, 51, 3);
-        assert!(
-            verdicts.iter().all(|v| v.poll && !v.changed),
-            "{verdicts:?}"
-        );
-        assert_eq!(tuner.settled, TRIAL as u32);
+        kept_polling(&verdicts);
+        assert_eq!(tuner.settled, TRIAL);
     }
 
     #[test]
@@ -433,10 +431,7 @@ mod tests {
                 verdicts.push(v);
             }
         }
-        assert!(
-            verdicts.iter().all(|v| v.poll && !v.changed),
-            "{verdicts:?}"
-        );
+        kept_polling(&verdicts);
     }
 
     #[test]
@@ -444,7 +439,7 @@ mod tests {
         let mut tuner = Tuner::new();
         // Polled intervals arriving during the trial (threads still in
         // the old way) must not count as the trial's.
-        for _ in 0..(TRIAL as u32 + 1) * EPOCH {
+        for _ in 0..(TRIAL + 1) * EPOCH {
             tuner.observe(Duration::from_micros(50), true);
         }
         assert!(!tuner.polls(), "the trial has begun");

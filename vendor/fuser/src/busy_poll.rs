@@ -252,11 +252,11 @@ impl Readers {
             st.last_quick = None;
             return;
         }
-        let previous = st.last_quick.replace(now);
-        let interval = match previous {
-            Some(at) if st.after_quick => now.saturating_duration_since(at),
-            _ => return,
+        // Reset by every slow request, so the one before was quick.
+        let Some(at) = st.last_quick.replace(now) else {
+            return;
         };
+        let interval = now.saturating_duration_since(at);
         if interval > STREAM_GAP {
             return;
         }

@@ -209,3 +209,181 @@ fn writes_that_could_fail_or_change_the_mode_are_not_deferred() {
     let fs = FileSystem::open(store, FsOptions::default()).unwrap();
     assert!(fs.accept_write(ino, 0, 4096, false).is_none());
 }
+
+fn queueing(depth: usize) -> FsOptions {
+    FsOptions {
+        deferred_writes: 2,
+        queued_writes: depth,
+        ..FsOptions::default()
+    }
+}
+
+/// A small deterministic generator (xorshift64*), so a failure repeats.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let end = offset as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[offset as usize..end].copy_from_slice(data);
+}
+
+#[test]
+fn queued_writes_are_seen_by_what_follows_and_land_in_order_with_every_other_write() {
+    const DEPTH: usize = 8;
+    let gate = Arc::new(Gate::default());
+    let hold = Arc::clone(&gate);
+    let store = Arc::new(HookedStore::new(
+        MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
+        move |_, _| hold.pass(),
+    ));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = Arc::new(FileSystem::open(store.clone(), queueing(DEPTH)).unwrap());
+    let ino = mkfile(&fs, "f");
+    let mut model = Vec::new();
+
+    // One write held at the store by the queue's thread, DEPTH waiting
+    // behind it, each overlapping the one before.
+    gate.close();
+    for i in 0..=DEPTH as u64 {
+        let data = pattern(4096, i as u8);
+        assert!(
+            fs.queue_write(ino, i * 2048, &data, false),
+            "write {i} queued"
+        );
+        apply(&mut model, i * 2048, &data);
+    }
+    let (tx, rx) = mpsc::channel();
+    let reader = {
+        let (fs, len) = (Arc::clone(&fs), model.len());
+        thread::spawn(move || tx.send(fs.read(ino, 0, len).unwrap()).unwrap())
+    };
+    // A reader that did not wait would answer now, with the writes still
+    // held (what it saw is then checked below and fails).
+    let early = rx.recv_timeout(Duration::from_millis(200));
+    gate.open();
+    let seen = early.or_else(|_| rx.recv()).unwrap();
+    assert!(
+        seen == model,
+        "a read saw the file before its queued writes"
+    );
+    reader.join().unwrap();
+
+    // Queued writes of every size under 16 KiB, mixed with writes the
+    // caller does itself and large ones done by the answering thread, all
+    // over the same 256 KiB: the file must end as if each was done when it
+    // was answered.
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for i in 0..600u32 {
+        let offset = rng.below(256 * 1024);
+        match i % 10 {
+            0 => {
+                let data = pattern(16 * 1024 + rng.below(48 * 1024) as usize, i as u8);
+                let accepted = fs.accept_write(ino, offset, data.len(), false).unwrap();
+                fs.complete_write(accepted, &data);
+                apply(&mut model, offset, &data);
+            }
+            1 => {
+                let data = pattern(1 + rng.below(8192) as usize, i as u8);
+                assert_eq!(fs.write(ino, offset, &data).unwrap(), data.len());
+                apply(&mut model, offset, &data);
+            }
+            _ => {
+                let data = pattern(1 + rng.below(16 * 1024 - 1) as usize, i as u8);
+                assert!(fs.queue_write(ino, offset, &data, false));
+                apply(&mut model, offset, &data);
+            }
+        }
+    }
+    assert_eq!(fs.getattr(ino).unwrap().size, model.len() as u64);
+    assert!(fs.read(ino, 0, model.len()).unwrap() == model);
+    // Unmount does what is still queued: the reopened file is the same.
+    for i in 0..DEPTH as u64 {
+        let data = pattern(4096, 200 + i as u8);
+        assert!(fs.queue_write(ino, i * 4096, &data, false));
+        apply(&mut model, i * 4096, &data);
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = FileSystem::open(store, FsOptions::default()).unwrap();
+    assert!(fs.read(ino, 0, model.len()).unwrap() == model);
+}
+
+#[test]
+fn a_queued_write_failing_is_reported_by_fsync_and_by_close() {
+    let store = Arc::new(CrashStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024).expect("crash store"));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = FileSystem::open(store.clone(), queueing(4)).unwrap();
+    let (a, b) = (mkfile(&fs, "a"), mkfile(&fs, "b"));
+    fs.sync_all().unwrap();
+
+    store.set_write_budget(Some(0));
+    for ino in [a, b] {
+        assert!(fs.queue_write(ino, 0, &[1u8; 4096], false));
+    }
+    assert!(
+        fs.fsync(a, false).is_err(),
+        "fsync must report the lost write"
+    );
+    assert!(fs.flush(b).is_err(), "close must report the lost write");
+    assert!(fs.flush(a).is_ok());
+    assert!(fs.flush(b).is_ok());
+}
+
+#[test]
+fn without_a_queue_or_room_the_caller_does_the_write() {
+    // No queue: off by queued_writes=0, by deferred_writes=0, read-only.
+    let store = Arc::new(MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = FileSystem::open(store.clone(), queueing(0)).unwrap();
+    let ino = mkfile(&fs, "f");
+    assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
+    fs.unmount().unwrap();
+    let off = FsOptions {
+        queued_writes: 8,
+        ..FsOptions::default()
+    };
+    let fs = FileSystem::open(store.clone(), off).unwrap();
+    assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
+    fs.unmount().unwrap();
+    let read_only = FsOptions {
+        read_only: true,
+        ..queueing(8)
+    };
+    let fs = FileSystem::open(store, read_only).unwrap();
+    assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
+
+    // Too little free space for the margin: the write is done by the
+    // caller, which hears ENOSPC itself.
+    let small = Arc::new(MemStore::new(4, 8 * MIB, 64 * 1024));
+    FileSystem::format(small.clone()).unwrap();
+    let fs = FileSystem::open(small, queueing(8)).unwrap();
+    let ino = mkfile(&fs, "f");
+    assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
+    // Nor a write that must clear set-ID bits, or to a directory.
+    let store = Arc::new(MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = FileSystem::open(store, queueing(8)).unwrap();
+    let ino = mkfile(&fs, "f");
+    let setuid = SetAttr {
+        mode: Some(0o4755),
+        ..SetAttr::default()
+    };
+    fs.setattr(&Caller::root(), ino, &setuid).unwrap();
+    assert!(!fs.queue_write(ino, 0, &[1u8; 4096], true));
+    let dir = fs
+        .mkdir(&Caller::root(), ROOT_INO, OsStr::new("d"), 0o755, 0)
+        .unwrap()
+        .ino;
+    assert!(!fs.queue_write(dir, 0, &[1u8; 4096], false));
+}

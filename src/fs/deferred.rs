@@ -19,8 +19,10 @@
 //! * a write that fails after its reply is reported by the next fsync or
 //!   close (flush) of the inode, as the kernel reports a failed page-cache
 //!   writeback, and logged when it happens;
-//! * at most `limit` writes are outstanding, so FUSE threads stay free for
-//!   other requests, and none is accepted unless the free space covers all
+//! * at most `limit` writes done by the threads that answered them are
+//!   outstanding, so FUSE threads stay free for other requests (writes
+//!   handed to the write queue, `fs::write_queue`, are bounded by its depth
+//!   instead), and none is accepted unless the free space covers all
 //!   outstanding ones with room to spare (ENOSPC is then reported by the
 //!   write itself, done in the foreground).
 
@@ -65,6 +67,8 @@ pub struct Deferred {
     limit: usize,
     /// Writes accepted and not finished: the fast path of [`Deferred::settle`].
     outstanding: AtomicUsize,
+    /// Those of them done by the thread that answered them, held to `limit`.
+    in_threads: AtomicUsize,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -76,6 +80,8 @@ pub struct Ticket {
     ino: u64,
     seq: u64,
     bytes: u64,
+    /// Counted in `in_threads` (not handed to the write queue).
+    in_thread: bool,
     turn_passed: std::cell::Cell<bool>,
     done: bool,
 }
@@ -86,27 +92,55 @@ impl Deferred {
         Arc::new(Deferred {
             limit,
             outstanding: AtomicUsize::new(0),
+            in_threads: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         })
     }
 
-    /// Accept a write of `bytes` to `ino`, or None when it must be done in
-    /// the foreground: deferral off, too many outstanding, or `has_room`
-    /// says the free space is short of the bytes needed (the outstanding
-    /// ones, these, and [`SPACE_MARGIN`]).
+    /// Accept a write of `bytes` to `ino` that the answering thread does
+    /// itself, or None when it must be done in the foreground: deferral
+    /// off, `limit` such writes outstanding, or `has_room` says the free
+    /// space is short of the bytes needed (the outstanding ones, these, and
+    /// [`SPACE_MARGIN`]).
     pub fn try_accept(
         self: &Arc<Self>,
         ino: u64,
         bytes: u64,
         has_room: impl FnOnce(u64) -> bool,
     ) -> Option<Ticket> {
-        if self.outstanding.load(Ordering::SeqCst) >= self.limit {
+        if self.in_threads.load(Ordering::SeqCst) >= self.limit {
             return None;
         }
+        self.accept(ino, bytes, true, has_room)
+    }
+
+    /// Accept a write of `bytes` to `ino` for the write queue, which bounds
+    /// their number itself: None when deferral is off or the free space is
+    /// short, as for [`Deferred::try_accept`].
+    pub fn try_accept_queued(
+        self: &Arc<Self>,
+        ino: u64,
+        bytes: u64,
+        has_room: impl FnOnce(u64) -> bool,
+    ) -> Option<Ticket> {
+        if self.limit == 0 {
+            return None;
+        }
+        self.accept(ino, bytes, false, has_room)
+    }
+
+    fn accept(
+        self: &Arc<Self>,
+        ino: u64,
+        bytes: u64,
+        in_thread: bool,
+        has_room: impl FnOnce(u64) -> bool,
+    ) -> Option<Ticket> {
         let mut st = self.state.lock();
         let needed = st.bytes.saturating_add(bytes).saturating_add(SPACE_MARGIN);
-        if self.outstanding.load(Ordering::SeqCst) >= self.limit || !has_room(needed) {
+        if (in_thread && self.in_threads.load(Ordering::SeqCst) >= self.limit) || !has_room(needed)
+        {
             return None;
         }
         st.bytes += bytes;
@@ -114,11 +148,15 @@ impl Deferred {
         let seq = queue.issued;
         queue.issued += 1;
         self.outstanding.fetch_add(1, Ordering::SeqCst);
+        if in_thread {
+            self.in_threads.fetch_add(1, Ordering::SeqCst);
+        }
         Some(Ticket {
             deferred: Arc::clone(self),
             ino,
             seq,
             bytes,
+            in_thread,
             turn_passed: std::cell::Cell::new(false),
             done: false,
         })
@@ -187,7 +225,7 @@ impl Deferred {
         self.changed.notify_all();
     }
 
-    fn finish(&self, ino: u64, bytes: u64, failure: Option<FsError>) {
+    fn finish(&self, ino: u64, bytes: u64, in_thread: bool, failure: Option<FsError>) {
         let mut st = self.state.lock();
         st.bytes = st.bytes.saturating_sub(bytes);
         if let Some(queue) = st.queues.get_mut(&ino) {
@@ -198,6 +236,9 @@ impl Deferred {
             if queue.idle() && queue.failure.is_none() {
                 st.queues.remove(&ino);
             }
+        }
+        if in_thread {
+            self.in_threads.fetch_sub(1, Ordering::SeqCst);
         }
         self.outstanding.fetch_sub(1, Ordering::SeqCst);
         self.changed.notify_all();
@@ -227,7 +268,8 @@ impl Ticket {
         self.done = true;
         match result {
             Ok(value) => {
-                self.deferred.finish(self.ino, self.bytes, None);
+                self.deferred
+                    .finish(self.ino, self.bytes, self.in_thread, None);
                 Some(value)
             }
             Err(err) => {
@@ -235,7 +277,8 @@ impl Ticket {
                     "a write to inode {} failed after it was answered (reported at the next fsync or close): {err}",
                     self.ino
                 );
-                self.deferred.finish(self.ino, self.bytes, Some(err));
+                self.deferred
+                    .finish(self.ino, self.bytes, self.in_thread, Some(err));
                 None
             }
         }
@@ -249,6 +292,7 @@ impl Drop for Ticket {
             self.deferred.finish(
                 self.ino,
                 self.bytes,
+                self.in_thread,
                 Some(FsError::Invalid("an accepted write was abandoned")),
             );
         }
@@ -392,5 +436,27 @@ mod tests {
         c.run(|_| Ok::<_, FsError>(()));
         deferred.settle_all();
         assert!(Deferred::new(0).try_accept(1, 1, plenty).is_none());
+    }
+
+    #[test]
+    fn queued_writes_do_not_count_against_the_limit_but_obey_off_and_free_space() {
+        let deferred = Deferred::new(1);
+        let queued: Vec<Ticket> = (0..5)
+            .map(|_| deferred.try_accept_queued(1, 10, plenty).unwrap())
+            .collect();
+        // The queued ones leave the one write done by its thread its room...
+        let threaded = deferred.try_accept(1, 10, plenty).unwrap();
+        assert!(deferred.try_accept(2, 10, plenty).is_none());
+        // ...but their bytes count against the free space.
+        assert!(deferred
+            .try_accept_queued(2, 10, free(SPACE_MARGIN + 69))
+            .is_none());
+        for ticket in queued {
+            ticket.run(|_| Ok::<_, FsError>(()));
+        }
+        threaded.run(|_| Ok::<_, FsError>(()));
+        assert!(deferred.try_accept(2, 10, plenty).is_some());
+        deferred.settle_all();
+        assert!(Deferred::new(0).try_accept_queued(1, 1, plenty).is_none());
     }
 }

@@ -34,6 +34,7 @@ pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod teststore;
 pub mod upgrade;
+mod write_queue;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -233,9 +234,13 @@ pub struct FsOptions {
     pub read_only: bool,
     /// Maximum seconds between journal commits.
     pub commit_interval_secs: u64,
-    /// Writes that may be answered before they are done (0: none); see
+    /// Writes that may be answered before they are done by the threads
+    /// that answered them (0: none, and no write queue either); see
     /// [`FileSystem::accept_write`].
     pub deferred_writes: usize,
+    /// Small writes that may wait in the write queue (0: no queue); see
+    /// [`FileSystem::queue_write`].
+    pub queued_writes: usize,
     /// When reads move the access time (the mount's atime mode).
     pub atime: atime::AtimeMode,
     /// Whether listing a directory moves its access time (`nodiratime`: no).
@@ -248,6 +253,7 @@ impl Default for FsOptions {
             read_only: false,
             commit_interval_secs: 5,
             deferred_writes: 0,
+            queued_writes: 0,
             atime: atime::AtimeMode::Relative,
             diratime: true,
         }
@@ -276,6 +282,9 @@ pub struct FileSystem {
     /// Dropping the sender stops the commit thread.
     stop_committer: Mutex<Option<crossbeam_channel::Sender<()>>>,
     deferred: Arc<Deferred>,
+    /// Small writes answered at once and done by the queue's thread (None:
+    /// off, or read-only).
+    queue: Option<write_queue::WriteQueue<QueuedWrite>>,
     atime: atime::AtimeMode,
     diratime: bool,
     /// Opened read-write: `remount,rw` may take changes again.
@@ -283,6 +292,23 @@ pub struct FileSystem {
     /// Read-only because of [`FileSystem::set_read_only`] (not because a
     /// commit failed, which must stay read-only).
     remounted_read_only: std::sync::atomic::AtomicBool,
+}
+
+/// Do an accepted write once its turn comes (see `fs::deferred`).
+fn complete(inner: &Inner, accepted: AcceptedWrite, data: &[u8]) {
+    let AcceptedWrite {
+        ticket,
+        offset,
+        drop_setid,
+    } = accepted;
+    let ino = ticket.ino();
+    ticket.run(|placed| inner.write_data_then(drop_setid, ino, offset, data, placed));
+}
+
+/// A write waiting in the write queue, with its own copy of the data.
+struct QueuedWrite {
+    accepted: AcceptedWrite,
+    data: Vec<u8>,
 }
 
 /// A write answered before it is done: see [`FileSystem::accept_write`].
@@ -345,14 +371,32 @@ impl FileSystem {
             );
             Some(tx)
         };
+        let deferred = Deferred::new(if opts.read_only {
+            0
+        } else {
+            opts.deferred_writes
+        });
+        let queue = if opts.read_only || opts.deferred_writes == 0 || opts.queued_writes == 0 {
+            None
+        } else {
+            let inner = Arc::clone(&inner);
+            let queue = write_queue::WriteQueue::start(
+                opts.queued_writes,
+                "raidfs-writes",
+                move |w: QueuedWrite| complete(&inner, w.accepted, &w.data),
+            )
+            .map_err(|e| {
+                FsError::Store(StoreError::Io(format!(
+                    "starting the write queue's thread: {e}"
+                )))
+            })?;
+            Some(queue)
+        };
         Ok(FileSystem {
             inner,
             stop_committer: Mutex::new(stop),
-            deferred: Deferred::new(if opts.read_only {
-                0
-            } else {
-                opts.deferred_writes
-            }),
+            deferred,
+            queue,
             atime: opts.atime,
             diratime: opts.diratime,
             opened_writable: !opts.read_only,
@@ -919,6 +963,17 @@ impl FileSystem {
         len: usize,
         drop_setid: bool,
     ) -> Option<AcceptedWrite> {
+        self.accept(ino, offset, len, drop_setid, false)
+    }
+
+    fn accept(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: usize,
+        drop_setid: bool,
+        queued: bool,
+    ) -> Option<AcceptedWrite> {
         if len == 0 || self.inner.is_read_only() {
             return None;
         }
@@ -936,10 +991,15 @@ impl FileSystem {
         };
         // The unallocated groups are counted only when the allocated ones
         // fall short (counting them scans the array's group table).
-        let ticket = self.deferred.try_accept(ino, len as u64, |needed| {
+        let has_room = |needed| {
             in_groups >= needed
                 || in_groups.saturating_add(self.inner.unallocated_bytes()) >= needed
-        })?;
+        };
+        let ticket = if queued {
+            self.deferred.try_accept_queued(ino, len as u64, has_room)?
+        } else {
+            self.deferred.try_accept(ino, len as u64, has_room)?
+        };
         Some(AcceptedWrite {
             ticket,
             offset,
@@ -951,16 +1011,25 @@ impl FileSystem {
     /// the writes of the inode accepted before it have locked their ranges
     /// and allocated their blocks, and runs beside those of other ranges.
     pub fn complete_write(&self, accepted: AcceptedWrite, data: &[u8]) {
-        let AcceptedWrite {
-            ticket,
-            offset,
-            drop_setid,
-        } = accepted;
-        let ino = ticket.ino();
-        ticket.run(|placed| {
-            self.inner
-                .write_data_then(drop_setid, ino, offset, data, placed)
-        });
+        complete(&self.inner, accepted, data);
+    }
+
+    /// Accept a write as [`FileSystem::accept_write`] does and hand it with
+    /// a copy of `data` to the write queue's thread (`fs::write_queue`), or
+    /// false when the caller must do it before its answer: no queue, or
+    /// anything for which `accept_write` declines. Waits while the queue is
+    /// full. A failure is reported by the next fsync or flush of the inode.
+    pub fn queue_write(&self, ino: u64, offset: u64, data: &[u8], drop_setid: bool) -> bool {
+        let Some(queue) = &self.queue else {
+            return false;
+        };
+        queue.push(|| {
+            let accepted = self.accept(ino, offset, data.len(), drop_setid, true)?;
+            Some(QueuedWrite {
+                accepted,
+                data: data.to_vec(),
+            })
+        })
     }
 
     /// The first offset at or after `offset` that starts data or lies in a

@@ -31,19 +31,22 @@ use crate::fs::{self, Attr, FallocateMode, FileSystem, FsError, FsResult, SetAtt
 /// Largest write request the kernel may send (and readahead it may issue).
 pub const MAX_REQUEST_BYTES: u32 = 1 << 20;
 
-/// The smallest write answered before it is done. Answering early lets the
-/// writer copy its next request while the daemon writes this one, which
-/// pays for the hand-off between threads it costs only when there is a
-/// copy to overlap: `scripts/ab-dd --b-opts deferred_writes=0` (RAID5, three
-/// rounds) put writes done before their answer ahead at 4 KiB (173 against
-/// 131 MB/s), level at 16 KiB (307 against 300) and behind from 64 KiB on
-/// (412 against 495, and 993 against 1,315 at 1 MiB); 4 KiB random writes
-/// (fio, psync) gained 7 to 37 % across the levels (docs/performance.md,
-/// "Small writes done before their answer").
+/// The smallest write answered before it is done by the thread that
+/// answered it. Answering early lets the writer copy its next request while
+/// the daemon writes this one; done on the answering thread, each write
+/// waits for the turn of the one before it, which pays only when there is
+/// a large copy to overlap: `scripts/ab-dd --b-opts deferred_writes=0`
+/// (RAID5, three rounds) put writes done before their answer ahead at 4 KiB
+/// (173 against 131 MB/s), level at 16 KiB (307 against 300) and behind
+/// from 64 KiB on (412 against 495, and 993 against 1,315 at 1 MiB)
+/// (docs/performance.md, "Small writes done before their answer"). Smaller
+/// writes go to the write queue instead ([`FileSystem::queue_write`]),
+/// whose one thread never waits for a turn.
 const SMALLEST_ANSWERED_FIRST: usize = 16 << 10;
 
-/// Whether a write of `len` bytes is worth answering before it is done
-/// (when the filesystem accepts it so: [`FileSystem::accept_write`]).
+/// Whether a write of `len` bytes is worth answering before it is done on
+/// the answering thread (when the filesystem accepts it so:
+/// [`FileSystem::accept_write`]); smaller ones are queued.
 fn answered_first(len: usize) -> bool {
     len >= SMALLEST_ANSWERED_FIRST
 }
@@ -627,17 +630,21 @@ impl Filesystem for RaidFuse {
         let kill_setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let sync = write_sync(HandleFlags::from_handle(fh.0), flags.0, from_cache);
-        if sync.is_none() && answered_first(data.len()) {
-            // Answer first, then write: the writer copies its next request
-            // while this one is written (see `fs::deferred`).
-            // The length is checked first: an accepted write must be done.
-            if let Ok(n) = u32::try_from(data.len()) {
+        // The length is checked first: an accepted write must be done.
+        if let (None, Ok(n)) = (sync, u32::try_from(data.len())) {
+            if answered_first(data.len()) {
+                // Answer first, then write: the writer copies its next
+                // request while this one is written (see `fs::deferred`).
                 if let Some(accepted) = self.fs.accept_write(ino.0, offset, data.len(), kill_setid)
                 {
                     reply.written(n);
                     self.fs.complete_write(accepted, data);
                     return;
                 }
+            } else if self.fs.queue_write(ino.0, offset, data, kill_setid) {
+                // Queued for the writer thread (see `fs::write_queue`).
+                reply.written(n);
+                return;
             }
         }
         let written = if kill_setid {

@@ -329,6 +329,10 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             .options
             .deferred_writes
             .unwrap_or(plan.options.fuse.threads / 2),
+        queued_writes: plan
+            .options
+            .queued_writes
+            .unwrap_or(super::options::DEFAULT_QUEUED_WRITES),
         commit_interval_secs: plan
             .options
             .commit_secs
@@ -341,10 +345,13 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             "the journal is committed every {} s (commit=); fsync, O_SYNC and `raidfs sync` commit at once",
             fs_opts.commit_interval_secs
         );
-        match fs_opts.deferred_writes {
-            0 => info!("every write is answered once it is done (deferred_writes=0)"),
-            n => info!(
-                "writes answered before they are done: up to {n} at a time (deferred_writes); fsync waits for them"
+        match (fs_opts.deferred_writes, fs_opts.queued_writes) {
+            (0, _) => info!("every write is answered once it is done (deferred_writes=0)"),
+            (n, 0) => info!(
+                "writes of 16 KiB or more answered before they are done: up to {n} at a time (deferred_writes); smaller ones are done first (queued_writes=0); fsync waits for them"
+            ),
+            (n, q) => info!(
+                "writes of 16 KiB or more answered before they are done: up to {n} at a time (deferred_writes); smaller ones queued for the writer thread, up to {q} waiting (queued_writes); fsync waits for them"
             ),
         }
     }

@@ -34,6 +34,9 @@ pub struct MountOptions {
     /// Writes answered before they are done (`deferred_writes=N`, 0 for
     /// none); by default half the FUSE threads.
     pub deferred_writes: Option<usize>,
+    /// Small writes that may wait in the write queue (`queued_writes=N`, 0
+    /// for no queue); by default [`DEFAULT_QUEUED_WRITES`].
+    pub queued_writes: Option<usize>,
     /// Most seconds between journal commits (`commit=SECS`): what a crash
     /// can lose of writes that were not fsync'd.
     pub commit_secs: Option<u64>,
@@ -145,6 +148,14 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 /// more than anyone should stand to lose.
 pub const MAX_COMMIT_SECS: u64 = 3600;
 
+/// Small writes waiting in the write queue by default (`queued_writes=`):
+/// at most 64 copies of under 16 KiB each, a megabyte.
+pub const DEFAULT_QUEUED_WRITES: usize = 64;
+
+/// The deepest write queue (`queued_writes=`): 4096 writes of under 16 KiB
+/// are 64 MiB of copies.
+pub const MAX_QUEUED_WRITES: usize = 4096;
+
 /// raidfs's own options, as `mount --help`, the man page and the error for
 /// an unknown option show them: the form, then what it does (docs/cli.md
 /// has the whole story; a test checks every one is there and parses).
@@ -200,6 +211,10 @@ pub const OPTIONS: &[(&str, &str)] = &[
     (
         "deferred_writes=N",
         "writes answered before they are done, 0 to 256 (default: half the threads)",
+    ),
+    (
+        "queued_writes=N",
+        "writes under 16 KiB answered at once and done in order by a writer thread, up to N waiting, 0 to 4096 (default 64; 0, or deferred_writes=0, does them before the answer)",
     ),
     (
         "commit=SECS",
@@ -342,6 +357,16 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                     _ => {
                         return Err(format!(
                             "deferred_writes={v}: expected a number of writes from 0 (off) to 256"
+                        ))
+                    }
+                }
+            }
+            ("queued_writes", Some(v)) => {
+                opts.queued_writes = match v.parse::<usize>() {
+                    Ok(n) if n <= MAX_QUEUED_WRITES => Some(n),
+                    _ => {
+                        return Err(format!(
+                            "queued_writes={v}: expected a number of writes from 0 (no queue) to {MAX_QUEUED_WRITES}"
                         ))
                     }
                 }
@@ -562,6 +587,21 @@ mod tests {
         assert_eq!(opts.deferred_writes, Some(0));
         let opts = parse(&["threads=8,deferred_writes=3".into()]).unwrap();
         assert_eq!(opts.deferred_writes, Some(3));
+    }
+
+    #[test]
+    fn queued_writes_is_a_count_and_zero_turns_the_queue_off() {
+        assert_eq!(parse(&[]).unwrap().queued_writes, None);
+        assert_eq!(
+            parse(&["queued_writes=0".into()]).unwrap().queued_writes,
+            Some(0)
+        );
+        assert_eq!(
+            parse(&["queued_writes=4096".into()]).unwrap().queued_writes,
+            Some(4096)
+        );
+        assert!(parse(&["queued_writes=4097".into()]).is_err());
+        assert!(parse(&["queued_writes=deep".into()]).is_err());
     }
 
     #[test]

@@ -1,0 +1,228 @@
+//! Small writes answered at once and done by one writer thread, in the
+//! order they were accepted.
+//!
+//! A 4 KiB write through FUSE costs the writer a round trip, and the daemon
+//! a copy-on-write placement, checksums and the stripe cache besides.
+//! Done before its answer, the two alternate: the writer waits while the
+//! daemon works, and the daemon idles while the writer prepares its next
+//! request. Done by the thread that answered it after the answer
+//! (`fs::deferred`'s tickets), each write's thread waits for the turn of
+//! the one before it, a sleep and a wake-up per write, which cost more than
+//! the overlap gave. Here the answering thread copies the write into this
+//! queue and answers; one writer thread takes what has gathered and does it
+//! in order, so turns are never waited for and the writer thread sleeps
+//! only when it has caught up.
+//!
+//! Each queued write holds a ticket of `fs::deferred`, so everything that
+//! keeps answered writes invisible holds here too: other operations on the
+//! inode wait for its writes, fsync and close report a failure, and no
+//! write is accepted unless the free space covers it. Tickets are taken
+//! under the queue's lock, so the queue's order is the tickets' order and
+//! the writer never waits for a write queued behind it.
+//!
+//! At most `depth` writes wait; a caller that finds the queue full waits
+//! for the writer to take them (as a writer waits for the page cache's
+//! writeback when too much is dirty). Dropping the handle closes the queue
+//! and waits until every write in it is done.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+struct State<W> {
+    waiting: VecDeque<W>,
+    closed: bool,
+    /// The writer thread waits for work (a push must wake it).
+    writer_asleep: bool,
+}
+
+struct Shared<W> {
+    state: Mutex<State<W>>,
+    /// The writer waits here for writes.
+    work: Condvar,
+    /// Callers of a full queue wait here for room.
+    room: Condvar,
+    depth: usize,
+}
+
+/// The queue and its writer thread.
+pub struct WriteQueue<W: Send + 'static> {
+    shared: Arc<Shared<W>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl<W: Send + 'static> WriteQueue<W> {
+    /// Start the writer thread, which does each queued write with `run`.
+    /// `depth` (at least 1) writes may wait besides those being done.
+    pub fn start(
+        depth: usize,
+        name: &str,
+        run: impl Fn(W) + Send + 'static,
+    ) -> std::io::Result<WriteQueue<W>> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                waiting: VecDeque::new(),
+                closed: false,
+                writer_asleep: false,
+            }),
+            work: Condvar::new(),
+            room: Condvar::new(),
+            depth: depth.max(1),
+        });
+        let writer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(name.to_string())
+                .spawn(move || shared.write_all(run))?
+        };
+        Ok(WriteQueue {
+            shared,
+            writer: Some(writer),
+        })
+    }
+
+    /// Queue the write `accept` makes, waiting for room first. `accept`
+    /// runs under the queue's lock (so writes are queued in the order they
+    /// were accepted); when it declines, nothing is queued and false is
+    /// returned, and the caller does the write itself.
+    pub fn push(&self, accept: impl FnOnce() -> Option<W>) -> bool {
+        let shared = &self.shared;
+        let mut st = shared.state.lock();
+        while st.waiting.len() >= shared.depth && !st.closed {
+            shared.room.wait(&mut st);
+        }
+        if st.closed {
+            return false;
+        }
+        let Some(write) = accept() else {
+            return false;
+        };
+        st.waiting.push_back(write);
+        if st.writer_asleep {
+            st.writer_asleep = false;
+            shared.work.notify_one();
+        }
+        true
+    }
+}
+
+impl<W: Send> Shared<W> {
+    /// The writer thread: take every waiting write at once, do them in
+    /// order, and sleep only when none waits. Ends once the queue is closed
+    /// and empty.
+    fn write_all(&self, run: impl Fn(W)) {
+        loop {
+            let batch = {
+                let mut st = self.state.lock();
+                while st.waiting.is_empty() && !st.closed {
+                    st.writer_asleep = true;
+                    self.work.wait(&mut st);
+                }
+                if st.waiting.is_empty() {
+                    return;
+                }
+                let batch = std::mem::take(&mut st.waiting);
+                self.room.notify_all();
+                batch
+            };
+            for write in batch {
+                run(write);
+            }
+        }
+    }
+}
+
+impl<W: Send + 'static> Drop for WriteQueue<W> {
+    fn drop(&mut self) {
+        {
+            let mut st = self.shared.state.lock();
+            st.closed = true;
+            st.writer_asleep = false;
+        }
+        self.shared.work.notify_all();
+        self.shared.room.notify_all();
+        if let Some(writer) = self.writer.take() {
+            if writer.join().is_err() {
+                log::error!("the write queue's thread panicked");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn writes_are_done_in_the_order_they_were_queued() {
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let queue = {
+            let done = Arc::clone(&done);
+            WriteQueue::start(4, "test-writes", move |n: u32| done.lock().push(n)).unwrap()
+        };
+        for n in 0..1000 {
+            assert!(queue.push(|| Some(n)));
+        }
+        drop(queue);
+        assert_eq!(*done.lock(), (0..1000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_declined_write_is_not_queued() {
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let queue = {
+            let done = Arc::clone(&done);
+            WriteQueue::start(4, "test-writes", move |n: u32| done.lock().push(n)).unwrap()
+        };
+        assert!(queue.push(|| Some(1)));
+        assert!(!queue.push(|| None));
+        assert!(queue.push(|| Some(3)));
+        drop(queue);
+        assert_eq!(*done.lock(), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_full_queue_holds_its_caller_until_the_writer_takes_writes() {
+        // The writer blocks in its first write until released.
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let (started_tx, started_rx) = mpsc::channel::<u32>();
+        let release_rx = Mutex::new(release_rx);
+        let queue = Arc::new(
+            WriteQueue::start(2, "test-writes", move |n: u32| {
+                started_tx.send(n).unwrap();
+                release_rx.lock().recv().unwrap();
+            })
+            .unwrap(),
+        );
+        assert!(queue.push(|| Some(0)));
+        assert_eq!(started_rx.recv().unwrap(), 0);
+        // Write 0 is being done; two more fill the queue.
+        assert!(queue.push(|| Some(1)));
+        assert!(queue.push(|| Some(2)));
+        let (pushed_tx, pushed_rx) = mpsc::channel();
+        let pusher = {
+            let queue = Arc::clone(&queue);
+            std::thread::spawn(move || {
+                let queued = queue.push(|| Some(3));
+                pushed_tx.send(queued).unwrap();
+            })
+        };
+        // The fourth waits while the queue is full: its push has not
+        // returned by the time write 0 is released...
+        assert!(pushed_rx.try_recv().is_err());
+        release_tx.send(()).unwrap();
+        // ...and is queued once the writer took writes 1 and 2.
+        assert_eq!(started_rx.recv().unwrap(), 1);
+        assert!(pushed_rx.recv().unwrap());
+        for _ in 0..3 {
+            release_tx.send(()).unwrap();
+        }
+        assert_eq!(started_rx.recv().unwrap(), 2);
+        assert_eq!(started_rx.recv().unwrap(), 3);
+        pusher.join().unwrap();
+        drop(Arc::into_inner(queue).unwrap());
+    }
+}

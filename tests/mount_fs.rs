@@ -689,3 +689,35 @@ fn writes_and_truncates_clear_set_id_bits_and_capabilities() {
     assert_eq!(mode(), 0o777);
     assert!(!has_caps(), "chown kept the capabilities");
 }
+
+/// A mount whose session ended because someone unmounted it (umount(8),
+/// not `raidfs umount`) must not unmount whatever was mounted on the same
+/// directory since: a script that unmounts and mounts the next array at
+/// once lost the new mount when the old daemon's session was joined.
+#[test]
+fn a_session_ended_by_umount_leaves_the_next_mount_on_its_directory_alone() {
+    if !fuse_available() {
+        return;
+    }
+    use raidfs::fs::{FileSystem, FsOptions};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let open = || Arc::new(FileSystem::open(mem_store(), FsOptions::default()).unwrap());
+    let config = MountConfig::default();
+    for round in 0..5 {
+        let first = raidfs::fuse::mount(open(), dir.path(), &config).unwrap();
+        fs::write(dir.path().join("first"), b"1").unwrap();
+        // SAFETY: umount2 with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::umount2(cstr(dir.path()).as_ptr(), 0) }, 0);
+        let second = raidfs::fuse::mount(open(), dir.path(), &config).unwrap();
+        // The first session ends (it was unmounted) and is joined.
+        let _ = first.wait();
+        assert!(
+            second.is_mounted(),
+            "round {round}: the first mount's end unmounted the second"
+        );
+        assert!(!dir.path().join("first").exists());
+        fs::write(dir.path().join("second"), b"2").unwrap();
+        second.unmount().unwrap();
+    }
+}

@@ -677,14 +677,27 @@ impl BackgroundSession {
     }
 
     /// Join the filesystem thread.
-    pub fn join(self) -> io::Result<()> {
-        self.guard
+    ///
+    /// RAIDFS-PATCH: a session loop that ended without an error ended
+    /// because the kernel unmounted the filesystem (DESTROY, or ENODEV on
+    /// the device): the mount is already gone from the namespace, and the
+    /// connection's poll may not say so yet. Unmounting the mount point by
+    /// path then would unmount whatever was mounted there since.
+    pub fn join(mut self) -> io::Result<()> {
+        let ended = self
+            .guard
             .join()
             .map_err(|_panic: Box<dyn std::any::Any + Send>| {
                 io::Error::new(
                     io::ErrorKind::Other,
                     "filesystem background thread panicked",
                 )
-            })?
+            })?;
+        if ended.is_ok() {
+            if let Some(mount) = self.mount.take() {
+                mount.forget_unmounted();
+            }
+        }
+        ended
     }
 }

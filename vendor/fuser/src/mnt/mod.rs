@@ -143,6 +143,13 @@ impl Mount {
         }
     }
 
+    /// RAIDFS-PATCH: drop a mount the kernel has already unmounted,
+    /// without unmounting its mount point again (see
+    /// `BackgroundSession::join`).
+    pub(crate) fn forget_unmounted(mut self) {
+        self.mount_impl.take();
+    }
+
     pub(crate) fn umount(mut self) -> io::Result<()> {
         match self.mount_impl.take() {
             Some(mut mount) => {

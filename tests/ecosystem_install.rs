@@ -159,6 +159,7 @@ fn man_raidfs_mount_renders_after_make_install() {
         "auto_unmount",
         "direct_io",
         "deferred_writes=N",
+        "queued_writes=N",
         "read_ahead_kb=N",
         "balance=POLICY",
         "rotational=0|1",

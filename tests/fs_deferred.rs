@@ -230,6 +230,17 @@ impl Rng {
     }
 }
 
+/// Start a streak of writes on `ino` (the first write of one is done by
+/// its caller: `FileSystem::queue_write` declines it) with a write of
+/// nothing; true when the queue declined it.
+fn start_streak(fs: &FileSystem, ino: u64) -> bool {
+    let declined = !fs.queue_write(ino, 0, &[7u8; 1], false);
+    if declined {
+        fs.write(ino, 0, &[7u8; 1]).unwrap();
+    }
+    declined
+}
+
 fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
     let end = offset as usize + data.len();
     if model.len() < end {
@@ -251,6 +262,11 @@ fn queued_writes_are_seen_by_what_follows_and_land_in_order_with_every_other_wri
     let fs = Arc::new(FileSystem::open(store.clone(), queueing(DEPTH)).unwrap());
     let ino = mkfile(&fs, "f");
     let mut model = Vec::new();
+    assert!(
+        start_streak(&fs, ino),
+        "a streak's first write is not queued"
+    );
+    apply(&mut model, 0, &[7u8; 1]);
 
     // One write held at the store by the queue's thread, DEPTH waiting
     // behind it, each overlapping the one before.
@@ -284,6 +300,7 @@ fn queued_writes_are_seen_by_what_follows_and_land_in_order_with_every_other_wri
     // over the same 256 KiB: the file must end as if each was done when it
     // was answered.
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut declined = 0;
     for i in 0..600u32 {
         let offset = rng.below(256 * 1024);
         match i % 10 {
@@ -300,13 +317,23 @@ fn queued_writes_are_seen_by_what_follows_and_land_in_order_with_every_other_wri
             }
             _ => {
                 let data = pattern(1 + rng.below(16 * 1024 - 1) as usize, i as u8);
-                assert!(fs.queue_write(ino, offset, &data, false));
+                if !fs.queue_write(ino, offset, &data, false) {
+                    declined += 1;
+                    fs.write(ino, offset, &data).unwrap();
+                }
                 apply(&mut model, offset, &data);
             }
         }
     }
+    // The read above ended the streak: only the first small write after it
+    // was declined, and done by its caller.
+    assert_eq!(declined, 1);
     assert_eq!(fs.getattr(ino).unwrap().size, model.len() as u64);
     assert!(fs.read(ino, 0, model.len()).unwrap() == model);
+    // Anything but a write ends the streak: its next write is done first.
+    fs.getattr(ino).unwrap();
+    assert!(start_streak(&fs, ino));
+    apply(&mut model, 0, &[7u8; 1]);
     // Unmount does what is still queued: the reopened file is the same.
     for i in 0..DEPTH as u64 {
         let data = pattern(4096, 200 + i as u8);
@@ -325,6 +352,9 @@ fn a_queued_write_failing_is_reported_by_fsync_and_by_close() {
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(store.clone(), queueing(4)).unwrap();
     let (a, b) = (mkfile(&fs, "a"), mkfile(&fs, "b"));
+    for ino in [a, b] {
+        start_streak(&fs, ino);
+    }
     fs.sync_all().unwrap();
 
     store.set_write_budget(Some(0));
@@ -342,11 +372,14 @@ fn a_queued_write_failing_is_reported_by_fsync_and_by_close() {
 
 #[test]
 fn without_a_queue_or_room_the_caller_does_the_write() {
+    // Each case starts a streak first, so that only the case itself can
+    // make the queue decline.
     // No queue: off by queued_writes=0, by deferred_writes=0, read-only.
     let store = Arc::new(MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
     FileSystem::format(store.clone()).unwrap();
     let fs = FileSystem::open(store.clone(), queueing(0)).unwrap();
     let ino = mkfile(&fs, "f");
+    start_streak(&fs, ino);
     assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
     fs.unmount().unwrap();
     let off = FsOptions {
@@ -354,6 +387,7 @@ fn without_a_queue_or_room_the_caller_does_the_write() {
         ..FsOptions::default()
     };
     let fs = FileSystem::open(store.clone(), off).unwrap();
+    start_streak(&fs, ino);
     assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
     fs.unmount().unwrap();
     let read_only = FsOptions {
@@ -362,6 +396,7 @@ fn without_a_queue_or_room_the_caller_does_the_write() {
     };
     let fs = FileSystem::open(store, read_only).unwrap();
     assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
+    assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
 
     // Too little free space for the margin: the write is done by the
     // caller, which hears ENOSPC itself.
@@ -369,6 +404,7 @@ fn without_a_queue_or_room_the_caller_does_the_write() {
     FileSystem::format(small.clone()).unwrap();
     let fs = FileSystem::open(small, queueing(8)).unwrap();
     let ino = mkfile(&fs, "f");
+    start_streak(&fs, ino);
     assert!(!fs.queue_write(ino, 0, &[1u8; 4096], false));
     // Nor a write that must clear set-ID bits, or to a directory.
     let store = Arc::new(MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024));
@@ -380,10 +416,14 @@ fn without_a_queue_or_room_the_caller_does_the_write() {
         ..SetAttr::default()
     };
     fs.setattr(&Caller::root(), ino, &setuid).unwrap();
+    start_streak(&fs, ino);
     assert!(!fs.queue_write(ino, 0, &[1u8; 4096], true));
+    // The same write without set-ID bits to clear is queued.
+    assert!(fs.queue_write(ino, 0, &[1u8; 4096], false));
     let dir = fs
         .mkdir(&Caller::root(), ROOT_INO, OsStr::new("d"), 0o755, 0)
         .unwrap()
         .ino;
+    assert!(!fs.queue_write(dir, 0, &[1u8; 4096], false));
     assert!(!fs.queue_write(dir, 0, &[1u8; 4096], false));
 }

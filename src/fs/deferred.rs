@@ -26,7 +26,7 @@
 //!   outstanding ones with room to spare (ENOSPC is then reported by the
 //!   write itself, done in the foreground).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -61,7 +61,13 @@ struct State {
     queues: HashMap<u64, Queue>,
     /// Bytes of accepted writes not yet finished.
     bytes: u64,
+    /// Inodes whose latest request was a write ([`Deferred::continue_streak`]).
+    streaks: HashSet<u64>,
 }
+
+/// Inodes remembered in a streak of writes at most; past it the memory is
+/// cleared (a streak then starts again, which costs one write done first).
+const MAX_STREAKS: usize = 1 << 16;
 
 pub struct Deferred {
     limit: usize,
@@ -69,6 +75,8 @@ pub struct Deferred {
     outstanding: AtomicUsize,
     /// Those of them done by the thread that answered them, held to `limit`.
     in_threads: AtomicUsize,
+    /// Entries of `State::streaks`: the fast path of [`Deferred::settle`].
+    streaking: AtomicUsize,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -93,6 +101,7 @@ impl Deferred {
             limit,
             outstanding: AtomicUsize::new(0),
             in_threads: AtomicUsize::new(0),
+            streaking: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         })
@@ -162,8 +171,45 @@ impl Deferred {
         })
     }
 
-    /// Wait until every accepted write of `ino` has finished.
+    /// Record that a write of `ino` arrived, and say whether the inode's
+    /// previous request was a write too (one that [`Deferred::settle`] did
+    /// not follow). Queueing a write is worth its hand-off only inside such
+    /// a streak: a file created, written once and closed would pay a wake-up
+    /// of the queue's thread and a wait for it at close, instead of one
+    /// write done at once.
+    pub fn continue_streak(&self, ino: u64) -> bool {
+        let mut st = self.state.lock();
+        if st.streaks.contains(&ino) {
+            return true;
+        }
+        if st.streaks.len() >= MAX_STREAKS {
+            st.streaks.clear();
+        }
+        st.streaks.insert(ino);
+        self.streaking.store(st.streaks.len(), Ordering::SeqCst);
+        false
+    }
+
+    /// Wait until every accepted write of `ino` has finished, for a request
+    /// other than a write: it ends the inode's streak of writes.
     pub fn settle(&self, ino: u64) {
+        if self.outstanding.load(Ordering::SeqCst) == 0
+            && self.streaking.load(Ordering::SeqCst) == 0
+        {
+            return;
+        }
+        let mut st = self.state.lock();
+        if st.streaks.remove(&ino) {
+            self.streaking.store(st.streaks.len(), Ordering::SeqCst);
+        }
+        while st.queues.get(&ino).is_some_and(|q| !q.idle()) {
+            self.changed.wait(&mut st);
+        }
+    }
+
+    /// Wait until every accepted write of `ino` has finished, for a write
+    /// done before its answer (which continues the inode's streak).
+    pub fn settle_for_write(&self, ino: u64) {
         if self.outstanding.load(Ordering::SeqCst) == 0 {
             return;
         }
@@ -436,6 +482,19 @@ mod tests {
         c.run(|_| Ok::<_, FsError>(()));
         deferred.settle_all();
         assert!(Deferred::new(0).try_accept(1, 1, plenty).is_none());
+    }
+
+    #[test]
+    fn a_streak_is_writes_with_nothing_else_between() {
+        let deferred = Deferred::new(2);
+        assert!(!deferred.continue_streak(1), "the first write starts it");
+        assert!(deferred.continue_streak(1));
+        assert!(!deferred.continue_streak(2), "each inode has its own");
+        deferred.settle_for_write(1);
+        assert!(deferred.continue_streak(1), "a write continues it");
+        deferred.settle(1);
+        assert!(!deferred.continue_streak(1), "anything else ends it");
+        assert!(deferred.continue_streak(2));
     }
 
     #[test]

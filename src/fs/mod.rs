@@ -854,7 +854,7 @@ impl FileSystem {
     /// Write all of `data` at `offset`; returns bytes written. The file
     /// loses its capabilities (`security.capability`), as with any write.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        self.deferred.settle(ino);
+        self.deferred.settle_for_write(ino);
         Ok(self.inner.write_data(false, ino, offset, data)?.0)
     }
 
@@ -869,7 +869,7 @@ impl FileSystem {
         offset: u64,
         data: &[u8],
     ) -> FsResult<(usize, bool)> {
-        self.deferred.settle(ino);
+        self.deferred.settle_for_write(ino);
         let (written, changed) = self.inner.write_data(true, ino, offset, data)?;
         Ok((written, self.drop_sgid_of_outsider(caller, ino)? || changed))
     }
@@ -1016,13 +1016,18 @@ impl FileSystem {
 
     /// Accept a write as [`FileSystem::accept_write`] does and hand it with
     /// a copy of `data` to the write queue's thread (`fs::write_queue`), or
-    /// false when the caller must do it before its answer: no queue, or
-    /// anything for which `accept_write` declines. Waits while the queue is
-    /// full. A failure is reported by the next fsync or flush of the inode.
+    /// false when the caller must do it before its answer: no queue, the
+    /// first write of a streak (the inode's previous request was not a
+    /// write, see `Deferred::continue_streak`), or anything for which
+    /// `accept_write` declines. Waits while the queue is full. A failure is
+    /// reported by the next fsync or flush of the inode.
     pub fn queue_write(&self, ino: u64, offset: u64, data: &[u8], drop_setid: bool) -> bool {
         let Some(queue) = &self.queue else {
             return false;
         };
+        if !self.deferred.continue_streak(ino) {
+            return false;
+        }
         queue.push(|| {
             let accepted = self.accept(ino, offset, data.len(), drop_setid, true)?;
             Some(QueuedWrite {

@@ -20,6 +20,11 @@
 //! under the queue's lock, so the queue's order is the tickets' order and
 //! the writer never waits for a write queued behind it.
 //!
+//! Only a write inside a streak of writes to one inode is queued
+//! (`FileSystem::queue_write`, `Deferred::continue_streak`): a file written
+//! once and closed gains nothing from the overlap and would pay a wake-up of
+//! this thread and a wait for it at close.
+//!
 //! At most `depth` writes wait; a caller that finds the queue full waits
 //! for the writer to take them (as a writer waits for the page cache's
 //! writeback when too much is dirty). Dropping the handle closes the queue

@@ -90,10 +90,13 @@ pub fn mem_store() -> Arc<MemStore> {
 }
 
 /// Open the filesystem on `store` and mount it on a new temporary directory,
-/// answering writes before they are done as `raidfs mount` does by default.
+/// answering writes before they are done (large ones on the answering
+/// thread, small ones through the write queue) as `raidfs mount` does by
+/// default.
 pub fn mount_store(store: Arc<dyn BlockStore>, config: &MountConfig) -> MountGuard {
     let opts = FsOptions {
         deferred_writes: 2,
+        queued_writes: raidfs::cli::mount::options::DEFAULT_QUEUED_WRITES,
         ..FsOptions::default()
     };
     let fs = Arc::new(FileSystem::open(store, opts).expect("open MemStore filesystem"));

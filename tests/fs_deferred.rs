@@ -164,12 +164,17 @@ fn a_write_failing_after_its_answer_is_reported_by_fsync_and_by_close() {
         let accepted = fs.accept_write(ino, 0, 4096, false).unwrap();
         fs.complete_write(accepted, &[1u8; 4096]);
     }
+    assert_lost_writes_reported_once(&fs, a, b);
+}
+
+/// `a` and `b` each lost a write after its answer: fsync of `a` and close
+/// of `b` report it, once each, as a failed page-cache writeback is.
+fn assert_lost_writes_reported_once(fs: &FileSystem, a: u64, b: u64) {
     assert!(
         fs.fsync(a, false).is_err(),
         "fsync must report the lost write"
     );
     assert!(fs.flush(b).is_err(), "close must report the lost write");
-    // Reported once each, as a failed page-cache writeback is.
     assert!(fs.flush(a).is_ok());
     assert!(fs.flush(b).is_ok());
 }
@@ -361,13 +366,7 @@ fn a_queued_write_failing_is_reported_by_fsync_and_by_close() {
     for ino in [a, b] {
         assert!(fs.queue_write(ino, 0, &[1u8; 4096], false));
     }
-    assert!(
-        fs.fsync(a, false).is_err(),
-        "fsync must report the lost write"
-    );
-    assert!(fs.flush(b).is_err(), "close must report the lost write");
-    assert!(fs.flush(a).is_ok());
-    assert!(fs.flush(b).is_ok());
+    assert_lost_writes_reported_once(&fs, a, b);
 }
 
 #[test]

@@ -193,27 +193,24 @@ impl Deferred {
     /// Wait until every accepted write of `ino` has finished, for a request
     /// other than a write: it ends the inode's streak of writes.
     pub fn settle(&self, ino: u64) {
-        if self.outstanding.load(Ordering::SeqCst) == 0
-            && self.streaking.load(Ordering::SeqCst) == 0
-        {
-            return;
-        }
-        let mut st = self.state.lock();
-        if st.streaks.remove(&ino) {
-            self.streaking.store(st.streaks.len(), Ordering::SeqCst);
-        }
-        while st.queues.get(&ino).is_some_and(|q| !q.idle()) {
-            self.changed.wait(&mut st);
-        }
+        self.settle_ending_streak(ino, true);
     }
 
     /// Wait until every accepted write of `ino` has finished, for a write
     /// done before its answer (which continues the inode's streak).
     pub fn settle_for_write(&self, ino: u64) {
-        if self.outstanding.load(Ordering::SeqCst) == 0 {
+        self.settle_ending_streak(ino, false);
+    }
+
+    fn settle_ending_streak(&self, ino: u64, end_streak: bool) {
+        let streaks = end_streak && self.streaking.load(Ordering::SeqCst) != 0;
+        if self.outstanding.load(Ordering::SeqCst) == 0 && !streaks {
             return;
         }
         let mut st = self.state.lock();
+        if streaks && st.streaks.remove(&ino) {
+            self.streaking.store(st.streaks.len(), Ordering::SeqCst);
+        }
         while st.queues.get(&ino).is_some_and(|q| !q.idle()) {
             self.changed.wait(&mut st);
         }

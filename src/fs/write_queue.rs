@@ -39,8 +39,6 @@ use parking_lot::{Condvar, Mutex};
 struct State<W> {
     waiting: VecDeque<W>,
     closed: bool,
-    /// The writer thread waits for work (a push must wake it).
-    writer_asleep: bool,
 }
 
 struct Shared<W> {
@@ -70,7 +68,6 @@ impl<W: Send + 'static> WriteQueue<W> {
             state: Mutex::new(State {
                 waiting: VecDeque::new(),
                 closed: false,
-                writer_asleep: false,
             }),
             work: Condvar::new(),
             room: Condvar::new(),
@@ -105,10 +102,8 @@ impl<W: Send + 'static> WriteQueue<W> {
             return false;
         };
         st.waiting.push_back(write);
-        if st.writer_asleep {
-            st.writer_asleep = false;
-            shared.work.notify_one();
-        }
+        // Costs no system call unless the writer is waiting.
+        shared.work.notify_one();
         true
     }
 }
@@ -122,7 +117,6 @@ impl<W: Send> Shared<W> {
             let batch = {
                 let mut st = self.state.lock();
                 while st.waiting.is_empty() && !st.closed {
-                    st.writer_asleep = true;
                     self.work.wait(&mut st);
                 }
                 if st.waiting.is_empty() {
@@ -152,7 +146,6 @@ impl<W: Send + 'static> Drop for WriteQueue<W> {
         {
             let mut st = self.shared.state.lock();
             st.closed = true;
-            st.writer_asleep = false;
         }
         self.shared.work.notify_all();
         self.shared.room.notify_all();
@@ -169,13 +162,17 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
+    /// A queue of depth 4 whose writer records each write it does.
+    fn recording() -> (WriteQueue<u32>, Arc<Mutex<Vec<u32>>>) {
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&done);
+        let queue = WriteQueue::start(4, "test-writes", move |n: u32| log.lock().push(n)).unwrap();
+        (queue, done)
+    }
+
     #[test]
     fn writes_are_done_in_the_order_they_were_queued() {
-        let done = Arc::new(Mutex::new(Vec::new()));
-        let queue = {
-            let done = Arc::clone(&done);
-            WriteQueue::start(4, "test-writes", move |n: u32| done.lock().push(n)).unwrap()
-        };
+        let (queue, done) = recording();
         for n in 0..1000 {
             assert!(queue.push(|| Some(n)));
         }
@@ -185,11 +182,7 @@ mod tests {
 
     #[test]
     fn a_declined_write_is_not_queued() {
-        let done = Arc::new(Mutex::new(Vec::new()));
-        let queue = {
-            let done = Arc::clone(&done);
-            WriteQueue::start(4, "test-writes", move |n: u32| done.lock().push(n)).unwrap()
-        };
+        let (queue, done) = recording();
         assert!(queue.push(|| Some(1)));
         assert!(!queue.push(|| None));
         assert!(queue.push(|| Some(3)));

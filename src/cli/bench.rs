@@ -147,11 +147,18 @@ pub enum BenchWhat {
     /// The read balancer on simulated disks: the linux-raid "two mirrors are
     /// faster than three" experiment, for every policy.
     Balance(super::bench_balance::BalanceArgs),
+    /// Mount the FUSE floor: a filesystem that stores no data (writes are
+    /// dropped, reads return zeros), served with the session `raidfs mount
+    /// -o OPTIONS` gives an array, until it is unmounted. A benchmark run
+    /// on it is the most any daemon reaches through FUSE here.
+    FuseFloor(super::bench_floor::FloorArgs),
 }
 
 pub fn run(args: BenchArgs) -> i32 {
-    if let Some(BenchWhat::Balance(b)) = args.what {
-        return super::bench_balance::run(b);
+    match args.what {
+        Some(BenchWhat::Balance(b)) => return super::bench_balance::run(b),
+        Some(BenchWhat::FuseFloor(f)) => return super::bench_floor::run(f),
+        None => {}
     }
     let chosen = match Parity::select(None) {
         Ok(parity) => parity,

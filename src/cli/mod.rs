@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_balance;
+pub mod bench_floor;
 pub mod config;
 pub mod create;
 pub mod detail;

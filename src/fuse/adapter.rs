@@ -112,6 +112,93 @@ pub fn quick_request(op: u32, len: u32) -> bool {
     }
 }
 
+pub(super) fn served_as(settings: &AdapterSettings, flags: i32) -> HandleFlags {
+    let asked = HandleFlags(flags);
+    if settings.writeback_cache && asked.writable() {
+        return HandleFlags(flags & !libc::O_DIRECT);
+    }
+    let write_only = !asked.readable();
+    if settings.direct_io || (write_only && !settings.kernel_cache) {
+        HandleFlags(flags | libc::O_DIRECT)
+    } else {
+        asked
+    }
+}
+
+pub(super) fn fopen_flags(settings: &AdapterSettings, handle: HandleFlags) -> FopenFlags {
+    let caching = if handle.direct() {
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+    } else if settings.kernel_cache {
+        FopenFlags::FOPEN_KEEP_CACHE
+    } else {
+        FopenFlags::empty()
+    };
+    if handle.writable() {
+        caching
+    } else {
+        caching | FopenFlags::FOPEN_NOFLUSH
+    }
+}
+
+/// The capabilities and limits both filesystems served here ask the kernel
+/// for in FUSE_INIT (`RaidFuse`, and `floor::Floor`, which must be served
+/// alike to measure the same path).
+pub(super) fn negotiate(settings: &AdapterSettings, config: &mut KernelConfig) {
+    if let Err(nearest) = config.set_max_write(MAX_REQUEST_BYTES) {
+        let _ = config.set_max_write(nearest);
+    }
+    if let Err(nearest) = config.set_max_readahead(MAX_REQUEST_BYTES) {
+        let _ = config.set_max_readahead(nearest);
+    }
+    let _ = config.set_max_background(64);
+    let mut wanted = InitFlags::FUSE_EXPORT_SUPPORT
+        | InitFlags::FUSE_DO_READDIRPLUS
+        | InitFlags::FUSE_READDIRPLUS_AUTO
+        | InitFlags::FUSE_PARALLEL_DIROPS
+        | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+        // The filesystem clears set-ID bits and capabilities on write,
+        // truncate and chown itself, so the kernel need not ask for
+        // `security.capability` (one more round trip) before every write.
+        | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+        // The mode of a new entry arrives without the umask applied:
+        // the filesystem applies it, or the parent's default ACL in
+        // its place (POSIX.1e), which a pre-masked mode would defeat.
+        | InitFlags::FUSE_DONT_MASK;
+    if settings.default_permissions {
+        // The kernel checks permissions itself then: with the ACLs too.
+        wanted |= InitFlags::FUSE_POSIX_ACL;
+    }
+    if settings.writeback_cache {
+        wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+    }
+    if settings.io_uring {
+        wanted |= InitFlags::FUSE_OVER_IO_URING;
+    }
+    let supported = config.capabilities();
+    let missing = wanted & !supported;
+    if missing.contains(InitFlags::FUSE_EXPORT_SUPPORT) {
+        warn!("kernel lacks FUSE_EXPORT_SUPPORT: file handles (NFS export) will not survive cache eviction");
+    }
+    if missing.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
+        warn!("kernel lacks FUSE_WRITEBACK_CACHE: writeback_cache ignored");
+    }
+    if missing.contains(InitFlags::FUSE_OVER_IO_URING) {
+        warn!(
+            "the kernel does not offer FUSE over io_uring (Linux 6.14 on, with \
+             /sys/module/fuse/parameters/enable_uring set to Y): requests go through /dev/fuse"
+        );
+    } else if wanted.contains(InitFlags::FUSE_OVER_IO_URING) {
+        info!("requests are served over FUSE io_uring");
+    }
+    if config.add_capabilities(wanted & supported).is_err() {
+        warn!("kernel refused some FUSE capabilities: {wanted:?}");
+    }
+    info!(
+        "FUSE session initialised (kernel ABI {:?})",
+        config.kernel_abi()
+    );
+}
+
 /// Directory entries fetched from the filesystem per batch while filling
 /// one readdir reply (whose byte size only the reply buffer knows).
 const READDIR_BATCH: usize = 128;
@@ -211,16 +298,7 @@ impl RaidFuse {
     /// own direct I/O, which updates the times (and sends FSYNC after
     /// O_DSYNC writes, as for cached ones).
     fn handle_flags(&self, flags: i32) -> HandleFlags {
-        let asked = HandleFlags(flags);
-        if self.settings.writeback_cache && asked.writable() {
-            return HandleFlags(flags & !libc::O_DIRECT);
-        }
-        let write_only = !asked.readable();
-        if self.settings.direct_io || (write_only && !self.settings.kernel_cache) {
-            HandleFlags(flags | libc::O_DIRECT)
-        } else {
-            asked
-        }
+        served_as(&self.settings, flags)
     }
 
     /// The kernel caches a file's mode: after a change it did not ask for
@@ -249,18 +327,7 @@ impl RaidFuse {
     /// reader's close would take the report from it), and it costs every
     /// close a round trip the caller waits for.
     fn open_flags(&self, handle: HandleFlags) -> FopenFlags {
-        let caching = if handle.direct() {
-            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-        } else if self.settings.kernel_cache {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
-        };
-        if handle.writable() {
-            caching
-        } else {
-            caching | FopenFlags::FOPEN_NOFLUSH
-        }
+        fopen_flags(&self.settings, handle)
     }
 
     /// Fill a readdir(plus) reply from the filesystem's cookies; `add`
@@ -342,59 +409,7 @@ fn xattr_reply(value: Vec<u8>, size: u32, reply: ReplyXattr) {
 
 impl Filesystem for RaidFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        if let Err(nearest) = config.set_max_write(MAX_REQUEST_BYTES) {
-            let _ = config.set_max_write(nearest);
-        }
-        if let Err(nearest) = config.set_max_readahead(MAX_REQUEST_BYTES) {
-            let _ = config.set_max_readahead(nearest);
-        }
-        let _ = config.set_max_background(64);
-        let mut wanted = InitFlags::FUSE_EXPORT_SUPPORT
-            | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
-            // The filesystem clears set-ID bits and capabilities on write,
-            // truncate and chown itself, so the kernel need not ask for
-            // `security.capability` (one more round trip) before every write.
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
-            // The mode of a new entry arrives without the umask applied:
-            // the filesystem applies it, or the parent's default ACL in
-            // its place (POSIX.1e), which a pre-masked mode would defeat.
-            | InitFlags::FUSE_DONT_MASK;
-        if self.settings.default_permissions {
-            // The kernel checks permissions itself then: with the ACLs too.
-            wanted |= InitFlags::FUSE_POSIX_ACL;
-        }
-        if self.settings.writeback_cache {
-            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
-        }
-        if self.settings.io_uring {
-            wanted |= InitFlags::FUSE_OVER_IO_URING;
-        }
-        let supported = config.capabilities();
-        let missing = wanted & !supported;
-        if missing.contains(InitFlags::FUSE_EXPORT_SUPPORT) {
-            warn!("kernel lacks FUSE_EXPORT_SUPPORT: file handles (NFS export) will not survive cache eviction");
-        }
-        if missing.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
-            warn!("kernel lacks FUSE_WRITEBACK_CACHE: writeback_cache ignored");
-        }
-        if missing.contains(InitFlags::FUSE_OVER_IO_URING) {
-            warn!(
-                "the kernel does not offer FUSE over io_uring (Linux 6.14 on, with \
-                 /sys/module/fuse/parameters/enable_uring set to Y): requests go through /dev/fuse"
-            );
-        } else if wanted.contains(InitFlags::FUSE_OVER_IO_URING) {
-            info!("requests are served over FUSE io_uring");
-        }
-        if config.add_capabilities(wanted & supported).is_err() {
-            warn!("kernel refused some FUSE capabilities: {wanted:?}");
-        }
-        info!(
-            "FUSE session initialised (kernel ABI {:?})",
-            config.kernel_abi()
-        );
+        negotiate(&self.settings, config);
         Ok(())
     }
 

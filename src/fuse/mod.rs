@@ -7,6 +7,7 @@
 
 mod adapter;
 mod convert;
+mod floor;
 pub mod mounts;
 mod poll_choice;
 
@@ -263,9 +264,34 @@ pub fn mount(
     mount_point: &Path,
     config: &MountConfig,
 ) -> Result<MountHandle, MountError> {
-    let mount_point = check_mount_point(mount_point)?;
     let unmounted: UnmountOutcome = Arc::new(Mutex::new(None));
-    let settings = AdapterSettings {
+    let notifier = Arc::new(std::sync::OnceLock::new());
+    let adapter = RaidFuse::new(
+        fs,
+        adapter_settings(config),
+        unmounted.clone(),
+        Arc::clone(&notifier),
+    );
+    start(adapter, mount_point, config, unmounted, |session| {
+        let _ = notifier.set(session.notifier());
+    })
+}
+
+/// Mount the FUSE floor (`floor`: a namespace without data, for
+/// benchmarks) on `mount_point`, served as [`mount`] serves an array.
+/// `owner` owns its root directory.
+pub fn mount_floor(
+    mount_point: &Path,
+    config: &MountConfig,
+    owner: (u32, u32),
+) -> Result<MountHandle, MountError> {
+    let unmounted: UnmountOutcome = Arc::new(Mutex::new(None));
+    let floor = floor::Floor::new(adapter_settings(config), unmounted.clone(), owner);
+    start(floor, mount_point, config, unmounted, |_| {})
+}
+
+fn adapter_settings(config: &MountConfig) -> AdapterSettings {
+    AdapterSettings {
         ttls: Ttls {
             attr: config.attr_timeout,
             entry: config.entry_timeout,
@@ -275,16 +301,26 @@ pub fn mount(
         direct_io: config.direct_io,
         io_uring: config.io_uring,
         default_permissions: config.default_permissions,
-    };
-    let notifier = Arc::new(std::sync::OnceLock::new());
-    let adapter = RaidFuse::new(fs, settings, unmounted.clone(), Arc::clone(&notifier));
-    let session = Session::new(adapter, &mount_point, &fuser_config(config)).map_err(|source| {
+    }
+}
+
+/// Mount `fs` with the session `config` describes and serve it from a
+/// pool of threads; `ready` sees the session before it serves.
+fn start<F: fuser::Filesystem + Send + Sync + 'static>(
+    fs: F,
+    mount_point: &Path,
+    config: &MountConfig,
+    unmounted: UnmountOutcome,
+    ready: impl FnOnce(&Session<F>),
+) -> Result<MountHandle, MountError> {
+    let mount_point = check_mount_point(mount_point)?;
+    let session = Session::new(fs, &mount_point, &fuser_config(config)).map_err(|source| {
         MountError::Mount {
             path: mount_point.clone(),
             source,
         }
     })?;
-    let _ = notifier.set(session.notifier());
+    ready(&session);
     // Read before any request is served: mountinfo does not call into us.
     let device = match mounts::mount_at(&mount_point) {
         Ok(Some(entry)) => Some(entry.device),

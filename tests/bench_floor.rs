@@ -93,7 +93,10 @@ fn the_floor_keeps_names_and_sizes_but_no_data_and_ends_at_umount() {
         // A new open drops the kernel's pages: the bytes come from the floor.
         let back = fs::read(&file).unwrap();
         assert_eq!(back.len(), (1 << 20) + 4096);
-        assert!(back.iter().all(|&b| b == 0), "the floor stores no data ({options:?})");
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "the floor stores no data ({options:?})"
+        );
         let names: Vec<_> = fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -107,7 +110,10 @@ fn the_floor_keeps_names_and_sizes_but_no_data_and_ends_at_umount() {
         fs::remove_dir(&dir).unwrap();
         assert_eq!(fs::read_dir(floor.path()).unwrap().count(), 0);
         let status = floor.unmount();
-        assert!(status.success(), "the floor exits 0 once unmounted: {status}");
+        assert!(
+            status.success(),
+            "the floor exits 0 once unmounted: {status}"
+        );
     }
 }
 

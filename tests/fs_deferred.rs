@@ -219,6 +219,7 @@ fn queueing(depth: usize) -> FsOptions {
     FsOptions {
         deferred_writes: 2,
         queued_writes: depth,
+        queue_spin: raidfs::cli::mount::options::QUEUE_SPIN,
         ..FsOptions::default()
     }
 }

@@ -241,6 +241,10 @@ pub struct FsOptions {
     /// Small writes that may wait in the write queue (0: no queue); see
     /// [`FileSystem::queue_write`].
     pub queued_writes: usize,
+    /// How long the write queue's thread stays awake for the next write
+    /// once it has caught up (zero: it sleeps at once); see
+    /// `fs::write_queue`.
+    pub queue_spin: std::time::Duration,
     /// When reads move the access time (the mount's atime mode).
     pub atime: atime::AtimeMode,
     /// Whether listing a directory moves its access time (`nodiratime`: no).
@@ -254,6 +258,7 @@ impl Default for FsOptions {
             commit_interval_secs: 5,
             deferred_writes: 0,
             queued_writes: 0,
+            queue_spin: std::time::Duration::ZERO,
             atime: atime::AtimeMode::Relative,
             diratime: true,
         }
@@ -382,6 +387,7 @@ impl FileSystem {
             let inner = Arc::clone(&inner);
             let queue = write_queue::WriteQueue::start(
                 opts.queued_writes,
+                opts.queue_spin,
                 "raidfs-writes",
                 move |w: QueuedWrite| complete(&inner, w.accepted, &w.data),
             )

@@ -97,6 +97,7 @@ pub fn mount_store(store: Arc<dyn BlockStore>, config: &MountConfig) -> MountGua
     let opts = FsOptions {
         deferred_writes: 2,
         queued_writes: raidfs::cli::mount::options::DEFAULT_QUEUED_WRITES,
+        queue_spin: raidfs::cli::mount::options::QUEUE_SPIN,
         ..FsOptions::default()
     };
     let fs = Arc::new(FileSystem::open(store, opts).expect("open MemStore filesystem"));

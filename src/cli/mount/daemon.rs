@@ -333,6 +333,11 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             .options
             .queued_writes
             .unwrap_or(super::options::DEFAULT_QUEUED_WRITES),
+        queue_spin: if plan.options.fuse.busy_poll.is_zero() {
+            std::time::Duration::ZERO
+        } else {
+            super::options::QUEUE_SPIN
+        },
         commit_interval_secs: plan
             .options
             .commit_secs

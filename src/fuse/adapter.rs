@@ -112,6 +112,24 @@ pub fn quick_request(op: u32, len: u32) -> bool {
     }
 }
 
+/// What a new handle remembers. A handle served without the page cache
+/// counts as O_DIRECT, so its writes are synced as an O_DIRECT file's
+/// would be (the kernel sends no FSYNC after direct writes of O_DSYNC
+/// files). That is every open with `direct_io`, and a write-only open
+/// unless `kernel_cache` has the kernel keep pages (or `writeback_cache`,
+/// below): such a handle reads nothing, and the next open drops the
+/// file's pages anyway, so copying its writes into them buys nothing. Served direct,
+/// its writes also skip the kernel's `security.capability` lookup before
+/// a file's first cached write: one round trip less per file written.
+///
+/// With `writeback_cache` no handle that can write is served direct, not
+/// even an O_DIRECT one: the kernel then keeps a file's times and size
+/// itself and never takes them from the daemon again, and a write
+/// through a direct handle (`FOPEN_DIRECT_IO`) does not move its mtime,
+/// so `stat` would show the time of the last cached write for good. An
+/// O_DIRECT open still goes around the page cache, through the kernel's
+/// own direct I/O, which updates the times (and sends FSYNC after
+/// O_DSYNC writes, as for cached ones).
 pub(super) fn served_as(settings: &AdapterSettings, flags: i32) -> HandleFlags {
     let asked = HandleFlags(flags);
     if settings.writeback_cache && asked.writable() {
@@ -125,6 +143,11 @@ pub(super) fn served_as(settings: &AdapterSettings, flags: i32) -> HandleFlags {
     }
 }
 
+/// How the kernel is to serve a new handle. A close sends FLUSH only
+/// for handles that can write: FLUSH reports a write of the file that
+/// failed after it was answered, which is the writer's to hear (a
+/// reader's close would take the report from it), and it costs every
+/// close a round trip the caller waits for.
 pub(super) fn fopen_flags(settings: &AdapterSettings, handle: HandleFlags) -> FopenFlags {
     let caching = if handle.direct() {
         FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
@@ -279,24 +302,7 @@ impl RaidFuse {
         );
     }
 
-    /// What a new handle remembers. A handle served without the page cache
-    /// counts as O_DIRECT, so its writes are synced as an O_DIRECT file's
-    /// would be (the kernel sends no FSYNC after direct writes of O_DSYNC
-    /// files). That is every open with `direct_io`, and a write-only open
-    /// unless `kernel_cache` has the kernel keep pages (or `writeback_cache`,
-    /// below): such a handle reads nothing, and the next open drops the
-    /// file's pages anyway, so copying its writes into them buys nothing. Served direct,
-    /// its writes also skip the kernel's `security.capability` lookup before
-    /// a file's first cached write: one round trip less per file written.
-    ///
-    /// With `writeback_cache` no handle that can write is served direct, not
-    /// even an O_DIRECT one: the kernel then keeps a file's times and size
-    /// itself and never takes them from the daemon again, and a write
-    /// through a direct handle (`FOPEN_DIRECT_IO`) does not move its mtime,
-    /// so `stat` would show the time of the last cached write for good. An
-    /// O_DIRECT open still goes around the page cache, through the kernel's
-    /// own direct I/O, which updates the times (and sends FSYNC after
-    /// O_DSYNC writes, as for cached ones).
+    /// See [`served_as`].
     fn handle_flags(&self, flags: i32) -> HandleFlags {
         served_as(&self.settings, flags)
     }
@@ -321,17 +327,11 @@ impl RaidFuse {
         );
     }
 
-    /// How the kernel is to serve a new handle. A close sends FLUSH only
-    /// for handles that can write: FLUSH reports a write of the file that
-    /// failed after it was answered, which is the writer's to hear (a
-    /// reader's close would take the report from it), and it costs every
-    /// close a round trip the caller waits for.
+    /// See [`fopen_flags`].
     fn open_flags(&self, handle: HandleFlags) -> FopenFlags {
         fopen_flags(&self.settings, handle)
     }
 
-    /// Fill a readdir(plus) reply from the filesystem's cookies; `add`
-    /// returns true when the reply buffer is full.
     /// An access ACL set or removed moves the mode's bits (the group bits
     /// are its mask, and set-group-ID may go), but the kernel refreshes
     /// only ctime after a setxattr: have it ask for the attributes again,
@@ -343,6 +343,8 @@ impl RaidFuse {
         }
     }
 
+    /// Fill a readdir(plus) reply from the filesystem's cookies; `add`
+    /// returns true when the reply buffer is full.
     fn fill_dir(
         &self,
         ino: u64,

@@ -81,10 +81,10 @@ impl Nodes {
         }
     }
 
-    /// A new entry `name` in `parent`, owned by the caller.
+    /// A new entry `name` in `parent`, owned by `owner` (uid, gid).
     fn add(
         &mut self,
-        req: &Request,
+        owner: (u32, u32),
         parent: u64,
         name: &OsStr,
         dir: bool,
@@ -104,8 +104,8 @@ impl Nodes {
                 perm: (mode & 0o7777) as u16,
                 size: 0,
                 nlink: if dir { 2 } else { 1 },
-                uid: req.uid(),
-                gid: req.gid(),
+                uid: owner.0,
+                gid: owner.1,
                 mtime: SystemTime::now(),
                 entries: BTreeMap::new(),
             },
@@ -270,10 +270,10 @@ impl Filesystem for Floor {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let ino = self
-            .nodes
-            .lock()
-            .add(req, parent.0, name, true, mode & !umask);
+        let ino =
+            self.nodes
+                .lock()
+                .add((req.uid(), req.gid()), parent.0, name, true, mode & !umask);
         self.entry(ino, reply);
     }
 
@@ -303,7 +303,7 @@ impl Filesystem for Floor {
     ) {
         let created = {
             let mut nodes = self.nodes.lock();
-            let ino = nodes.add(req, parent.0, name, false, mode & !umask);
+            let ino = nodes.add((req.uid(), req.gid()), parent.0, name, false, mode & !umask);
             ino.and_then(|ino| nodes.attr(ino))
         };
         match created {
@@ -322,11 +322,12 @@ impl Filesystem for Floor {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if !self.nodes.lock().nodes.contains_key(&ino.0) {
-            return reply.error(Errno::ENOENT);
-        }
-        if flags.0 & libc::O_TRUNC != 0 {
-            if let Some(node) = self.nodes.lock().nodes.get_mut(&ino.0) {
+        {
+            let mut nodes = self.nodes.lock();
+            let Some(node) = nodes.nodes.get_mut(&ino.0) else {
+                return reply.error(Errno::ENOENT);
+            };
+            if flags.0 & libc::O_TRUNC != 0 {
                 node.size = 0;
             }
         }

@@ -202,20 +202,19 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    /// A queue of depth 4 whose writer records each write it does.
-    fn recording() -> (WriteQueue<u32>, Arc<Mutex<Vec<u32>>>) {
+    /// A queue of depth 4 whose writer, awake `spin` after catching up,
+    /// records each write it does.
+    fn recording(spin: Duration) -> (WriteQueue<u32>, Arc<Mutex<Vec<u32>>>) {
         let done = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&done);
-        let queue = WriteQueue::start(4, Duration::ZERO, "test-writes", move |n: u32| {
-            log.lock().push(n)
-        })
-        .unwrap();
+        let queue =
+            WriteQueue::start(4, spin, "test-writes", move |n: u32| log.lock().push(n)).unwrap();
         (queue, done)
     }
 
     #[test]
     fn writes_are_done_in_the_order_they_were_queued() {
-        let (queue, done) = recording();
+        let (queue, done) = recording(Duration::ZERO);
         for n in 0..1000 {
             assert!(queue.push(|| Some(n)));
         }
@@ -225,11 +224,7 @@ mod tests {
 
     #[test]
     fn a_writer_awake_for_an_hour_does_every_write_and_closes_with_the_queue() {
-        let done = Arc::new(Mutex::new(Vec::new()));
-        let log = Arc::clone(&done);
-        let hour = Duration::from_secs(3600);
-        let queue =
-            WriteQueue::start(4, hour, "test-writes", move |n: u32| log.lock().push(n)).unwrap();
+        let (queue, done) = recording(Duration::from_secs(3600));
         for n in 0..100 {
             assert!(queue.push(|| Some(n)));
         }
@@ -241,7 +236,7 @@ mod tests {
 
     #[test]
     fn a_declined_write_is_not_queued() {
-        let (queue, done) = recording();
+        let (queue, done) = recording(Duration::ZERO);
         assert!(queue.push(|| Some(1)));
         assert!(!queue.push(|| None));
         assert!(queue.push(|| Some(3)));

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, KernelConfig,
@@ -165,8 +165,11 @@ impl Floor {
         }
     }
 
-    fn ttl(&self) -> Duration {
-        self.settings.ttls.attr
+    fn attr(&self, attr: Result<FileAttr, Errno>, reply: ReplyAttr) {
+        match attr {
+            Ok(attr) => reply.attr(&self.settings.ttls.attr, &attr),
+            Err(e) => reply.error(e),
+        }
     }
 
     /// The entries of directory `ino` after cookie `offset`: cookie, inode,
@@ -220,10 +223,8 @@ impl Filesystem for Floor {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.nodes.lock().attr(ino.0) {
-            Ok(attr) => reply.attr(&self.ttl(), &attr),
-            Err(e) => reply.error(e),
-        }
+        let attr = self.nodes.lock().attr(ino.0);
+        self.attr(attr, reply);
     }
 
     fn setattr(
@@ -255,10 +256,7 @@ impl Filesystem for Floor {
             node.size = size;
         }
         node.mtime = SystemTime::now();
-        match nodes.attr(ino.0) {
-            Ok(attr) => reply.attr(&self.ttl(), &attr),
-            Err(e) => reply.error(e),
-        }
+        self.attr(nodes.attr(ino.0), reply);
     }
 
     fn mkdir(
@@ -278,17 +276,13 @@ impl Filesystem for Floor {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.nodes.lock().remove(parent.0, name, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        let removed = self.nodes.lock().remove(parent.0, name, false);
+        done(removed, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.nodes.lock().remove(parent.0, name, true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        let removed = self.nodes.lock().remove(parent.0, name, true);
+        done(removed, reply);
     }
 
     fn create(
@@ -482,5 +476,12 @@ impl Filesystem for Floor {
         reply: ReplyXattr,
     ) {
         reply.error(Errno::ENODATA);
+    }
+}
+
+fn done(result: Result<(), Errno>, reply: ReplyEmpty) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
     }
 }

@@ -427,3 +427,70 @@ fn without_a_queue_or_room_the_caller_does_the_write() {
     assert!(!fs.queue_write(dir, 0, &[1u8; 4096], false));
     assert!(!fs.queue_write(dir, 0, &[1u8; 4096], false));
 }
+
+#[test]
+fn a_read_of_other_bytes_goes_ahead_of_queued_writes_and_one_they_change_waits() {
+    const K: u64 = 1024;
+    let gate = Arc::new(Gate::default());
+    let hold = Arc::clone(&gate);
+    let store = Arc::new(HookedStore::new(
+        MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
+        move |_, _| hold.pass(),
+    ));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = Arc::new(FileSystem::open(store.clone(), queueing(8)).unwrap());
+    let ino = mkfile(&fs, "f");
+    let mut model = pattern(64 * K as usize, 1);
+    assert_eq!(fs.write(ino, 0, &model).unwrap(), model.len());
+    start_streak(&fs, ino);
+    apply(&mut model, 0, &[7u8; 1]);
+    let before = model.clone();
+
+    // Two writes held at the store by the queue's thread: one inside the
+    // file, one growing it from 64 KiB to 84 KiB.
+    gate.close();
+    let (inside, past) = (pattern(4 * K as usize, 2), pattern(4 * K as usize, 3));
+    assert!(fs.queue_write(ino, 16 * K, &inside, false));
+    assert!(fs.queue_write(ino, 80 * K, &past, false));
+    apply(&mut model, 16 * K, &inside);
+    apply(&mut model, 80 * K, &past);
+
+    // Bytes neither changes are read at once, as they are (a read that
+    // waited would never return here: the writes cannot finish).
+    assert!(fs.read(ino, 0, 16 * K as usize).unwrap() == before[..16 * K as usize]);
+    assert!(fs.read(ino, 20 * K, 44 * K as usize).unwrap() == before[20 * K as usize..]);
+    // Such reads leave the writes a streak: the next one is queued too.
+    let more = pattern(100, 4);
+    assert!(fs.queue_write(ino, 40 * K, &more, false));
+    apply(&mut model, 40 * K, &more);
+
+    // A read of bytes a held write changes, and one reaching past the old
+    // end, return only once the writes are done, and see them.
+    let (tx, rx) = mpsc::channel();
+    let reader = {
+        let fs = Arc::clone(&fs);
+        thread::spawn(move || {
+            let overlapping = fs.read(ino, 18 * K, 4 * K as usize).unwrap();
+            let past_end = fs.read(ino, 60 * K, 64 * K as usize).unwrap();
+            tx.send((overlapping, past_end)).unwrap();
+        })
+    };
+    // A reader that did not wait would answer now, with the writes still
+    // held (what it saw is then checked below and fails).
+    let early = rx.recv_timeout(Duration::from_millis(200));
+    gate.open();
+    let (overlapping, past_end) = early.or_else(|_| rx.recv()).unwrap();
+    reader.join().unwrap();
+    assert!(overlapping == model[18 * K as usize..22 * K as usize]);
+    assert_eq!(
+        past_end.len(),
+        24 * K as usize,
+        "the read saw the grown file"
+    );
+    assert!(past_end == model[60 * K as usize..]);
+    // The read that waited ended the streak: the next write is the
+    // caller's own.
+    assert!(start_streak(&fs, ino), "a wait ended the streak");
+    apply(&mut model, 0, &[7u8; 1]);
+    assert!(fs.read(ino, 0, model.len()).unwrap() == model);
+}

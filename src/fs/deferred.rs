@@ -12,10 +12,12 @@
 //!   and allocates its blocks, then passes the turn on, so a later write
 //!   over the same bytes waits for the range and wins, blocks are allocated
 //!   in file order, and writes of disjoint ranges then proceed in parallel;
-//! * every other operation on the inode (read, getattr, lookup, link,
-//!   setattr, fsync, flush, release, fallocate, xattrs) first waits for the
-//!   inode's queue to drain ([`Deferred::settle`]), and sync(2) and unmount
-//!   wait for all;
+//! * every other operation on the inode (getattr, lookup, link, setattr,
+//!   fsync, flush, release, fallocate, xattrs) first waits for the inode's
+//!   queue to drain ([`Deferred::settle`]), and sync(2) and unmount wait for
+//!   all; a read waits only for the writes that change what it returns,
+//!   those overlapping its range or growing the file into it
+//!   ([`Deferred::settle_read`]);
 //! * a write that fails after its reply is reported by the next fsync or
 //!   close (flush) of the inode, as the kernel reports a failed page-cache
 //!   writeback, and logged when it happens;
@@ -48,11 +50,23 @@ struct Queue {
     finished: u64,
     /// The first failure of a write since the last report.
     failure: Option<FsError>,
+    /// The byte ranges of the writes not finished, by ticket.
+    unfinished: Vec<(u64, std::ops::Range<u64>)>,
 }
 
 impl Queue {
     fn idle(&self) -> bool {
         self.issued == self.finished
+    }
+
+    /// Whether a write not finished could change what a read of `range`
+    /// returns from a file `size` bytes long: it overlaps the range, or the
+    /// range reaches past `size` and the write ends past it (the file grows
+    /// into the range).
+    fn seen_by(&self, range: &std::ops::Range<u64>, size: u64) -> bool {
+        self.unfinished.iter().any(|(_, w)| {
+            (w.start < range.end && range.start < w.end) || (range.end > size && w.end > size)
+        })
     }
 }
 
@@ -107,7 +121,7 @@ impl Deferred {
         })
     }
 
-    /// Accept a write of `bytes` to `ino` that the answering thread does
+    /// Accept a write of `range` of `ino` that the answering thread does
     /// itself, or None when it must be done in the foreground: deferral
     /// off, `limit` such writes outstanding, or `has_room` says the free
     /// space is short of the bytes needed (the outstanding ones, these, and
@@ -115,37 +129,38 @@ impl Deferred {
     pub fn try_accept(
         self: &Arc<Self>,
         ino: u64,
-        bytes: u64,
+        range: std::ops::Range<u64>,
         has_room: impl FnOnce(u64) -> bool,
     ) -> Option<Ticket> {
         if self.in_threads.load(Ordering::SeqCst) >= self.limit {
             return None;
         }
-        self.accept(ino, bytes, true, has_room)
+        self.accept(ino, range, true, has_room)
     }
 
-    /// Accept a write of `bytes` to `ino` for the write queue, which bounds
+    /// Accept a write of `range` of `ino` for the write queue, which bounds
     /// their number itself: None when deferral is off or the free space is
     /// short, as for [`Deferred::try_accept`].
     pub fn try_accept_queued(
         self: &Arc<Self>,
         ino: u64,
-        bytes: u64,
+        range: std::ops::Range<u64>,
         has_room: impl FnOnce(u64) -> bool,
     ) -> Option<Ticket> {
         if self.limit == 0 {
             return None;
         }
-        self.accept(ino, bytes, false, has_room)
+        self.accept(ino, range, false, has_room)
     }
 
     fn accept(
         self: &Arc<Self>,
         ino: u64,
-        bytes: u64,
+        range: std::ops::Range<u64>,
         in_thread: bool,
         has_room: impl FnOnce(u64) -> bool,
     ) -> Option<Ticket> {
+        let bytes = range.end.saturating_sub(range.start);
         let mut st = self.state.lock();
         let needed = st.bytes.saturating_add(bytes).saturating_add(SPACE_MARGIN);
         if (in_thread && self.in_threads.load(Ordering::SeqCst) >= self.limit) || !has_room(needed)
@@ -156,6 +171,7 @@ impl Deferred {
         let queue = st.queues.entry(ino).or_default();
         let seq = queue.issued;
         queue.issued += 1;
+        queue.unfinished.push((seq, range));
         self.outstanding.fetch_add(1, Ordering::SeqCst);
         if in_thread {
             self.in_threads.fetch_add(1, Ordering::SeqCst);
@@ -194,6 +210,35 @@ impl Deferred {
     /// other than a write: it ends the inode's streak of writes.
     pub fn settle(&self, ino: u64) {
         self.settle_ending_streak(ino, true);
+    }
+
+    /// Wait, for a read of `range` of `ino`, a file `size()` bytes long
+    /// without the writes not yet finished, until none of those it could
+    /// see is left: one overlapping the range, or one growing the file into
+    /// it. The others go on beside the read, as another caller's writes of
+    /// other bytes would: what the read returns is what it would return
+    /// after them. A caller that writes a file here and reads it there (a
+    /// database, `fio --rw=randrw`) thus never waits for the write queue's
+    /// thread to reach its writes, and only a read that did wait ends the
+    /// inode's streak of writes (one that reads back what it just wrote
+    /// gains nothing from writes answered before they are done). `size` is
+    /// asked for only while the inode has writes not finished, and without
+    /// this lock held.
+    pub fn settle_read(&self, ino: u64, range: std::ops::Range<u64>, size: impl FnOnce() -> u64) {
+        if self.outstanding.load(Ordering::SeqCst) == 0 || !self.is_pending(ino) {
+            return;
+        }
+        let size = size();
+        let mut st = self.state.lock();
+        if !st.queues.get(&ino).is_some_and(|q| q.seen_by(&range, size)) {
+            return;
+        }
+        if st.streaks.remove(&ino) {
+            self.streaking.store(st.streaks.len(), Ordering::SeqCst);
+        }
+        while st.queues.get(&ino).is_some_and(|q| q.seen_by(&range, size)) {
+            self.changed.wait(&mut st);
+        }
     }
 
     /// Wait until every accepted write of `ino` has finished, for a write
@@ -268,11 +313,12 @@ impl Deferred {
         self.changed.notify_all();
     }
 
-    fn finish(&self, ino: u64, bytes: u64, in_thread: bool, failure: Option<FsError>) {
+    fn finish(&self, ino: u64, seq: u64, bytes: u64, in_thread: bool, failure: Option<FsError>) {
         let mut st = self.state.lock();
         st.bytes = st.bytes.saturating_sub(bytes);
         if let Some(queue) = st.queues.get_mut(&ino) {
             queue.finished += 1;
+            queue.unfinished.retain(|(s, _)| *s != seq);
             if queue.failure.is_none() {
                 queue.failure = failure;
             }
@@ -312,7 +358,7 @@ impl Ticket {
         match result {
             Ok(value) => {
                 self.deferred
-                    .finish(self.ino, self.bytes, self.in_thread, None);
+                    .finish(self.ino, self.seq, self.bytes, self.in_thread, None);
                 Some(value)
             }
             Err(err) => {
@@ -321,7 +367,7 @@ impl Ticket {
                     self.ino
                 );
                 self.deferred
-                    .finish(self.ino, self.bytes, self.in_thread, Some(err));
+                    .finish(self.ino, self.seq, self.bytes, self.in_thread, Some(err));
                 None
             }
         }
@@ -334,6 +380,7 @@ impl Drop for Ticket {
             self.pass_turn();
             self.deferred.finish(
                 self.ino,
+                self.seq,
                 self.bytes,
                 self.in_thread,
                 Some(FsError::Invalid("an accepted write was abandoned")),
@@ -360,7 +407,7 @@ mod tests {
     fn writes_of_one_inode_run_in_the_order_they_were_accepted() {
         let deferred = Deferred::new(8);
         let tickets: Vec<Ticket> = (0..4)
-            .map(|_| deferred.try_accept(7, 10, plenty).unwrap())
+            .map(|_| deferred.try_accept(7, 0..10, plenty).unwrap())
             .collect();
         let order = Arc::new(Mutex::new(Vec::new()));
         // Start them newest first: each must still wait for its elders.
@@ -390,8 +437,8 @@ mod tests {
     #[test]
     fn a_write_that_passed_its_turn_lets_the_next_start_before_it_ends() {
         let deferred = Deferred::new(8);
-        let first = deferred.try_accept(5, 10, plenty).unwrap();
-        let second = deferred.try_accept(5, 10, plenty).unwrap();
+        let first = deferred.try_accept(5, 0..10, plenty).unwrap();
+        let second = deferred.try_accept(5, 0..10, plenty).unwrap();
         let (started_tx, started_rx) = mpsc::channel::<()>();
         let slow = thread::spawn(move || {
             first.run(|pass_turn| {
@@ -413,7 +460,7 @@ mod tests {
     #[test]
     fn settle_waits_for_the_inodes_writes_only() {
         let deferred = Deferred::new(8);
-        let ticket = deferred.try_accept(1, 10, plenty).unwrap();
+        let ticket = deferred.try_accept(1, 0..10, plenty).unwrap();
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let writer = thread::spawn(move || {
             ticket.run(|_| {
@@ -439,10 +486,67 @@ mod tests {
     }
 
     #[test]
+    fn a_read_sees_writes_that_overlap_it_or_grow_the_file_into_it() {
+        let queue = Queue {
+            unfinished: vec![(0, 100..110), (1, 300..310)],
+            ..Queue::default()
+        };
+        // The file is 200 bytes long without the writes.
+        assert!(queue.seen_by(&(105..106), 200));
+        assert!(queue.seen_by(&(0..101), 200));
+        assert!(!queue.seen_by(&(0..100), 200));
+        assert!(!queue.seen_by(&(110..200), 200));
+        // Past the end the read sees how far the second write grows the file.
+        assert!(queue.seen_by(&(150..250), 200));
+        assert!(!queue.seen_by(&(150..250), 400));
+        assert!(!Queue::default().seen_by(&(0..u64::MAX), 0));
+    }
+
+    #[test]
+    fn a_read_waits_only_for_the_writes_it_could_see_and_only_a_wait_ends_the_streak() {
+        let deferred = Deferred::new(8);
+        assert!(!deferred.continue_streak(1));
+        let low = deferred.try_accept(1, 0..10, plenty).unwrap();
+        let high = deferred.try_accept(1, 100..110, plenty).unwrap();
+        // Bytes neither write touches, in a file 50 bytes long without
+        // them: the read goes ahead of both (it would wait forever here
+        // otherwise), and the writes go on being a streak.
+        deferred.settle_read(1, 20..40, || 50);
+        assert!(deferred.continue_streak(1));
+        // A read of bytes the first write changes ends the streak and
+        // returns after that write has finished. The write finishes only
+        // once the read has found it (the streak is over then).
+        let written = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (d, written) = (Arc::clone(&deferred), Arc::clone(&written));
+            thread::spawn(move || {
+                d.settle_read(1, 5..15, || 50);
+                written.load(Ordering::SeqCst)
+            })
+        };
+        low.run(|_| {
+            while deferred.state.lock().streaks.contains(&1) {
+                thread::yield_now();
+            }
+            written.store(true, Ordering::SeqCst);
+            Ok::<_, FsError>(())
+        });
+        assert!(
+            reader.join().unwrap(),
+            "the read returned before the write it overlaps finished"
+        );
+        // It waited, so the streak is over; the second write is still out.
+        assert!(!deferred.continue_streak(1));
+        assert!(deferred.is_pending(1));
+        high.run(|_| Ok::<_, FsError>(()));
+        assert!(!deferred.is_pending(1));
+    }
+
+    #[test]
     fn a_failure_is_reported_once_and_later_writes_still_run() {
         let deferred = Deferred::new(8);
-        let failing = deferred.try_accept(3, 10, plenty).unwrap();
-        let next = deferred.try_accept(3, 10, plenty).unwrap();
+        let failing = deferred.try_accept(3, 0..10, plenty).unwrap();
+        let next = deferred.try_accept(3, 0..10, plenty).unwrap();
         assert!(failing.run(|_| Err::<(), _>(FsError::NoSpace)).is_none());
         assert_eq!(next.run(|_| Ok::<_, FsError>(5)), Some(5));
         assert!(matches!(
@@ -455,8 +559,8 @@ mod tests {
     #[test]
     fn an_abandoned_ticket_counts_as_failed_and_unblocks_the_queue() {
         let deferred = Deferred::new(8);
-        let abandoned = deferred.try_accept(4, 10, plenty).unwrap();
-        let next = deferred.try_accept(4, 10, plenty).unwrap();
+        let abandoned = deferred.try_accept(4, 0..10, plenty).unwrap();
+        let next = deferred.try_accept(4, 0..10, plenty).unwrap();
         drop(abandoned);
         assert_eq!(next.run(|_| Ok::<_, FsError>(1)), Some(1));
         assert!(deferred.settle_and_report(4).is_err());
@@ -466,19 +570,21 @@ mod tests {
     #[test]
     fn acceptance_stops_at_the_limit_and_without_free_space() {
         let deferred = Deferred::new(2);
-        let a = deferred.try_accept(1, 10, plenty).unwrap();
-        let b = deferred.try_accept(2, 10, plenty).unwrap();
-        assert!(deferred.try_accept(3, 10, plenty).is_none());
+        let a = deferred.try_accept(1, 0..10, plenty).unwrap();
+        let b = deferred.try_accept(2, 0..10, plenty).unwrap();
+        assert!(deferred.try_accept(3, 0..10, plenty).is_none());
         a.run(|_| Ok::<_, FsError>(()));
         // 10 bytes of b are still outstanding.
         assert!(deferred
-            .try_accept(3, 10, free(SPACE_MARGIN + 19))
+            .try_accept(3, 0..10, free(SPACE_MARGIN + 19))
             .is_none());
-        let c = deferred.try_accept(3, 10, free(SPACE_MARGIN + 20)).unwrap();
+        let c = deferred
+            .try_accept(3, 0..10, free(SPACE_MARGIN + 20))
+            .unwrap();
         b.run(|_| Ok::<_, FsError>(()));
         c.run(|_| Ok::<_, FsError>(()));
         deferred.settle_all();
-        assert!(Deferred::new(0).try_accept(1, 1, plenty).is_none());
+        assert!(Deferred::new(0).try_accept(1, 0..1, plenty).is_none());
     }
 
     #[test]
@@ -498,21 +604,23 @@ mod tests {
     fn queued_writes_do_not_count_against_the_limit_but_obey_off_and_free_space() {
         let deferred = Deferred::new(1);
         let queued: Vec<Ticket> = (0..5)
-            .map(|_| deferred.try_accept_queued(1, 10, plenty).unwrap())
+            .map(|_| deferred.try_accept_queued(1, 0..10, plenty).unwrap())
             .collect();
         // The queued ones leave the one write done by its thread its room...
-        let threaded = deferred.try_accept(1, 10, plenty).unwrap();
-        assert!(deferred.try_accept(2, 10, plenty).is_none());
+        let threaded = deferred.try_accept(1, 0..10, plenty).unwrap();
+        assert!(deferred.try_accept(2, 0..10, plenty).is_none());
         // ...but their bytes count against the free space.
         assert!(deferred
-            .try_accept_queued(2, 10, free(SPACE_MARGIN + 69))
+            .try_accept_queued(2, 0..10, free(SPACE_MARGIN + 69))
             .is_none());
         for ticket in queued {
             ticket.run(|_| Ok::<_, FsError>(()));
         }
         threaded.run(|_| Ok::<_, FsError>(()));
-        assert!(deferred.try_accept(2, 10, plenty).is_some());
+        assert!(deferred.try_accept(2, 0..10, plenty).is_some());
         deferred.settle_all();
-        assert!(Deferred::new(0).try_accept_queued(1, 1, plenty).is_none());
+        assert!(Deferred::new(0)
+            .try_accept_queued(1, 0..1, plenty)
+            .is_none());
     }
 }

@@ -834,7 +834,11 @@ impl FileSystem {
 
     /// Read up to `size` bytes; holes read as zeros; short only at end of file.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> FsResult<Vec<u8>> {
-        self.deferred.settle(ino);
+        let end = offset.saturating_add(size as u64);
+        self.deferred.settle_read(ino, offset..end, || {
+            // An inode gone or not a file fails the read below.
+            self.inner.state.read().inode(ino).map_or(0, |i| i.size)
+        });
         let atime = self.atime_mode().map(|m| (m, inode::Time::now()));
         let (data, due) = self.inner.read_data(ino, offset, size, atime)?;
         if let (true, Some((_, now))) = (due, atime) {
@@ -983,7 +987,7 @@ impl FileSystem {
         if len == 0 || self.inner.is_read_only() {
             return None;
         }
-        offset
+        let end = offset
             .checked_add(len as u64)
             .filter(|end| *end <= ops::data::MAX_FILE_SIZE)?;
         let in_groups = {
@@ -1002,9 +1006,10 @@ impl FileSystem {
                 || in_groups.saturating_add(self.inner.unallocated_bytes()) >= needed
         };
         let ticket = if queued {
-            self.deferred.try_accept_queued(ino, len as u64, has_room)?
+            self.deferred
+                .try_accept_queued(ino, offset..end, has_room)?
         } else {
-            self.deferred.try_accept(ino, len as u64, has_room)?
+            self.deferred.try_accept(ino, offset..end, has_room)?
         };
         Some(AcceptedWrite {
             ticket,

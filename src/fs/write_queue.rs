@@ -15,7 +15,8 @@
 //!
 //! Each queued write holds a ticket of `fs::deferred`, so everything that
 //! keeps answered writes invisible holds here too: other operations on the
-//! inode wait for its writes, fsync and close report a failure, and no
+//! inode wait for its writes (a read for those it could see), fsync and
+//! close report a failure, and no
 //! write is accepted unless the free space covers it. Tickets are taken
 //! under the queue's lock, so the queue's order is the tickets' order and
 //! the writer never waits for a write queued behind it.

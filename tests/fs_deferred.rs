@@ -63,14 +63,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn operations_after_the_answer_wait_for_the_write() {
-    let gate = Arc::new(Gate::default());
-    let hold = Arc::clone(&gate);
-    let store = Arc::new(HookedStore::new(
-        MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
-        move |_, _| hold.pass(),
-    ));
-    FileSystem::format(store.clone()).unwrap();
-    let fs = Arc::new(FileSystem::open(store.clone(), deferring()).unwrap());
+    let (gate, _, fs) = behind_gate(deferring());
     let ino = mkfile(&fs, "f");
     let data = pattern(MIB as usize, 7);
 
@@ -215,6 +208,30 @@ fn writes_that_could_fail_or_change_the_mode_are_not_deferred() {
     assert!(fs.accept_write(ino, 0, 4096, false).is_none());
 }
 
+/// A filesystem opened with `opts` over a store whose writes wait at the
+/// returned gate while it is closed (the store is returned to open the
+/// filesystem again).
+fn behind_gate(opts: FsOptions) -> (Arc<Gate>, Arc<HookedStore>, Arc<FileSystem>) {
+    let gate = Arc::new(Gate::default());
+    let hold = Arc::clone(&gate);
+    let store = Arc::new(HookedStore::new(
+        MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
+        move |_, _| hold.pass(),
+    ));
+    FileSystem::format(store.clone()).unwrap();
+    let fs = Arc::new(FileSystem::open(store.clone(), opts).unwrap());
+    (gate, store, fs)
+}
+
+/// Open `gate` and return what a reader sends on `rx`. A reader that did
+/// not wait for the writes held at the gate answers before it opens, with
+/// what it saw then (which the caller's check of it fails).
+fn answer_once_opened<T>(gate: &Gate, rx: &mpsc::Receiver<T>) -> T {
+    let early = rx.recv_timeout(Duration::from_millis(200));
+    gate.open();
+    early.or_else(|_| rx.recv()).unwrap()
+}
+
 fn queueing(depth: usize) -> FsOptions {
     FsOptions {
         deferred_writes: 2,
@@ -258,14 +275,7 @@ fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
 #[test]
 fn queued_writes_are_seen_by_what_follows_and_land_in_order_with_every_other_write() {
     const DEPTH: usize = 8;
-    let gate = Arc::new(Gate::default());
-    let hold = Arc::clone(&gate);
-    let store = Arc::new(HookedStore::new(
-        MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
-        move |_, _| hold.pass(),
-    ));
-    FileSystem::format(store.clone()).unwrap();
-    let fs = Arc::new(FileSystem::open(store.clone(), queueing(DEPTH)).unwrap());
+    let (gate, store, fs) = behind_gate(queueing(DEPTH));
     let ino = mkfile(&fs, "f");
     let mut model = Vec::new();
     assert!(
@@ -290,11 +300,7 @@ fn queued_writes_are_seen_by_what_follows_and_land_in_order_with_every_other_wri
         let (fs, len) = (Arc::clone(&fs), model.len());
         thread::spawn(move || tx.send(fs.read(ino, 0, len).unwrap()).unwrap())
     };
-    // A reader that did not wait would answer now, with the writes still
-    // held (what it saw is then checked below and fails).
-    let early = rx.recv_timeout(Duration::from_millis(200));
-    gate.open();
-    let seen = early.or_else(|_| rx.recv()).unwrap();
+    let seen = answer_once_opened(&gate, &rx);
     assert!(
         seen == model,
         "a read saw the file before its queued writes"
@@ -431,14 +437,7 @@ fn without_a_queue_or_room_the_caller_does_the_write() {
 #[test]
 fn a_read_of_other_bytes_goes_ahead_of_queued_writes_and_one_they_change_waits() {
     const K: u64 = 1024;
-    let gate = Arc::new(Gate::default());
-    let hold = Arc::clone(&gate);
-    let store = Arc::new(HookedStore::new(
-        MemStore::new(ROOMY_GROUPS, 8 * MIB, 64 * 1024),
-        move |_, _| hold.pass(),
-    ));
-    FileSystem::format(store.clone()).unwrap();
-    let fs = Arc::new(FileSystem::open(store.clone(), queueing(8)).unwrap());
+    let (gate, _, fs) = behind_gate(queueing(8));
     let ino = mkfile(&fs, "f");
     let mut model = pattern(64 * K as usize, 1);
     assert_eq!(fs.write(ino, 0, &model).unwrap(), model.len());
@@ -475,11 +474,7 @@ fn a_read_of_other_bytes_goes_ahead_of_queued_writes_and_one_they_change_waits()
             tx.send((overlapping, past_end)).unwrap();
         })
     };
-    // A reader that did not wait would answer now, with the writes still
-    // held (what it saw is then checked below and fails).
-    let early = rx.recv_timeout(Duration::from_millis(200));
-    gate.open();
-    let (overlapping, past_end) = early.or_else(|_| rx.recv()).unwrap();
+    let (overlapping, past_end) = answer_once_opened(&gate, &rx);
     reader.join().unwrap();
     assert!(overlapping == model[18 * K as usize..22 * K as usize]);
     assert_eq!(

@@ -47,7 +47,6 @@ struct Queue {
     /// Tickets handed out; ticket `n` starts once `turn == n`.
     issued: u64,
     turn: u64,
-    finished: u64,
     /// The first failure of a write since the last report.
     failure: Option<FsError>,
     /// The byte ranges of the writes not finished, by ticket.
@@ -56,7 +55,7 @@ struct Queue {
 
 impl Queue {
     fn idle(&self) -> bool {
-        self.issued == self.finished
+        self.unfinished.is_empty()
     }
 
     /// Whether a write not finished could change what a read of `range`
@@ -225,7 +224,7 @@ impl Deferred {
     /// asked for only while the inode has writes not finished, and without
     /// this lock held.
     pub fn settle_read(&self, ino: u64, range: std::ops::Range<u64>, size: impl FnOnce() -> u64) {
-        if self.outstanding.load(Ordering::SeqCst) == 0 || !self.is_pending(ino) {
+        if !self.is_pending(ino) {
             return;
         }
         let size = size();
@@ -317,7 +316,6 @@ impl Deferred {
         let mut st = self.state.lock();
         st.bytes = st.bytes.saturating_sub(bytes);
         if let Some(queue) = st.queues.get_mut(&ino) {
-            queue.finished += 1;
             queue.unfinished.retain(|(s, _)| *s != seq);
             if queue.failure.is_none() {
                 queue.failure = failure;

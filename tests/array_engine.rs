@@ -643,6 +643,78 @@ fn multi_stripe_writes_leave_consistent_parity() {
     }
 }
 
+/// A read across stripes asks each member once for every run of its data
+/// chunks that lie one after another on it, although they are a stripe
+/// apart in the caller's buffer, and every byte lands in its place.
+#[test]
+fn a_striped_read_asks_each_member_once_per_run_of_its_chunks() {
+    const CHUNK: u64 = 64 << 10;
+    let (ms, array, base) = running_parity_array(Level::Raid5, 5, CHUNK);
+    let stripe = 4 * CHUNK as usize;
+    let data: Vec<u8> = (0..4 * stripe).map(|i| (i * 31 / 7) as u8).collect();
+    array.write(base, &data).expect("write");
+    array.flush().expect("flush");
+    ms.iter().for_each(|m| m.reset_counts());
+
+    let mut back = vec![0u8; data.len()];
+    array.read(base, &mut back).expect("read");
+    assert!(back == data, "four stripes read back wrong");
+    // Left-symmetric parity of stripes 0..3 lies on members 4, 3, 2, 1:
+    // member 0 holds data in all four, 4 in the last three, 1 in the first
+    // three (one run each); 2 and 3 have their parity chunk between data
+    // chunks (two runs each). Chunk by chunk it was sixteen reads.
+    let reads: Vec<u64> = ms.iter().map(|m| m.counts().reads).collect();
+    assert_eq!(reads, vec![1, 1, 2, 2, 1]);
+
+    // A read starting and ending inside chunks scatters the same way.
+    ms.iter().for_each(|m| m.reset_counts());
+    let (from, to) = (CHUNK as usize / 2 + 100, 3 * stripe + 5000);
+    let mut part = vec![0u8; to - from];
+    array
+        .read(base + from as u64, &mut part)
+        .expect("read part");
+    assert!(part[..] == data[from..to], "unaligned span read back wrong");
+    let reads: Vec<u64> = ms.iter().map(|m| m.counts().reads).collect();
+    assert_eq!(reads.iter().sum::<u64>(), 7, "{reads:?}");
+}
+
+/// With members missing, what a member can still serve comes from its runs
+/// (on RAID6 4+2 without two members, one member's chunks may be all that
+/// is read directly, a stripe apart in the buffer), the rest from parity.
+#[test]
+fn a_degraded_striped_read_scatters_the_runs_it_has() {
+    const CHUNK: u64 = 16 << 10;
+    let (ms, array, base) = running_parity_array(Level::Raid6, 4, CHUNK);
+    let data: Vec<u8> = (0..8 * 2 * CHUNK as usize)
+        .map(|i| (i * 13 / 5) as u8)
+        .collect();
+    array.write(base, &data).expect("write");
+    array.flush().expect("flush");
+    drop(array);
+    for a in 0..4 {
+        for b in a + 1..4 {
+            let back = read_after_crash(&ms, &[a, b], base, data.len());
+            assert!(back == data, "wrong data without members {a} and {b}");
+            // Windows of two stripes, where one member may hold every
+            // chunk still readable in place.
+            let degraded = assemble(crash_images(&ms, &[a, b]), AssembleOptions::default())
+                .expect("assemble")
+                .array;
+            for first in 0..6 {
+                let (from, len) = (first * CHUNK as usize, 4 * CHUNK as usize);
+                let mut window = vec![0u8; len];
+                degraded
+                    .read(base + from as u64, &mut window)
+                    .expect("degraded read");
+                assert!(
+                    window[..] == data[from..from + len],
+                    "wrong window at chunk {first} without members {a} and {b}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn write_back_full_stripes_read_back_at_once_and_report_failures_at_flush() {
     write_back_reads_back_at_once_and_reports_failures_at_flush(Config::new(

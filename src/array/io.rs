@@ -62,8 +62,8 @@ pub(super) fn split(region: &Region, offset: u64, len: usize) -> Vec<Piece> {
 }
 
 /// A member read or write covering one or more pieces: consecutive bytes of
-/// one member that are also consecutive in the caller's buffer, so one
-/// member read fills them in place.
+/// one member. Merged [`Merge::InPlace`], they are consecutive in the
+/// caller's buffer too, so one member read or write uses them in place.
 pub(super) struct Run {
     pub slot: usize,
     pub member_offset: u64,
@@ -73,22 +73,53 @@ pub(super) struct Run {
 }
 
 impl Run {
-    /// The bytes of the caller's buffer the run covers (`coalesce` only
-    /// merges parts contiguous there).
+    /// The bytes of the caller's buffer the run covers: a run merged
+    /// [`Merge::InPlace`] (see [`Run::in_place`]).
     pub(super) fn span(&self) -> std::ops::Range<usize> {
+        debug_assert!(self.in_place(), "span of a scattered run");
         let at = self.parts.first().map_or(0, |p| p.1);
         at..at + self.len
     }
+
+    /// Whether the run's parts lie one after another in the caller's buffer.
+    pub(super) fn in_place(&self) -> bool {
+        self.parts.windows(2).all(|w| w[0].1 + w[0].2 == w[1].1)
+    }
+
+    /// Copy the run's bytes, read into `from`, to their places in `buf`.
+    fn scatter(&self, from: &[u8], buf: &mut [u8]) {
+        for &(at, buf_off, len) in &self.parts {
+            buf[buf_off..buf_off + len].copy_from_slice(&from[at..at + len]);
+        }
+    }
+}
+
+/// Which neighbouring pieces on one member `coalesce` merges.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Merge {
+    /// Only pieces that are neighbours in the caller's buffer too: the run
+    /// is one slice of it (a write's data, a mirror read).
+    InPlace,
+    /// Every piece that continues its member's run, wherever it lies in the
+    /// buffer. A striped read finds a member's chunks a stripe apart in the
+    /// caller's buffer: one member read of 256 KiB instead of four of
+    /// 64 KiB, its bytes then copied to their places (the disk here reads a
+    /// cold stream of 64 KiB requests at about two thirds of the rate of
+    /// 256 KiB ones, docs/performance.md).
+    Scatter,
 }
 
 /// Merge consecutive pieces that land contiguously on the same member.
-pub(super) fn coalesce(items: impl Iterator<Item = (usize, u64, usize, usize)>) -> Vec<Run> {
+pub(super) fn coalesce(
+    items: impl Iterator<Item = (usize, u64, usize, usize)>,
+    merge: Merge,
+) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for (slot, member_offset, buf_off, len) in items {
         if let Some(last) = runs.iter_mut().rev().find(|r| r.slot == slot) {
             let (_, last_buf, last_len) = last.parts[last.parts.len() - 1];
             if last.member_offset + last.len as u64 == member_offset
-                && last_buf + last_len == buf_off
+                && (merge == Merge::Scatter || last_buf + last_len == buf_off)
             {
                 last.parts.push((last.len, buf_off, len));
                 last.len += len;
@@ -233,15 +264,18 @@ impl Array {
                 unread.push(i);
             }
         }
-        let runs = coalesce(direct.iter().map(|&i| {
-            let p = &pieces[i];
-            (
-                p.map.targets[0].member,
-                region.base + p.map.targets[0].offset,
-                p.buf_off,
-                p.len,
-            )
-        }));
+        let runs = coalesce(
+            direct.iter().map(|&i| {
+                let p = &pieces[i];
+                (
+                    p.map.targets[0].member,
+                    region.base + p.map.targets[0].offset,
+                    p.buf_off,
+                    p.len,
+                )
+            }),
+            Merge::Scatter,
+        );
         let outcomes = self.read_runs_into(&runs, buf);
         for (run, outcome) in runs.iter().zip(outcomes) {
             if let Err(e) = outcome {
@@ -256,25 +290,29 @@ impl Array {
         Ok(unread)
     }
 
-    /// Read every run into its part of `buf`, members in parallel. A lone
-    /// run (every 4 KiB random read) is read in place on this thread, and
-    /// so are the runs whose bytes the host has cached (a sequential
-    /// stream's, read ahead by the host): a worker would read them into a
-    /// buffer of its own, to be copied here again. Only the runs that wait
-    /// for a device go to the workers.
+    /// Read every run into its parts of `buf`, members in parallel. A lone
+    /// run (every 4 KiB random read) is read on this thread, and so are
+    /// the runs whose bytes the host has cached (a sequential stream's,
+    /// read ahead by the host): a worker would read them into a buffer of
+    /// its own, to be copied here again. Only the runs that wait for a
+    /// device go to the workers.
     pub(super) fn read_runs_into(&self, runs: &[Run], buf: &mut [u8]) -> Vec<std::io::Result<()>> {
         if let [run] = runs {
-            return vec![self
-                .pool
-                .read_inline(run.slot, run.member_offset, &mut buf[run.span()])];
+            return vec![self.read_run_inline(run, buf)];
         }
         let mut outcomes: Vec<std::io::Result<()>> = Vec::with_capacity(runs.len());
         let mut uncached = Vec::new();
         for (i, run) in runs.iter().enumerate() {
-            if !self
-                .pool
-                .read_if_cached(run.slot, run.member_offset, &mut buf[run.span()])
-            {
+            // A scattered run is cached when every part is; a part that is
+            // not sends the whole run to a worker.
+            let cached = run.parts.iter().all(|&(at, buf_off, len)| {
+                self.pool.read_if_cached(
+                    run.slot,
+                    run.member_offset + at as u64,
+                    &mut buf[buf_off..buf_off + len],
+                )
+            });
+            if !cached {
                 uncached.push(i);
             }
             outcomes.push(Ok(()));
@@ -294,9 +332,24 @@ impl Array {
             .collect();
         for (&i, outcome) in uncached.iter().zip(self.pool.run(jobs)) {
             let run = &runs[i];
-            outcomes[i] = outcome.map(|bytes| buf[run.span()].copy_from_slice(&bytes[..run.len]));
+            outcomes[i] = outcome.map(|bytes| run.scatter(&bytes, buf));
         }
         outcomes
+    }
+
+    /// Read one run on this thread: in place, or into a buffer of its own
+    /// when its parts are apart in `buf`.
+    fn read_run_inline(&self, run: &Run, buf: &mut [u8]) -> std::io::Result<()> {
+        if run.in_place() {
+            return self
+                .pool
+                .read_inline(run.slot, run.member_offset, &mut buf[run.span()]);
+        }
+        let mut own = vec![0u8; run.len];
+        self.pool
+            .read_inline(run.slot, run.member_offset, &mut own)?;
+        run.scatter(&own, buf);
+        Ok(())
     }
 
     pub(crate) fn write_region(
@@ -442,7 +495,7 @@ impl Array {
                 plan.push((t.member, region.base + t.offset, p.buf_off, p.len));
             }
         }
-        let runs = coalesce(plan.into_iter());
+        let runs = coalesce(plan.into_iter(), Merge::InPlace);
         let owned_jobs = || -> Vec<(usize, Op)> {
             // One copy for every target, aligned so that image files can
             // write it around their page cache.

@@ -4,7 +4,7 @@
 //! each chunk; a rebuilt slot's rows are read from another copy; the array
 //! survives as long as every chunk keeps one copy.
 
-use super::super::io::{coalesce, split, Choice, Piece};
+use super::super::io::{coalesce, split, Choice, Merge, Piece};
 use super::super::judge::choose_copies;
 use super::super::scrub::diff_bytes;
 use super::super::worker::Op;
@@ -97,7 +97,7 @@ impl Array {
                 plan.push((t.member, region.base + t.offset, p.buf_off, p.len));
                 follow = Some((t.member, region.base + t.offset + p.len as u64));
             }
-            let runs = coalesce(plan.into_iter());
+            let runs = coalesce(plan.into_iter(), Merge::InPlace);
             runs.iter()
                 .for_each(|r| self.balance.issue(r.slot, r.member_offset, r.len as u64));
             let started = std::time::Instant::now();

@@ -406,6 +406,9 @@ impl Member for FileMember {
     }
 
     fn sync(&self) -> io::Result<()> {
+        if let Some(u) = &self.uncached {
+            u.synced();
+        }
         loop {
             match self.file.sync_data() {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

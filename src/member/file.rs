@@ -406,7 +406,9 @@ impl Member for FileMember {
     }
 
     fn sync(&self) -> io::Result<()> {
-        if let Some(u) = &self.uncached {
+        // Only an image file allocates its blocks as they are first
+        // written; a block device's direct writes have nothing to wait for.
+        if let (Some(u), true) = (&self.uncached, self.is_file) {
             u.synced();
         }
         loop {

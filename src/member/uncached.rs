@@ -25,7 +25,7 @@
 //! Not every large write gains, though: right after a sync, parts under
 //! 1 MiB go through the page cache (`SYNCED_MIN_LEN`), since in a stream
 //! of synced writes a direct write into blocks the image has not
-//! allocated waits for the host filesystem's journal, which every sync
+//! allocated waits on the host filesystem's journal, which every sync
 //! commits, while a buffered write's blocks are allocated inside the sync.
 //!
 //! What stays as it was: the kernel keeps the two descriptors coherent
@@ -57,12 +57,12 @@ pub const MIN_LEN: usize = 256 << 10;
 /// (fewer than [`SYNCED_STREAK`] large writes since), go through the page
 /// cache after all. Such a member is in a stream of synced writes (O_DSYNC,
 /// an fsync after each request), and there a direct write into blocks the
-/// image has not allocated yet waits for the host filesystem's journal,
-/// which every sync commits: a RAID5 4+1 O_DSYNC stream of 1 MiB requests
-/// spent 0.9-1.3 ms in each member's 256 KiB direct write before the
-/// sync, against 0.05-0.4 ms buffered (the buffered blocks are allocated at
-/// writeback, inside the sync), and ran at 420 against 474 MB/s
-/// (`scripts/ab-fio`, five rounds). A part of 1 MiB, as a mirror's, stays
+/// image has not allocated yet waits on the host filesystem, which
+/// allocates them through the journal that every sync commits: a RAID5
+/// 4+1 O_DSYNC stream of 1 MiB requests spent 0.8-1.0 ms on average in
+/// each member's 256 KiB direct write before the sync, against 0.04-0.4 ms
+/// buffered (those blocks are allocated at writeback, inside the sync),
+/// and ran at 410 against 467 MB/s (`scripts/ab-fio`, five rounds). A part of 1 MiB, as a mirror's, stays
 /// direct: RAID1 x2 O_DSYNC ran at 424 MB/s direct against 274 buffered,
 /// the copy into fresh pages costing more than the wait.
 pub const SYNCED_MIN_LEN: usize = 1 << 20;
@@ -110,8 +110,9 @@ impl Uncached {
         })
     }
 
-    /// The member was synced (whichever descriptor wrote): the next large
-    /// writes below [`SYNCED_MIN_LEN`] go through the page cache.
+    /// The member, an image file, was synced (whichever descriptor wrote):
+    /// the next large writes below [`SYNCED_MIN_LEN`] go through the page
+    /// cache.
     pub fn synced(&self) {
         self.since_sync.store(0, Ordering::Relaxed);
     }

@@ -100,7 +100,6 @@ pub struct Ticket {
     deferred: Arc<Deferred>,
     ino: u64,
     seq: u64,
-    bytes: u64,
     /// Counted in `in_threads` (not handed to the write queue).
     in_thread: bool,
     turn_passed: std::cell::Cell<bool>,
@@ -179,7 +178,6 @@ impl Deferred {
             deferred: Arc::clone(self),
             ino,
             seq,
-            bytes,
             in_thread,
             turn_passed: std::cell::Cell::new(false),
             done: false,
@@ -312,11 +310,15 @@ impl Deferred {
         self.changed.notify_all();
     }
 
-    fn finish(&self, ino: u64, seq: u64, bytes: u64, in_thread: bool, failure: Option<FsError>) {
+    fn finish(&self, ino: u64, seq: u64, in_thread: bool, failure: Option<FsError>) {
         let mut st = self.state.lock();
-        st.bytes = st.bytes.saturating_sub(bytes);
+        let mut freed = 0;
         if let Some(queue) = st.queues.get_mut(&ino) {
-            queue.unfinished.retain(|(s, _)| *s != seq);
+            // The write's bytes leave the outstanding count with its range.
+            if let Some(i) = queue.unfinished.iter().position(|(s, _)| *s == seq) {
+                let (_, range) = queue.unfinished.swap_remove(i);
+                freed = range.end.saturating_sub(range.start);
+            }
             if queue.failure.is_none() {
                 queue.failure = failure;
             }
@@ -324,6 +326,7 @@ impl Deferred {
                 st.queues.remove(&ino);
             }
         }
+        st.bytes = st.bytes.saturating_sub(freed);
         if in_thread {
             self.in_threads.fetch_sub(1, Ordering::SeqCst);
         }
@@ -356,7 +359,7 @@ impl Ticket {
         match result {
             Ok(value) => {
                 self.deferred
-                    .finish(self.ino, self.seq, self.bytes, self.in_thread, None);
+                    .finish(self.ino, self.seq, self.in_thread, None);
                 Some(value)
             }
             Err(err) => {
@@ -365,7 +368,7 @@ impl Ticket {
                     self.ino
                 );
                 self.deferred
-                    .finish(self.ino, self.seq, self.bytes, self.in_thread, Some(err));
+                    .finish(self.ino, self.seq, self.in_thread, Some(err));
                 None
             }
         }
@@ -379,7 +382,6 @@ impl Drop for Ticket {
             self.deferred.finish(
                 self.ino,
                 self.seq,
-                self.bytes,
                 self.in_thread,
                 Some(FsError::Invalid("an accepted write was abandoned")),
             );

@@ -406,11 +406,6 @@ impl Member for FileMember {
     }
 
     fn sync(&self) -> io::Result<()> {
-        // Only an image file allocates its blocks as they are first
-        // written; a block device's direct writes have nothing to wait for.
-        if let (Some(u), true) = (&self.uncached, self.is_file) {
-            u.synced();
-        }
         loop {
             match self.file.sync_data() {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -4,12 +4,15 @@
 //!
 //! A member is opened buffered so that small writes gather in the host's
 //! page cache and reads get its readahead. But a large write copied into
-//! the page cache costs CPU the size of the write, once per copy of it: on
-//! this project's test machine a RAID1 x2 `O_DIRECT` stream spent two
-//! thirds of both CPUs in the kernel's `copy_folio_from_iter_atomic`,
-//! writing into the two images' page caches, and ran at a sixth of the
-//! disk's direct-write speed (docs/performance.md, "Against the kernel's
-//! RAID"). md never copies: it hands the request's pages to every disk.
+//! the page cache costs CPU the size of the write, once per copy of it,
+//! and more where fresh memory is dear: on this project's test machine, a
+//! virtual machine whose balloon gives free memory back to its host (so
+//! that the first touch of a fresh page faults in the hypervisor), a
+//! RAID1 x2 `O_DIRECT` stream spent two thirds of both CPUs in the
+//! kernel's `copy_folio_from_iter_atomic`, writing into the two images'
+//! page caches, and ran at a sixth of the disk's direct-write speed
+//! (docs/performance.md, "Against the kernel's RAID"). md never copies: it
+//! hands the request's pages to every disk.
 //! Writing large, aligned requests with `O_DIRECT` does the same here: the
 //! device reads the caller's buffer, every member at once on its own
 //! worker.
@@ -22,11 +25,14 @@
 //! are no longer read ahead with them. Ranges the host has cached, in
 //! part or whole (written, or read before), are read through the cache.
 //!
-//! Not every large write gains, though: right after a sync, parts under
-//! 1 MiB go through the page cache (`SYNCED_MIN_LEN`), since in a stream
-//! of synced writes a direct write into blocks the image has not
-//! allocated waits on the host filesystem's journal, which every sync
-//! commits, while a buffered write's blocks are allocated inside the sync.
+//! Not every large write gains, though. The parts of a RAID5/6 full-stripe
+//! write (a chunk run per member, 256 KiB of a 1 MiB request) write faster
+//! through the page cache: the host allocates the image's blocks at
+//! writeback in large extents (write-behind starts it at once), while each
+//! direct write into blocks the image has not allocated waits for the host
+//! filesystem to allocate them. Only writes of 1 MiB or more ([`MIN_LEN`]),
+//! a mirror's copies of large requests, go around the cache, where not
+//! copying them twice into the host's memory is what counts.
 //!
 //! What stays as it was: the kernel keeps the two descriptors coherent
 //! (a direct write first writes back and then drops the cached pages of its
@@ -40,37 +46,23 @@ use std::fs::File;
 use std::io::{self, IoSlice};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// Alignment of buffers, offsets and lengths that direct writes need here.
 /// 4096 is a multiple of every logical block size in common use.
 pub const ALIGN: usize = 4096;
 
-/// Writes from this size on go around the page cache: a full-stripe or
-/// large mirror write (1 MiB FUSE requests, their member parts at least a
-/// chunk). Smaller ones gather in the page cache, where random updates of
-/// the same blocks are cheap.
-pub const MIN_LEN: usize = 256 << 10;
-
-/// Parts smaller than this, written shortly after a sync of the member
-/// (fewer than [`SYNCED_STREAK`] large writes since), go through the page
-/// cache after all. Such a member is in a stream of synced writes (O_DSYNC,
-/// an fsync after each request), and there a direct write into blocks the
-/// image has not allocated yet waits on the host filesystem, which
-/// allocates them through the journal that every sync commits: a RAID5
-/// 4+1 O_DSYNC stream of 1 MiB requests spent 0.8-1.0 ms on average in
-/// each member's 256 KiB direct write before the sync, against 0.04-0.4 ms
-/// buffered (those blocks are allocated at writeback, inside the sync),
-/// and ran at 410 against 467 MB/s (`scripts/ab-fio`, five rounds). A part of 1 MiB, as a mirror's, stays
-/// direct: RAID1 x2 O_DSYNC ran at 424 MB/s direct against 274 buffered,
-/// the copy into fresh pages costing more than the wait.
-pub const SYNCED_MIN_LEN: usize = 1 << 20;
-
-/// Large writes after a sync of the member that stay buffered when smaller
-/// than [`SYNCED_MIN_LEN`]; the writes after them go around the cache again
-/// (a stream that is not synced every few requests).
-pub const SYNCED_STREAK: u32 = 4;
+/// Writes from this size on go around the page cache: a mirror's copy of
+/// a 1 MiB request (FUSE's largest), which would otherwise be copied into
+/// the host's page cache once per copy. Smaller ones gather in the page
+/// cache, where random updates of the same blocks are cheap, and so do the
+/// member parts of RAID5/6 full stripes (256 KiB of a 1 MiB request on
+/// 4+1 or 4+2 with 64 KiB chunks): through the cache they wrote 1.20-1.33x
+/// faster in O_DIRECT streams than around it, and no slower in other
+/// sequential streams (`scripts/ab-fio`, docs/performance.md, "Member
+/// writes: which go around the host's page cache").
+pub const MIN_LEN: usize = 1 << 20;
 
 /// Reads from this size on, of ranges with nothing cached, go around the
 /// page cache: a chunk, the most a RAID5/6 member holds contiguously in
@@ -85,9 +77,6 @@ pub struct Uncached {
     file: File,
     /// The host refused a direct write once: every write stays buffered.
     refused: AtomicBool,
-    /// Large writes since the member's last sync, up to [`SYNCED_STREAK`]
-    /// (where a member that was never synced starts).
-    since_sync: AtomicU32,
 }
 
 impl Uncached {
@@ -106,43 +95,21 @@ impl Uncached {
         Some(Uncached {
             file,
             refused: AtomicBool::new(false),
-            since_sync: AtomicU32::new(SYNCED_STREAK),
         })
-    }
-
-    /// The member, an image file, was synced (whichever descriptor wrote):
-    /// the next large writes below [`SYNCED_MIN_LEN`] go through the page
-    /// cache.
-    pub fn synced(&self) {
-        self.since_sync.store(0, Ordering::Relaxed);
-    }
-
-    /// Whether a large write of `total` bytes follows a sync closely enough
-    /// to stay buffered (see [`SYNCED_MIN_LEN`]); counts it.
-    fn just_synced(&self, total: usize) -> bool {
-        let after = self
-            .since_sync
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < SYNCED_STREAK).then_some(n + 1)
-            });
-        total < SYNCED_MIN_LEN && after.is_ok()
     }
 
     /// Write `bufs` one after another from `offset` around the page cache,
     /// if they qualify: at least [`MIN_LEN`] in all, every buffer's address
-    /// and length and the offset aligned, and not a part shortly after a
-    /// sync ([`SYNCED_MIN_LEN`]). None when they do not, or when the host
+    /// and length and the offset aligned. None when they do not, or when the host
     /// refuses direct I/O here (then nothing needs undoing: the caller's
     /// buffered write of the same bytes replaces whatever part landed).
     pub fn write(&self, bufs: &[&[u8]], offset: u64, total: usize) -> Option<io::Result<()>> {
-        // Last: only a write that could go around the cache is counted.
         if total < MIN_LEN
             || !offset.is_multiple_of(ALIGN as u64)
             || self.refused.load(Ordering::Relaxed)
             || !bufs.iter().all(|b| {
                 (b.as_ptr() as usize).is_multiple_of(ALIGN) && b.len().is_multiple_of(ALIGN)
             })
-            || self.just_synced(total)
         {
             return None;
         }

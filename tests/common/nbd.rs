@@ -3,7 +3,7 @@
 //! and polled until it accepts connections. The guard kills the server
 //! however the test ends (and nbdkit exits with the test process too).
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -45,12 +45,22 @@ pub struct NbdServer {
 }
 
 /// A port that was free a moment ago (the server binds it next; a clash
-/// makes the start fail and retry).
+/// makes the start fail and retry), and never one handed out before in
+/// this process: a test restarts its server on its port, which must not
+/// meanwhile go to another test's server.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 impl NbdServer {
@@ -218,7 +228,9 @@ fn spawn(at: &At, dir: &Path, command: &mut Command) -> Option<Child> {
     loop {
         let up = match at {
             At::Unix(socket) => UnixStream::connect(socket).is_ok(),
-            At::Tcp(port) => TcpStream::connect(("127.0.0.1", *port)).is_ok(),
+            // Not a connect: another test's server may have taken the port
+            // first, and a connect would then reach it while this one exits.
+            At::Tcp(port) => listens_on(child.id(), *port),
         };
         if up {
             return Some(child);
@@ -238,6 +250,33 @@ fn spawn(at: &At, dir: &Path, command: &mut Command) -> Option<Child> {
 enum At {
     Unix(PathBuf),
     Tcp(u16),
+}
+
+/// Whether process `pid` holds a socket listening on 127.0.0.1:`port`
+/// (its descriptors against the kernel's table of TCP sockets).
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")) else {
+        return false;
+    };
+    let local = format!("0100007F:{port:04X}");
+    let listening: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, st (0A is LISTEN), inode.
+            (fields.len() > 9 && fields[1] == local && fields[3] == "0A")
+                .then(|| format!("socket:[{}]", fields[9]))
+        })
+        .collect();
+    if listening.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .any(|target| listening.iter().any(|l| target.as_os_str() == l.as_str()))
 }
 
 /// A sparse image file of `size` bytes at `path`.

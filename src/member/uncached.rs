@@ -100,9 +100,10 @@ impl Uncached {
 
     /// Write `bufs` one after another from `offset` around the page cache,
     /// if they qualify: at least [`MIN_LEN`] in all, every buffer's address
-    /// and length and the offset aligned. None when they do not, or when the host
-    /// refuses direct I/O here (then nothing needs undoing: the caller's
-    /// buffered write of the same bytes replaces whatever part landed).
+    /// and length and the offset aligned. None when they do not, or when
+    /// the host refuses direct I/O here (then nothing needs undoing: the
+    /// caller's buffered write of the same bytes replaces whatever part
+    /// landed).
     pub fn write(&self, bufs: &[&[u8]], offset: u64, total: usize) -> Option<io::Result<()>> {
         if total < MIN_LEN
             || !offset.is_multiple_of(ALIGN as u64)

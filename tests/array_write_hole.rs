@@ -196,3 +196,75 @@ fn log_entries_outside_their_group_are_ignored() {
     array.read(base, &mut back).expect("read");
     assert!(back == original, "a bogus log entry changed the data");
 }
+
+/// Run `f` on its own thread; panic if it has not returned within `limit`
+/// (the thread is left behind: a deadlocked test ends with its process).
+fn within<T: Send + 'static>(limit: std::time::Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(_) => panic!("{what} did not finish within {limit:?}: deadlocked"),
+    }
+}
+
+/// A RAID5 with the partial parity log and its background work started
+/// (so partial-stripe writes gather in the stripe cache).
+fn ppl_array_with_cache() -> (Arc<raidfs::array::Array>, u64) {
+    let ms = faulty(4, 24 << 20, "c");
+    let spec = CreateSpec {
+        level: Level::Raid5,
+        layout: Layout::LeftSymmetric,
+        chunk: CHUNK,
+        copies: 1,
+        name: "pc".into(),
+        ppl: true,
+    };
+    let array = Arc::new(create(named(&ms), &spec).expect("create"));
+    let base = (array.allocate_group(GroupProfile::Data).expect("group") as u64) << GROUP_SHIFT;
+    array.mark_dirty().expect("dirty");
+    array.start_background();
+    (array, base)
+}
+
+/// A cached stripe is written out under its stripe lock, marked as being
+/// written out. When its log entry cannot be reserved (the stripe was
+/// logged already in this epoch, or the ring is full) the log must make
+/// room without a full flush, which would wait for that very write-out.
+#[test]
+fn cached_write_outs_that_fill_the_log_or_log_a_stripe_twice_complete() {
+    let stripe_bytes = 3 * CHUNK;
+    // Two runs in one cached stripe: the second run's entry finds the
+    // stripe logged by the first.
+    let (array, base) = ppl_array_with_cache();
+    let a = Arc::clone(&array);
+    within(std::time::Duration::from_secs(60), "a flush of one stripe with two runs", move || {
+        a.write(base, &random(1, 4096)).expect("write");
+        a.write(base + 8192, &random(2, 4096)).expect("write");
+        a.flush().expect("flush");
+    });
+    let mut back = vec![0u8; 12288];
+    array.read(base, &mut back).expect("read");
+    assert_eq!(&back[..4096], &random(1, 4096)[..]);
+    assert_eq!(&back[8192..], &random(2, 4096)[..]);
+    array.mark_clean().expect("clean");
+
+    // More cached stripes than the ring has room for (about 200 entries).
+    let (array, base) = ppl_array_with_cache();
+    let a = Arc::clone(&array);
+    let stripes = 300u64;
+    within(std::time::Duration::from_secs(60), "a flush of more stripes than the log holds", move || {
+        for s in 0..stripes {
+            a.write(base + s * stripe_bytes, &random(100 + s, 4096)).expect("write");
+        }
+        a.flush().expect("flush");
+    });
+    for s in 0..stripes {
+        let mut back = vec![0u8; 4096];
+        array.read(base + s * stripe_bytes, &mut back).expect("read");
+        assert!(back == random(100 + s, 4096), "stripe {s}");
+    }
+    array.mark_clean().expect("clean");
+}

@@ -181,7 +181,7 @@ impl Array {
 
     /// Sync every working member (after writing the partial parity log's
     /// new header). The error to report when the host refused.
-    fn sync_members(&self, ppl_header: Option<&[u8]>) -> Option<ArrayError> {
+    pub(in crate::array) fn sync_members(&self, ppl_header: Option<&[u8]>) -> Option<ArrayError> {
         let mut host = None;
         let slots: Vec<usize> = (0..self.slots.len())
             .filter(|&s| !self.is_failed(s))

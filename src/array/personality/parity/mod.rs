@@ -242,8 +242,10 @@ impl Array {
         let (offset, entry) = loop {
             match ppl.reserve(parity_slot, region.group, stripe, lo as u64, modified, pp) {
                 Some(reserved) => break reserved,
-                // A flush makes the logged writes durable and their entries obsolete.
-                None => self.flush()?,
+                // Not a full flush: this runs under the stripe's lock, often
+                // inside a stripe-cache write-out, and a flush waits for
+                // every write-out (this one too) to settle.
+                None => self.roll_partial_parity_log(ppl)?,
             }
         };
         let len = entry.len();

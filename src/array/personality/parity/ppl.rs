@@ -254,6 +254,20 @@ pub fn decode_ring(ring: &[u8]) -> Result<(u64, Vec<Entry>), String> {
 }
 
 impl crate::array::Array {
+    /// Make room in the log: once the logged writes in flight are done,
+    /// sync every member, which makes every logged write durable, and
+    /// start a new epoch, which makes their entries obsolete. This is the
+    /// part of [`Array::flush`](crate::array::Array::flush) the log needs
+    /// and no more: it neither writes out the stripe cache nor waits for
+    /// queued full-stripe writes (neither has log entries), so a write path
+    /// that holds a stripe lock or is itself a cache write-out may call it.
+    pub(crate) fn roll_partial_parity_log(&self, ppl: &Ppl) -> crate::array::ArrayResult<()> {
+        match ppl.flush_with(|header| self.sync_members(Some(header))) {
+            Some(host) => Err(host),
+            None => self.ensure_writable(),
+        }
+    }
+
     /// At assembly: read every member's log, continue its epoch numbering,
     /// and (when `repair`) recompute the parity of every stripe a logged
     /// write was changing. Returns the number of stripes repaired.

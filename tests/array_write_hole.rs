@@ -199,7 +199,11 @@ fn log_entries_outside_their_group_are_ignored() {
 
 /// Run `f` on its own thread; panic if it has not returned within `limit`
 /// (the thread is left behind: a deadlocked test ends with its process).
-fn within<T: Send + 'static>(limit: std::time::Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+fn within<T: Send + 'static>(
+    limit: std::time::Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(f());
@@ -240,11 +244,15 @@ fn cached_write_outs_that_fill_the_log_or_log_a_stripe_twice_complete() {
     // stripe logged by the first.
     let (array, base) = ppl_array_with_cache();
     let a = Arc::clone(&array);
-    within(std::time::Duration::from_secs(60), "a flush of one stripe with two runs", move || {
-        a.write(base, &random(1, 4096)).expect("write");
-        a.write(base + 8192, &random(2, 4096)).expect("write");
-        a.flush().expect("flush");
-    });
+    within(
+        std::time::Duration::from_secs(60),
+        "a flush of one stripe with two runs",
+        move || {
+            a.write(base, &random(1, 4096)).expect("write");
+            a.write(base + 8192, &random(2, 4096)).expect("write");
+            a.flush().expect("flush");
+        },
+    );
     let mut back = vec![0u8; 12288];
     array.read(base, &mut back).expect("read");
     assert_eq!(&back[..4096], &random(1, 4096)[..]);
@@ -255,15 +263,22 @@ fn cached_write_outs_that_fill_the_log_or_log_a_stripe_twice_complete() {
     let (array, base) = ppl_array_with_cache();
     let a = Arc::clone(&array);
     let stripes = 300u64;
-    within(std::time::Duration::from_secs(60), "a flush of more stripes than the log holds", move || {
-        for s in 0..stripes {
-            a.write(base + s * stripe_bytes, &random(100 + s, 4096)).expect("write");
-        }
-        a.flush().expect("flush");
-    });
+    within(
+        std::time::Duration::from_secs(60),
+        "a flush of more stripes than the log holds",
+        move || {
+            for s in 0..stripes {
+                a.write(base + s * stripe_bytes, &random(100 + s, 4096))
+                    .expect("write");
+            }
+            a.flush().expect("flush");
+        },
+    );
     for s in 0..stripes {
         let mut back = vec![0u8; 4096];
-        array.read(base + s * stripe_bytes, &mut back).expect("read");
+        array
+            .read(base + s * stripe_bytes, &mut back)
+            .expect("read");
         assert!(back == random(100 + s, 4096), "stripe {s}");
     }
     array.mark_clean().expect("clean");

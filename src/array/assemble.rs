@@ -470,13 +470,16 @@ pub fn assemble(
     if array.is_dirty() {
         let (regions, bytes) = array.bitmap.dirty();
         if degraded && !array.has_returning() {
-            log::warn!("array was not shut down cleanly and is degraded: {regions} regions may have inconsistent redundancy");
+            log::warn!("array was not shut down cleanly and is degraded: {regions} regions may have inconsistent redundancy; they are resynced once the array is whole again");
         } else {
             log::info!("array was not shut down cleanly: {regions} dirty regions ({} MiB) will be resynced", bytes >> 20);
-            array
-                .needs_resync
-                .store(true, std::sync::atomic::Ordering::Release);
         }
+        // Also when degraded: the copies that survived may disagree where
+        // the crash tore a write, and a rebuild restores only the missing
+        // member, so the resync follows it (md keeps its resync point too).
+        array
+            .needs_resync
+            .store(true, std::sync::atomic::Ordering::Release);
     }
     if degraded {
         let missing: Vec<String> = array

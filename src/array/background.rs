@@ -563,6 +563,8 @@ impl Array {
             .store(false, Ordering::Release);
         if !completed && action == SyncAction::Resync {
             self.bitmap.resync_failed();
+            // Stopped or failed: still due, and the array stays dirty until it ran.
+            self.needs_resync.store(true, Ordering::Release);
         }
         if completed {
             match (action, slot) {

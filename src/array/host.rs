@@ -299,12 +299,18 @@ impl Array {
         what: &str,
         span: Option<(u64, u64)>,
     ) -> Option<ArrayError> {
-        // Either way the stripes the failed write touched may be half written.
-        if let Some((start, end)) = span {
-            self.bitmap.mark_suspect(start, end);
-        }
+        // Stripes the failed write touched may be half written on members
+        // that stay in the array: suspect, unless this member leaves it
+        // (the survivors then hold the whole write, and a degraded read
+        // rebuilds its part from them).
+        let suspect = |array: &Self| {
+            if let Some((start, end)) = span {
+                array.bitmap.mark_suspect(start, end);
+            }
+        };
         match classify(e) {
             Fault::NoSpace => {
+                suspect(self);
                 self.host.note_no_space();
                 log::warn!(
                     "raidfs: {} has no space left on its host ({what}: {e}); the request fails with ENOSPC, the member stays in the array",
@@ -317,6 +323,9 @@ impl Array {
             }
             fault => {
                 self.decide_failure(slot, &format!("{what}: {e}"), fault);
+                if !self.is_failed(slot) {
+                    suspect(self);
+                }
                 self.host.suspended_error()
             }
         }

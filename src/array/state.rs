@@ -176,6 +176,13 @@ impl Array {
         }
         self.stop_background();
         self.flush()?;
+        if self.needs_resync.load(std::sync::atomic::Ordering::Acquire) {
+            // An unclean shutdown's dirty regions were never resynced (the
+            // array was degraded, or the resync was stopped): stay dirty so
+            // the next assembly resyncs them.
+            log::warn!("raidfs: regions an unclean shutdown left dirty are not resynced yet; the array stays dirty");
+            return Ok(());
+        }
         if self.bitmap.has_suspect() {
             // Some stripe a host fault interrupted was never resynced: stay
             // dirty so the next assembly resyncs the regions the bitmap marks.

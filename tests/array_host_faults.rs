@@ -9,7 +9,8 @@ mod common;
 
 use common::members::handles;
 use raidfs::array::{
-    assemble, create, AddOutcome, Array, ArrayError, AssembleOptions, CreateSpec, GROUP_SHIFT,
+    assemble, create, AddOutcome, Array, ArrayError, AssembleOptions, CreateSpec, SyncAction,
+    GROUP_SHIFT,
 };
 use raidfs::geometry::{Layout, Level};
 use raidfs::member::faulty::{FaultyMember, Ops};
@@ -150,6 +151,46 @@ fn enospc_on_one_member_fails_the_write_with_enospc_and_no_member() {
     array.flush().expect("flush");
     verify(&array, &kept);
     verify(&array, &(kept.0 + (4 << 20), new));
+    check_clean(&array);
+}
+
+#[test]
+fn stripes_a_full_host_left_suspect_are_resynced_once_space_returns_without_another_write() {
+    let ms = faulty(3, "nospace-retry-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 5);
+    array.flush().expect("flush");
+    full(&ms[1]);
+    let mut rng = StdRng::seed_from_u64(6);
+    let new: Vec<u8> = (0..(1 << 20)).map(|_| rng.gen()).collect();
+    let err = array
+        .write(kept.0 + (4 << 20), &new)
+        .expect_err("the host is full");
+    assert!(matches!(err, ArrayError::HostNoSpace(_)), "{err}");
+    // The host's fault, not the member's: counted apart.
+    assert!(array.host_no_space_errors() >= 1);
+    for m in array.status().members {
+        assert_eq!(m.write_errors, 0, "slot {} counted the full host", m.slot);
+    }
+    // Space returns and nothing else is written or flushed: the watcher
+    // still resyncs the stripes the refused write may have torn.
+    ms[1].heal();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let resynced = array
+            .last_sync_result()
+            .is_some_and(|r| r.action == SyncAction::Resync && r.completed);
+        if resynced && array.sync_progress().is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no resync within a minute: {:?}",
+            array.last_sync_result()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    verify(&array, &kept);
     check_clean(&array);
 }
 

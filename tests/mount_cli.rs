@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use common::cli::{raidfs, stderr};
+use common::cli::{raidfs, stderr, wait_for_detail};
 use common::{fuse_available, kill_daemon, DaemonGuard};
 use raidfs::cli::mount::{daemon_pid, registry};
 use raidfs::fuse::mounts;
@@ -198,6 +198,13 @@ fn remount_after_the_daemon_is_killed() {
         fs::read(mnt.join("durable")).unwrap(),
         b"fsynced before the crash"
     );
+    // The kill left the array dirty: its dirty regions are resynced, and
+    // only then can an unmount record it clean (one stopped earlier stays
+    // dirty for the next assembly, tests/volume.rs).
+    let idle = wait_for_detail(&mnt, "the resync", Duration::from_secs(60), |r| {
+        r["sync"].is_null() && r["last_sync"]["action"] == "resync"
+    });
+    assert_eq!(idle["last_sync"]["completed"], true, "{idle:#}");
     assert!(ok(&setup.umount("mnt")));
     assert_eq!(setup.member_state(), "clean");
 }

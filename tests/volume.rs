@@ -199,3 +199,41 @@ fn the_background_work_starts_only_once_the_filesystem_is_open() {
     volume.close().expect("close");
     assert_eq!(state_on_disk(&ms), CLEAN);
 }
+
+#[test]
+fn a_resync_stopped_by_the_close_stays_due_for_the_next_assembly() {
+    // md keeps its resync point across a stop; here the array stays dirty
+    // with its dirty regions, so the next assembly resyncs them.
+    let ms = formatted();
+    crashed_dirty(&ms);
+    let array = assemble_rw(&ms);
+    let dirty = array.dirty_regions();
+    // Slow enough that the resync cannot finish before the close stops it.
+    array.set_speed_limits(Some(0), Some(4096));
+    let volume = Volume::open(array, FsOptions::default()).expect("open");
+    let running = volume.array().sync_progress().expect("a resync runs");
+    assert_eq!(running.action, SyncAction::Resync);
+    volume.close().expect("close");
+    assert_eq!(
+        state_on_disk(&ms),
+        DIRTY,
+        "the stopped resync was forgotten"
+    );
+
+    let array = assemble_rw(&ms);
+    // The crash's regions are still marked (the open's own writes add more).
+    assert!(
+        array.dirty_regions().0 >= dirty.0,
+        "{:?}",
+        array.dirty_regions()
+    );
+    let volume = Volume::open(array, FsOptions::default()).expect("reopen");
+    volume.array().wait_background();
+    let result = volume.array().last_sync_result().expect("a resync ran");
+    assert!(
+        result.completed && result.action == SyncAction::Resync,
+        "{result:?}"
+    );
+    volume.close().expect("close");
+    assert_eq!(state_on_disk(&ms), CLEAN);
+}

@@ -64,6 +64,9 @@ impl std::fmt::Display for SyncAction {
 /// Progress of the running background work, as `raidfs status` shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct SyncProgress {
+    /// This mount's number of the run (1, 2, ...): a waiter tells its run
+    /// from the work that follows it.
+    pub run: u64,
     pub action: SyncAction,
     pub slot: Option<usize>,
     /// Member bytes done and to do (allocated groups only).
@@ -95,6 +98,8 @@ pub fn percent(done: u64, total: u64) -> f64 {
 /// Outcome of the last finished background work.
 #[derive(Clone, Debug, Serialize)]
 pub struct SyncResult {
+    /// The run's number, as in [`SyncProgress::run`].
+    pub run: u64,
     pub action: SyncAction,
     pub completed: bool,
     pub mismatches: u64,
@@ -238,10 +243,10 @@ impl Array {
             }
         } else if self.start_returning() {
         } else if !self.is_degraded() && self.needs_resync.swap(false, Ordering::AcqRel) {
-            let (regions, bytes) = self.bitmap.dirty();
+            let (regions, _) = self.bitmap.dirty();
             log::info!(
                 "resync of {regions} dirty regions ({} MiB of {} MiB allocated)",
-                bytes >> 20,
+                self.dirty_allocated_bytes() >> 20,
                 self.allocated_member_bytes() >> 20
             );
             if let Err(e) = self.spawn(SyncAction::Resync, None) {
@@ -357,6 +362,7 @@ impl Array {
         let speed = (done.saturating_sub(r.resumed_at) as f64 / secs) as u64;
         let eta_secs = r.total.saturating_sub(done).checked_div(speed).unwrap_or(0);
         Some(SyncProgress {
+            run: r.id,
             action: r.action,
             slot: r.slot,
             done,
@@ -398,6 +404,23 @@ impl Array {
     pub(super) fn allocated_member_bytes(&self) -> u64 {
         let group_size = self.sb.lock().group_size;
         self.groups().len() as u64 * group_size
+    }
+
+    /// Member bytes of allocated groups that dirty regions cover: what a
+    /// resync visits (a region may reach past its group, or lie in a group
+    /// freed since it was marked).
+    pub(super) fn dirty_allocated_bytes(&self) -> u64 {
+        let (group_size, data_offset) = {
+            let sb = self.sb.lock();
+            (sb.group_size, sb.data_offset)
+        };
+        self.groups()
+            .iter()
+            .map(|(g, _)| {
+                let start = data_offset + *g as u64 * group_size;
+                self.bitmap.dirty_bytes_within(start, start + group_size)
+            })
+            .sum()
     }
 
     /// Member bytes of allocated groups below member offset `at` (what a
@@ -463,8 +486,8 @@ impl Array {
         };
         // A resync or a re-add only visits dirty regions: that is its size.
         let (dirty_regions, total) = if self.bitmap_only(action) {
-            let (regions, bytes) = self.bitmap.dirty();
-            (Some(regions), bytes)
+            let (regions, _) = self.bitmap.dirty();
+            (Some(regions), self.dirty_allocated_bytes())
         } else {
             (None, self.allocated_member_bytes())
         };
@@ -590,6 +613,7 @@ impl Array {
         // The result first, then the running entry goes: whoever sees no
         // running work (`raidfs check --wait`) then reads this run's result.
         *self.sync.last.lock() = Some(SyncResult {
+            run: id,
             action,
             completed,
             mismatches,

@@ -538,6 +538,19 @@ impl Bitmap {
             .any(|b| test(&st.bits, b))
     }
 
+    /// Bytes of member offsets `[start, end)` that set bits cover.
+    pub fn dirty_bytes_within(&self, start: u64, end: u64) -> u64 {
+        let st = self.state.lock();
+        let region = st.layout.region;
+        self.bit_range(&st.layout, start, end)
+            .filter(|&b| test(&st.bits, b))
+            .map(|b| {
+                let from = self.data_offset + b as u64 * region;
+                (from + region).min(end).saturating_sub(from.max(start))
+            })
+            .sum()
+    }
+
     /// Number of set bits and the bytes they cover.
     pub fn dirty(&self) -> (usize, u64) {
         let st = self.state.lock();
@@ -724,6 +737,31 @@ mod tests {
             BITMAP_OFFSET + HEADER_SIZE as u64,
             "every header valid"
         );
+    }
+
+    #[test]
+    fn dirty_bytes_within_counts_only_the_covered_part_of_a_range() {
+        let b = bitmap();
+        // No two next to each other: a sequential writer is marked ahead.
+        for r in [2, 6, 10] {
+            begin(&b, r);
+            let (s, e) = span(r);
+            b.end_write(s, e);
+        }
+        assert_eq!(b.dirty(), (3, 3 * REGION));
+        let region = |r: u64| DATA_OFFSET + r * REGION;
+        // Whole regions, part of one, parts of a dirty and a clean one, none.
+        assert_eq!(b.dirty_bytes_within(region(0), region(256)), 3 * REGION);
+        assert_eq!(
+            b.dirty_bytes_within(region(6) + 4096, region(7)),
+            REGION - 4096
+        );
+        assert_eq!(
+            b.dirty_bytes_within(region(2) + 100, region(3) + 100),
+            REGION - 100
+        );
+        assert_eq!(b.dirty_bytes_within(region(3), region(6)), 0);
+        assert_eq!(b.dirty_bytes_within(0, DATA_OFFSET), 0);
     }
 
     #[test]

@@ -48,6 +48,9 @@ const LOW_SPACE: u64 = 256 << 20;
 const FREE_SPACE_EVERY: Duration = Duration::from_millis(500);
 /// How often a suspended array probes its members.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How often the watcher retries the resync of suspect regions (a failed
+/// one is not retried sooner, [`super::bitmap::Bitmap::resync_due`]).
+const SUSPECT_RETRY_EVERY: Duration = Duration::from_secs(5);
 
 /// Whose fault an I/O error is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -311,6 +314,8 @@ impl Array {
         match classify(e) {
             Fault::NoSpace => {
                 suspect(self);
+                // The watcher retries the resync of what turned suspect.
+                self.wake_host_watcher();
                 self.host.note_no_space();
                 log::warn!(
                     "raidfs: {} has no space left on its host ({what}: {e}); the request fails with ENOSPC, the member stays in the array",
@@ -420,7 +425,9 @@ impl Array {
 
     /// Start the watcher of a running array: idle until the host suspends
     /// the array, then it probes the members every [`PROBE_EVERY`] and
-    /// resumes the array when they all answer. It is a thread of its own,
+    /// resumes the array when they all answer; while regions are suspect
+    /// (a write the host refused for space) it retries their resync every
+    /// [`SUSPECT_RETRY_EVERY`]. It is a thread of its own,
     /// holding only a `Weak`, because every other thread may be waiting
     /// for the resume (writes under `on_host_error=wait` do). Without it
     /// (tools, tests) a suspended array is resumed by hand.
@@ -433,12 +440,20 @@ impl Array {
         let spawned = std::thread::Builder::new()
             .name("raidfs-host".into())
             .spawn(move || loop {
-                let suspended = match weak.upgrade() {
-                    Some(array) => array.host.suspension().is_some(),
+                let (suspended, suspect) = match weak.upgrade() {
+                    Some(array) => (
+                        array.host.suspension().is_some(),
+                        array.bitmap.has_suspect(),
+                    ),
                     None => return,
                 };
-                let woken = if suspended {
-                    rx.recv_timeout(PROBE_EVERY)
+                let woken = if suspended || suspect {
+                    let every = if suspended {
+                        PROBE_EVERY
+                    } else {
+                        SUSPECT_RETRY_EVERY
+                    };
+                    rx.recv_timeout(every)
                         .map_err(|e| e == RecvTimeoutError::Disconnected)
                 } else {
                     rx.recv().map_err(|_| true)
@@ -448,8 +463,15 @@ impl Array {
                     return;
                 }
                 let Some(array) = weak.upgrade() else { return };
-                if array.host.suspension().is_some() && woken.is_err() {
-                    array.try_resume();
+                if woken.is_err() {
+                    if array.host.suspension().is_some() {
+                        array.try_resume();
+                    } else {
+                        // Space may have come back with no flush to notice:
+                        // the suspect regions are resynced without waiting
+                        // for the next write.
+                        array.resync_suspect();
+                    }
                 }
             });
         match spawned {

@@ -155,10 +155,15 @@ impl Array {
         what: &str,
         span: Option<(u64, u64)>,
     ) -> Option<ArrayError> {
-        self.slots[slot]
-            .errors
-            .write
-            .fetch_add(1, Ordering::Relaxed);
+        // A full host is not the member's error: it has its own count
+        // (`host_no_space_errors`), and a monitor alerting on member write
+        // errors must not page for it.
+        if super::host::classify(e) != super::host::Fault::NoSpace {
+            self.slots[slot]
+                .errors
+                .write
+                .fetch_add(1, Ordering::Relaxed);
+        }
         self.member_error(slot, e, what, span)
     }
 }

@@ -3,7 +3,7 @@
 //! progress bar. Also the request/wait helpers `check` and `repair` share.
 
 use crate::cli::status::{connect, query};
-use crate::control::{ArrayReport, ControlClient, Request, SyncReport};
+use crate::control::{ArrayReport, ControlClient, LastSyncReport, Request, SyncReport};
 use crate::fuse::mounts;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -232,18 +232,10 @@ pub(crate) fn wait_for_background_until(
     actions: &[&str],
     pause: Option<&Pause>,
 ) -> Result<(), String> {
-    let started = first
-        .sync
-        .as_ref()
-        .is_some_and(|s| actions.contains(&s.action.as_str()));
-    let finished_already = first
-        .last_sync
-        .as_ref()
-        .is_some_and(|l| actions.contains(&l.action.as_str()));
-    if !started && !finished_already {
+    let Some(run) = followed_run(first, actions) else {
         println!("raidfs: no background work to wait for");
         return Ok(());
-    }
+    };
     let terminal = std::io::stderr().is_terminal();
     // The bar starts from where the work is, so its first frame shows the
     // real position and its speed counts only what is done from here on
@@ -267,7 +259,7 @@ pub(crate) fn wait_for_background_until(
         last_at: Instant::now(),
     };
     let mut report = first.clone();
-    while let Some(sync) = &report.sync {
+    while let Some(sync) = report.sync.as_ref().filter(|s| s.run == run) {
         if let Some(why) = pause.and_then(Pause::due) {
             if actions.contains(&sync.action.as_str()) {
                 bar.finish_and_clear();
@@ -279,7 +271,7 @@ pub(crate) fn wait_for_background_until(
                     }
                     (true, None) => Ok(()),
                     // It ended by itself meanwhile: report how.
-                    (false, _) => finish(query(client)?, true),
+                    (false, _) => finish(query(client)?, run, true),
                 };
             }
         }
@@ -293,19 +285,38 @@ pub(crate) fn wait_for_background_until(
         report = query(client)?;
     }
     bar.finish_and_clear();
-    finish(report, pause.is_some())
+    finish(report, run, pause.is_some())
 }
 
-/// Poll the daemon until no background work runs, calling `progress` with
-/// each report of the running work; the last report, which holds the
-/// result (the engine records it before it clears the running entry).
-pub(crate) fn wait_until_idle(
+/// The run a client that asked for one of `actions` follows: the one
+/// running, or the one that already ended. Work started after it (the
+/// resync that follows a recovery) is not waited for.
+pub(crate) fn followed_run(first: &ArrayReport, actions: &[&str]) -> Option<u64> {
+    let running = first
+        .sync
+        .as_ref()
+        .filter(|s| actions.contains(&s.action.as_str()))
+        .map(|s| s.run);
+    running.or_else(|| {
+        first
+            .last_sync
+            .as_ref()
+            .filter(|l| actions.contains(&l.action.as_str()))
+            .map(|l| l.run)
+    })
+}
+
+/// Poll the daemon until run `run` no longer runs, calling `progress`
+/// with each report of it; the last report, which holds its result (the
+/// engine records it before it clears the running entry).
+pub(crate) fn wait_until_run_ends(
     client: &mut ControlClient,
     first: &ArrayReport,
+    run: u64,
     mut progress: impl FnMut(&crate::control::SyncReport),
 ) -> Result<ArrayReport, String> {
     let mut report = first.clone();
-    while let Some(sync) = &report.sync {
+    while let Some(sync) = report.sync.as_ref().filter(|s| s.run == run) {
         progress(sync);
         std::thread::sleep(Duration::from_millis(250));
         report = query(client)?;
@@ -313,19 +324,25 @@ pub(crate) fn wait_until_idle(
     Ok(report)
 }
 
+/// The result of run `run` in `report`, taken after it ended: None when
+/// later work ended too and its result replaced this one.
+pub(crate) fn result_of(report: &ArrayReport, run: u64) -> Option<&LastSyncReport> {
+    report.last_sync.as_ref().filter(|l| l.run == run)
+}
+
 /// The result of the work a waiting client followed, from the report that
 /// shows it no longer running. The engine records the result before it
 /// clears the running entry, so that report holds this run's result. A
 /// client that pauses the work itself (`paused_ok`) takes a pause by
 /// someone else (another scheduled run, `check --stop`) as its own.
-fn finish(report: ArrayReport, paused_ok: bool) -> Result<(), String> {
+fn finish(report: ArrayReport, run: u64, paused_ok: bool) -> Result<(), String> {
     if paused_ok && report.paused_scrub.is_some() {
-        if let Some(last) = report.last_sync.as_ref().filter(|l| !l.completed) {
+        if let Some(last) = result_of(&report, run).filter(|l| !l.completed) {
             println!("raidfs: {}", last.message);
             return Ok(());
         }
     }
-    match report.last_sync {
+    match result_of(&report, run).cloned() {
         Some(last) if last.completed => {
             let extra = match last.action.as_str() {
                 "check" | "repair" => format!(" ({} bytes mismatched)", last.mismatches),
@@ -338,7 +355,13 @@ fn finish(report: ArrayReport, paused_ok: bool) -> Result<(), String> {
             Ok(())
         }
         Some(last) => Err(last.message),
-        None => Err("the background work ended without a result".into()),
+        None => Err(format!(
+            "the background work ended, and the work after it ended too before its result was read; the daemon's log has both ({})",
+            report
+                .last_sync
+                .map(|l| l.message)
+                .unwrap_or_else(|| "no result".into())
+        )),
     }
 }
 

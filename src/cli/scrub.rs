@@ -6,7 +6,8 @@
 //! limit does, so a timer can scrub a large array in slices.
 
 use crate::cli::manage::{
-    run_request, send, send_with, wait_for_background_until, wait_until_idle, Pause, Say,
+    followed_run, result_of, run_request, send, send_with, wait_for_background_until,
+    wait_until_run_ends, Pause, Say,
 };
 use crate::cli::status::{connect, query};
 use crate::control::Request;
@@ -254,8 +255,13 @@ fn scrub_json(mount_point: &Path, repair: bool, wait: bool, restart: bool) -> i3
         if !wait {
             return Ok((report, true));
         }
-        let report = wait_until_idle(&mut client, &report, |_| {})?;
-        let completed = report.last_sync.as_ref().is_some_and(|l| l.completed);
+        let action = if repair { "repair" } else { "check" };
+        let Some(run) = followed_run(&report, &[action]) else {
+            return Ok((report, true));
+        };
+        // Until this scrub ends, not work started after it.
+        let report = wait_until_run_ends(&mut client, &report, run, |_| {})?;
+        let completed = result_of(&report, run).is_some_and(|l| l.completed);
         Ok((report, completed))
     });
     match outcome {

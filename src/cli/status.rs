@@ -493,6 +493,7 @@ mod tests {
 
     fn sync(done: u64, total: u64) -> SyncReport {
         SyncReport {
+            run: 1,
             action: "recovery".into(),
             slot: Some(2),
             done,

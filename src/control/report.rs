@@ -217,6 +217,9 @@ pub struct ReplacementReport {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SyncReport {
+    /// This mount's number of the run; 0 when an older daemon reports.
+    #[serde(default)]
+    pub run: u64,
     /// "resync", "recovery", "replace", "check", "repair" or "reshape".
     pub action: String,
     pub slot: Option<usize>,
@@ -232,6 +235,9 @@ pub struct SyncReport {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LastSyncReport {
+    /// The run's number, as in [`SyncReport::run`].
+    #[serde(default)]
+    pub run: u64,
     pub action: String,
     pub completed: bool,
     pub mismatches: u64,
@@ -254,6 +260,7 @@ pub struct SpeedLimitReport {
 impl SyncReport {
     fn from_progress(p: &SyncProgress) -> SyncReport {
         SyncReport {
+            run: p.run,
             action: p.action.to_string(),
             slot: p.slot,
             done: p.done,
@@ -393,6 +400,7 @@ impl ArrayReport {
             replacing,
             sync,
             last_sync: array.last_sync_result().map(|r| LastSyncReport {
+                run: r.run,
                 action: r.action.to_string(),
                 completed: r.completed,
                 mismatches: r.mismatches,

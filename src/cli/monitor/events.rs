@@ -614,6 +614,7 @@ pub(crate) mod tests {
 
     fn recovery(done: u64) -> Option<SyncReport> {
         Some(SyncReport {
+            run: 1,
             action: "recovery".into(),
             slot: Some(1),
             done,
@@ -627,6 +628,7 @@ pub(crate) mod tests {
     /// The report of a recovery that ended, `done` of 100 bytes in.
     fn ended_recovery(completed: bool, done: u64) -> Option<LastSyncReport> {
         Some(LastSyncReport {
+            run: 1,
             action: "recovery".into(),
             completed,
             mismatches: 0,

@@ -48,6 +48,14 @@ const STEPS: usize = 150;
 /// actions, what the bug was); `regressions_stay_fixed` runs them all.
 const REGRESSIONS: &[(u64, &str, &str)] = &[
     (
+        6,
+        "84-85,90-91",
+        "RAID5 with a partial parity log: a create, a write and a burst of small \
+         writes hung for ever: a stripe-cache write-out whose log entry could not \
+         be reserved called a full flush, which waited for every write-out to \
+         settle, its own included (the fio randrw --fsync deadlock)",
+    ),
+    (
         13,
         "47-48,54-55",
         "RAID10: a member failed, a write, a power cut, the member re-added: the \
@@ -153,12 +161,27 @@ fn run(seed: u64, actions: Vec<(usize, Action)>, limit: Duration, stacks: bool) 
 /// threads' names), or the threads' names and kernel wait channels.
 fn print_stacks() {
     let pid = std::process::id().to_string();
-    let gdb = std::process::Command::new("gdb")
-        .args(["-p", &pid, "-batch", "-ex", "thread apply all bt 40"])
-        .output();
+    // Into a file, not a pipe: gdb stops every thread of this process, the
+    // one that would read the pipe too, and a full pipe would then hold gdb
+    // (and the whole run) for ever. Bounded in time for the same reason.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "raidfs-sim-stacks-{pid}-{}.txt",
+        CALLS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let gdb = std::fs::File::create(&path).and_then(|file| {
+        std::process::Command::new("timeout")
+            .args(["-k", "10", "120", "gdb", "-p", &pid, "-batch"])
+            .args(["-ex", "thread apply all bt 40"])
+            .stdout(file)
+            .stderr(std::process::Stdio::null())
+            .status()
+    });
+    let text = std::fs::read(&path).unwrap_or_default();
+    let _ = std::fs::remove_file(&path);
     match gdb {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
+        Ok(status) if status.success() => {
+            let text = String::from_utf8_lossy(&text);
             let mut shown = String::new();
             for line in text.lines() {
                 if line.starts_with("Thread ") || line.contains("raidfs::") {

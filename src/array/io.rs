@@ -371,14 +371,13 @@ impl Array {
         data: &[u8],
         caching: Caching,
     ) -> ArrayResult<()> {
-        let may_cache = caching == Caching::Allowed && !self.write_through();
         self.host_gate()?;
         self.ensure_writable()?;
         if data.is_empty() {
             return Ok(());
         }
         loop {
-            match self.write_marked(region, offset, data, may_cache) {
+            match self.write_marked(region, offset, data, caching) {
                 // Under on_host_error=wait a write the host refused waits
                 // for it to recover and is done again (same bytes, same place).
                 Err(ArrayError::HostFault { .. })
@@ -398,11 +397,11 @@ impl Array {
         region: &Region,
         offset: u64,
         data: &[u8],
-        may_cache: bool,
+        caching: Caching,
     ) -> ArrayResult<()> {
         let (start, end) = member_span(region, offset, data.len());
         self.with_intent(start, end, || {
-            self.write_unmarked(region, offset, data, may_cache)
+            self.write_unmarked(region, offset, data, caching)
         })
     }
 

@@ -171,19 +171,20 @@ impl Array {
     }
 
     /// Write `data` at region-relative `offset` (the bitmap is already
-    /// marked); `may_cache`: partial parity stripes may wait in the cache.
+    /// marked); `caching`: whether partial parity stripes may wait in the
+    /// cache (and older cached bytes of the stripes must be ordered first).
     pub(super) fn write_unmarked(
         &self,
         region: &Region,
         offset: u64,
         data: &[u8],
-        may_cache: bool,
+        caching: super::io::Caching,
     ) -> ArrayResult<()> {
         match region.personality {
             Personality::Raid0 | Personality::Mirror(_) => {
                 self.write_every_target(region, offset, data)
             }
-            Personality::Parity(_) => self.write_parity(region, offset, data, may_cache),
+            Personality::Parity(_) => self.write_parity(region, offset, data, caching),
         }
     }
 

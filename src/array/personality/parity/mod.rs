@@ -12,7 +12,7 @@ pub(crate) mod full_stripe;
 pub mod ppl;
 pub(crate) mod stripe_cache;
 
-use super::super::io::{split, Piece};
+use super::super::io::{split, Caching, Piece};
 use super::super::judge::ContentJudge;
 use super::super::scrub::diff_bytes;
 use super::super::worker::Op;
@@ -167,14 +167,22 @@ impl Array {
     }
 
     /// Write whole stripes together, gather partial ones in the stripe
-    /// cache (when `may_cache`), or write them one by one.
+    /// cache (when `caching` allows and the host has space), or write them
+    /// one by one.
     pub(super) fn write_parity(
         &self,
         region: &Region,
         offset: u64,
         data: &[u8],
-        may_cache: bool,
+        caching: Caching,
     ) -> ArrayResult<()> {
+        // Every write but the cache's own write-outs orders itself after
+        // the older bytes the cache holds for its stripes, also while it
+        // may not be cached itself (the host short of space): entries a
+        // full host refused stay cached, and one written out later must
+        // not land over these bytes.
+        let ordered = caching == Caching::Allowed;
+        let may_cache = ordered && !self.write_through();
         let pieces = split(region, offset, data.len());
         let mut stripes: Vec<&[Piece]> = Vec::new();
         let mut start = 0;
@@ -196,7 +204,7 @@ impl Array {
             let run = stripes[i..].iter().take_while(|s| whole(s)).count();
             if run > 0 {
                 let run_stripes = &stripes[i..i + run];
-                if may_cache {
+                if ordered {
                     let first = run_stripes[0][0].map.stripe;
                     self.stripe_cache
                         .supersede(region.group, first..=first + run as u64 - 1);
@@ -207,7 +215,7 @@ impl Array {
                 let cached =
                     may_cache && self.cache_partial_stripe(region, offset, stripes[i], data)?;
                 if !cached {
-                    if may_cache {
+                    if ordered {
                         // Older bytes of this stripe still gathered
                         // must not land after these.
                         let key = (region.group, stripes[i][0].map.stripe);

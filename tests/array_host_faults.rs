@@ -225,6 +225,60 @@ fn a_cached_write_a_full_host_refused_never_lands_over_a_newer_write() {
 }
 
 #[test]
+fn a_read_behind_a_refused_write_out_of_its_stripe_gets_the_hosts_error_not_old_bytes() {
+    let ms = faulty(3, "nospace-behind-");
+    let array = new_array(Level::Raid5, &ms);
+    let kept = fill(&array, 9);
+    let at = kept.0 + (1 << 20) + 4096;
+    array.write(at, &[0x5a; 4096]).expect("cached write");
+    ms.iter().for_each(full);
+    ms.iter().for_each(FaultyMember::hold_writes);
+    // A flush takes the entry and writes it out; its member writes wait.
+    let a = Arc::clone(&array);
+    let flush = std::thread::spawn(move || a.flush());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ms.iter().map(FaultyMember::held_writers).sum::<usize>() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the flush never reached the members"
+        );
+        std::thread::yield_now();
+    }
+    // A read of the stripe waits for that write-out, which the host then
+    // refuses: the entry is kept, and the read must not go past it to the
+    // members (which hold the older bytes).
+    let a = Arc::clone(&array);
+    let read = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        a.read(at, &mut buf).map(|()| buf)
+    });
+    ms.iter().for_each(FaultyMember::release_writes);
+    assert!(
+        flush.join().expect("flush thread").is_err(),
+        "the host is full"
+    );
+    let outcome = read.join().expect("read thread");
+    match &outcome {
+        Ok(buf) => assert!(
+            buf == &[0x5a; 4096],
+            "the read returned bytes older than its write"
+        ),
+        Err(e) => assert!(matches!(e, ArrayError::HostNoSpace(_)), "{e}"),
+    }
+    ms.iter().for_each(FaultyMember::heal);
+    array.flush().expect("flush once space returns");
+    let mut buf = vec![0u8; 4096];
+    array.read(at, &mut buf).expect("read");
+    assert!(
+        buf == [0x5a; 4096],
+        "the cached write was lost: read {:#x}.., the racing read {:?}",
+        buf[0],
+        outcome.as_ref().map(|b| b[0])
+    );
+    check_clean(&array);
+}
+
+#[test]
 fn enospc_on_every_member_mid_stripe_leaves_the_array_whole() {
     let ms = faulty(3, "nospace-all-");
     let array = new_array(Level::Raid5, &ms);
@@ -353,9 +407,14 @@ fn parked_write_fails_the_requests_that_need_it(level: Level, prefix: &str, susp
         true => matches!(e, ArrayError::HostFault { .. }),
         false => matches!(e, ArrayError::HostNoSpace(_)),
     };
+    // Held until answered: otherwise a member worker that fails the write
+    // before the writer looks can suspend the array first, and the writer
+    // then gets the host's error itself (a loaded machine does that).
+    ms.iter().for_each(FaultyMember::hold_writes);
     array
         .write(at, &new)
         .expect("a large write is answered before it reaches the members");
+    ms.iter().for_each(FaultyMember::release_writes);
 
     let (a, len) = (Arc::clone(&array), new.len());
     let read = within_a_minute("a read of a parked write", move || {

@@ -19,7 +19,7 @@ use super::Member;
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Sector size at which unsynced writes may be torn in a crash image.
@@ -140,6 +140,7 @@ struct Shared {
     cached_writes: AtomicBool,
     /// Writes wait while this is set ([`FaultyMember::hold_writes`]).
     writes_held: Mutex<bool>,
+    held_writers: AtomicUsize,
     writes_released: Condvar,
     /// Also serialises tracked writes, so the undo order is the apply order.
     unsynced: Mutex<Vec<Unsynced>>,
@@ -167,6 +168,7 @@ impl FaultyMember {
                 track_crash: AtomicBool::new(true),
                 cached_writes: AtomicBool::new(false),
                 writes_held: Mutex::new(false),
+                held_writers: AtomicUsize::new(0),
                 writes_released: Condvar::new(),
                 unsynced: Mutex::new(Vec::new()),
             }),
@@ -183,6 +185,11 @@ impl FaultyMember {
     /// Make writes wait (a slow disk, frozen) until [`release_writes`](Self::release_writes).
     pub fn hold_writes(&self) {
         *self.shared.writes_held.lock() = true;
+    }
+
+    /// Writes waiting in [`hold_writes`](Self::hold_writes) now.
+    pub fn held_writers(&self) -> usize {
+        self.shared.held_writers.load(Ordering::SeqCst)
     }
 
     /// Let held writes go on.
@@ -416,8 +423,12 @@ impl Member for FaultyMember {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         {
             let mut held = self.shared.writes_held.lock();
-            while *held {
-                self.shared.writes_released.wait(&mut held);
+            if *held {
+                self.shared.held_writers.fetch_add(1, Ordering::SeqCst);
+                while *held {
+                    self.shared.writes_released.wait(&mut held);
+                }
+                self.shared.held_writers.fetch_sub(1, Ordering::SeqCst);
             }
         }
         self.admit(

@@ -512,6 +512,13 @@ impl Array {
     ) -> ArrayResult<u64> {
         let g = region.geometry;
         let chunk = g.chunk as usize;
+        // Answered bytes still gathered for this stripe land first: the
+        // members agree with themselves without them, but the filesystem's
+        // checksums judge by them, and a scrub that judged the older bytes
+        // would "rebuild" them from parity, or find no good version at all.
+        // While the host refuses their write-out, so does the scrub.
+        let key = (region.group, stripe);
+        self.write_out_cached(key..=key)?;
         let _guard = self.lock_stripes(region.group, [stripe])?;
         let members = self.stripe_slots(region, stripe);
         if members

@@ -101,6 +101,14 @@ struct State {
 }
 
 impl State {
+    fn writing_out_keys(&self, keys: impl RangeBounds<Key>) -> Vec<Key> {
+        self.slots
+            .range(keys)
+            .filter(|(_, s)| matches!(s, Slot::WritingOut))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
     fn writing_out(&self, keys: impl RangeBounds<Key>) -> bool {
         self.slots
             .range(keys)
@@ -338,12 +346,12 @@ impl Array {
         {
             Absorbed::Held => {}
             Absorbed::Whole(entry) => {
-                let _done = Done(&self.stripe_cache, key);
+                let done = Done::new(&self.stripe_cache, key);
                 let whole = split(region, stripe_offset, stripe_bytes);
                 match self.write_full_stripes(region, &[&whole], &entry.data) {
                     Ok(()) => {}
                     Err(e @ (ArrayError::HostNoSpace(_) | ArrayError::HostFault { .. })) => {
-                        self.stripe_cache.restore(key, entry);
+                        done.restore(entry);
                         return Err(e);
                     }
                     Err(e) => return Err(e),
@@ -363,22 +371,39 @@ impl Array {
         &self,
         keys: impl RangeBounds<Key> + Clone,
     ) -> ArrayResult<()> {
-        if self.stripe_cache.is_empty() {
-            return Ok(());
+        loop {
+            if self.stripe_cache.is_empty() {
+                return Ok(());
+            }
+            let others = self
+                .stripe_cache
+                .state
+                .lock()
+                .writing_out_keys(keys.clone());
+            let mut result = Ok(());
+            for (key, entry) in self.stripe_cache.take(keys.clone()) {
+                result = result.and(self.write_out(key, entry));
+            }
+            let st = self.stripe_cache.settled(keys.clone());
+            // A write-out another thread was doing may have been refused by
+            // the host and its entry kept: the members still lack those
+            // bytes, so this caller writes it out itself (or gets the
+            // host's error) rather than read or write past it. (Only those:
+            // entries gathered since are newer than what the caller follows.)
+            let kept = others
+                .iter()
+                .any(|k| matches!(st.slots.get(k), Some(Slot::Filling(_))));
+            if result.is_err() || !kept {
+                return result;
+            }
         }
-        let mut result = Ok(());
-        for (key, entry) in self.stripe_cache.take(keys.clone()) {
-            result = result.and(self.write_out(key, entry));
-        }
-        drop(self.stripe_cache.settled(keys));
-        result
     }
 
     /// Write an entry's filled blocks to the members as ordinary partial
     /// writes (read-modify-write or reconstruct-write, bitmap and partial
     /// parity log as for any write).
     fn write_out(&self, key: Key, entry: Entry) -> ArrayResult<()> {
-        let _done = Done(&self.stripe_cache, key);
+        let done = Done::new(&self.stripe_cache, key);
         let mut result = Ok(());
         for run in entry.filled_runs() {
             let addr = entry.addr + run.start as u64;
@@ -391,19 +416,44 @@ impl Array {
         if let Err(e @ (ArrayError::HostNoSpace(_) | ArrayError::HostFault { .. })) = result {
             // Answered writes are not dropped because the host is full:
             // kept for the next flush, which reports the error meanwhile.
-            self.stripe_cache.restore(key, entry);
+            done.restore(entry);
             return Err(e);
         }
         result
     }
 }
 
-/// Ends a write-out, however it ends.
-struct Done<'a>(&'a StripeCache, Key);
+/// Ends a write-out, however it ends: done, or its entry kept.
+struct Done<'a> {
+    cache: &'a StripeCache,
+    key: Key,
+    kept: bool,
+}
+
+impl<'a> Done<'a> {
+    fn new(cache: &'a StripeCache, key: Key) -> Done<'a> {
+        Done {
+            cache,
+            key,
+            kept: false,
+        }
+    }
+
+    /// The host refused the write-out: keep the entry, as filling. This
+    /// ends the write-out; a `done` after it would end whichever write-out
+    /// another thread has started of the kept entry meanwhile, and that
+    /// one's entry would then be lost when it is kept in turn.
+    fn restore(mut self, entry: Entry) {
+        self.kept = true;
+        self.cache.restore(self.key, entry);
+    }
+}
 
 impl Drop for Done<'_> {
     fn drop(&mut self) {
-        self.0.done(self.1);
+        if !self.kept {
+            self.cache.done(self.key);
+        }
     }
 }
 

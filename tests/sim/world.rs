@@ -755,7 +755,7 @@ impl World {
             Fault::AddSpare => {
                 if self.host_faulty()
                     || !self.array().spares().is_empty()
-                    || self.names.len() >= MAX_MEMBERS + 1
+                    || self.names.len() > MAX_MEMBERS
                 {
                     return Ok(());
                 }

@@ -406,10 +406,8 @@ impl Array {
         self.groups().len() as u64 * group_size
     }
 
-    /// Member bytes of allocated groups that dirty regions cover: what a
-    /// resync visits (a region may reach past its group, or lie in a group
-    /// freed since it was marked).
-    pub(super) fn dirty_allocated_bytes(&self) -> u64 {
+    /// The member span `[start, end)` of every allocated group.
+    fn allocated_member_spans(&self) -> Vec<(u64, u64)> {
         let (group_size, data_offset) = {
             let sb = self.sb.lock();
             (sb.group_size, sb.data_offset)
@@ -418,24 +416,27 @@ impl Array {
             .iter()
             .map(|(g, _)| {
                 let start = data_offset + *g as u64 * group_size;
-                self.bitmap.dirty_bytes_within(start, start + group_size)
+                (start, start + group_size)
             })
+            .collect()
+    }
+
+    /// Member bytes of allocated groups that dirty regions cover: what a
+    /// resync visits (a region may reach past its group, or lie in a group
+    /// freed since it was marked).
+    pub(super) fn dirty_allocated_bytes(&self) -> u64 {
+        self.allocated_member_spans()
+            .into_iter()
+            .map(|(start, end)| self.bitmap.dirty_bytes_within(start, end))
             .sum()
     }
 
     /// Member bytes of allocated groups below member offset `at` (what a
     /// run resumed from `at` has already covered).
     pub(super) fn member_bytes_below(&self, at: u64) -> u64 {
-        let (group_size, data_offset) = {
-            let sb = self.sb.lock();
-            (sb.group_size, sb.data_offset)
-        };
-        self.groups()
-            .iter()
-            .map(|(g, _)| {
-                at.saturating_sub(data_offset + *g as u64 * group_size)
-                    .min(group_size)
-            })
+        self.allocated_member_spans()
+            .into_iter()
+            .map(|(start, end)| at.clamp(start, end) - start)
             .sum()
     }
 

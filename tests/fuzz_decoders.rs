@@ -476,15 +476,72 @@ fn checkpoint_case(rng: &mut Rng, corpus: &Corpus) -> bool {
     }
 }
 
+fn tree_checkpoint_case(rng: &mut Rng, corpus: &Corpus) -> bool {
+    let s = &corpus.fs;
+    let mut block = s.tree_checkpoint.clone();
+    mutate(rng, &mut block);
+    if !rng.chance(8) && block.len() == 4096 {
+        let crc = seeded(&s.uuid, &block[..4092]);
+        block[4092..].copy_from_slice(&crc.to_le_bytes());
+    }
+    match ondisk::tree_checkpoint(&s.uuid, &block) {
+        Ok(_) => true,
+        Err(e) => said("tree checkpoint", e),
+    }
+}
+
+fn tree_node_case(rng: &mut Rng, corpus: &Corpus) -> bool {
+    let s = &corpus.fs;
+    let (addr, sample) = &s.tree_nodes[rng.below(s.tree_nodes.len())];
+    let mut block = sample.clone();
+    mutate(rng, &mut block);
+    if !rng.chance(8) {
+        raidfs::fs::tree::node::reseal(&s.uuid, &mut block);
+    }
+    let addr = if rng.chance(16) { addr ^ 4096 } else { *addr };
+    match ondisk::tree_node(&s.uuid, &block, addr) {
+        Ok(_) => true,
+        Err(e) => said("tree node", e),
+    }
+}
+
+fn tree_entries_case(rng: &mut Rng, corpus: &Corpus) -> bool {
+    let mut entries = corpus.fs.tree_entries.clone();
+    for _ in 0..1 + rng.below(3) {
+        let i = rng.below(entries.len());
+        match rng.below(4) {
+            0 => mutate(rng, &mut entries[i].0),
+            1 => mutate(rng, &mut entries[i].1),
+            2 => {
+                entries.remove(i);
+            }
+            _ => {
+                let copy = entries[i].clone();
+                entries.insert(rng.below(entries.len() + 1), copy);
+            }
+        }
+        if entries.is_empty() {
+            break;
+        }
+    }
+    match ondisk::tree_entries(&entries) {
+        Ok(_) => true,
+        Err(e) => said("tree entries", e),
+    }
+}
+
 type Target = (&'static str, fn(&mut Rng, &Corpus) -> bool);
 
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 9] = [
     ("superblock", superblock_case),
     ("bitmap header", bitmap_case),
     ("ppl ring", ring_case),
     ("fs header", header_case),
     ("journal record", record_case),
     ("checkpoint", checkpoint_case),
+    ("tree checkpoint", tree_checkpoint_case),
+    ("tree node", tree_node_case),
+    ("tree entries", tree_entries_case),
 ];
 
 /// Run `cases` cases spread over the targets; each case's generator is
@@ -504,6 +561,18 @@ fn run(cases: u64, seed: u64) {
     let cp = ondisk::checkpoint(&corpus.fs.uuid, &corpus.fs.checkpoint).expect("sample checkpoint");
     assert_eq!(rec, cp, "the checkpoint holds what the record made");
     assert_eq!((cp.inodes, cp.dir_entries), (4, 3));
+    assert_eq!(
+        ondisk::tree_checkpoint(&corpus.fs.uuid, &corpus.fs.tree_checkpoint).ok(),
+        Some(9)
+    );
+    for (addr, block) in &corpus.fs.tree_nodes {
+        ondisk::tree_node(&corpus.fs.uuid, block, *addr).expect("sample tree node");
+    }
+    assert_eq!(
+        ondisk::tree_entries(&corpus.fs.tree_entries).expect("sample tree entries"),
+        cp,
+        "the tree's entries hold what the checkpoint holds"
+    );
     assert_eq!(decode_ring(&corpus.ring).expect("sample ring").1.len(), 3);
     // The same bytes every time, so (seed, case) replays a case.
     let again = ondisk::samples().expect("fs samples");

@@ -13,12 +13,13 @@ use super::csum::ChecksumKind;
 use super::data_errors::DataErrorLog;
 use super::extent::Extent;
 use super::inode::{Inode, BLOCK_SIZE};
-use super::journal::{read_slot, DataOrder, Journal};
+use super::journal::{read_slot, read_tree_slot, DataOrder, Journal, TreeCheckpoint};
 use super::layout::{
-    decode, encode, implied_features, older_format_note, plan, read_header, write_header, FsHeader,
-    FS_FEATURES, VERSION,
+    decode, encode, older_format_note, plan_with, read_header, write_header, FS_FEATURES, VERSION,
 };
 use super::meta::{Meta, MetaImage};
+use super::meta_room::MetaRoom;
+use super::meta_tree::MetaTree;
 use super::range_lock::{RangeGuard, RangeLocks};
 use super::replay::{left_out_note, replay};
 use super::state::State;
@@ -44,6 +45,13 @@ pub struct Inner {
     pub store: Arc<dyn BlockStore>,
     pub state: RwLock<State>,
     pub journal: Mutex<Journal>,
+    /// The metadata tree a checkpoint writes into (format with
+    /// `metadata_tree`; None: checkpoints are whole images). Locked after
+    /// `journal` and `state`.
+    pub tree: Option<Mutex<MetaTree>>,
+    /// Room left for metadata, which every change is admitted against
+    /// (with the tree only).
+    room: Option<MetaRoom>,
     pub read_only: AtomicBool,
     /// How data blocks are checksummed (from the fs header).
     pub csum: ChecksumKind,
@@ -79,11 +87,26 @@ pub struct Inner {
 pub struct Loaded {
     pub meta: Meta,
     pub journal: Journal,
+    /// The metadata tree (format with `metadata_tree`), noting the records
+    /// replayed onto `meta` for the next checkpoint.
+    pub tree: Option<MetaTree>,
     pub replayed: u64,
     /// A last record left out because its data did not reach the store.
     pub dropped_record: Option<u64>,
     /// Non-fatal findings (a bad header copy, an invalid checkpoint slot).
     pub notes: Vec<String>,
+}
+
+/// Node blocks one more Metadata group would bring (the size of those the
+/// store holds).
+fn metadata_group_blocks(store: &dyn BlockStore) -> u64 {
+    store
+        .groups()
+        .iter()
+        .filter(|g| g.kind == GroupKind::Metadata)
+        .map(|g| g.capacity / BLOCK_SIZE)
+        .max()
+        .unwrap_or(0)
 }
 
 pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
@@ -98,15 +121,46 @@ pub fn metadata_group(store: &dyn BlockStore) -> FsResult<u32> {
 
 /// A root-owned filesystem, as the tests of this module's neighbours make.
 #[cfg(test)]
-pub fn format(store: &dyn BlockStore, data_checksum: ChecksumKind, version: u32) -> FsResult<()> {
-    format_owned(store, data_checksum, version, (0, 0))
-}
-
-/// Write an empty filesystem whose root directory belongs to `(uid, gid)`.
-pub fn format_owned(
-    store: &dyn BlockStore,
+pub fn format<S: BlockStore + 'static>(
+    store: &Arc<S>,
     data_checksum: ChecksumKind,
     version: u32,
+) -> FsResult<()> {
+    format_with_features(
+        Arc::clone(store) as _,
+        data_checksum,
+        version,
+        super::layout::implied_features(version),
+        (0, 0),
+    )
+}
+
+/// A root-owned filesystem whose checkpoints are whole images (the layout
+/// before `metadata_tree`), for tests that turn its header into an older
+/// format's.
+#[cfg(test)]
+pub fn format_images<S: BlockStore + 'static>(
+    store: &Arc<S>,
+    data_checksum: ChecksumKind,
+) -> FsResult<()> {
+    let mut features = super::layout::implied_features(VERSION);
+    features.incompat &= !super::layout::INCOMPAT_METADATA_TREE;
+    format_with_features(
+        Arc::clone(store) as _,
+        data_checksum,
+        VERSION,
+        features,
+        (0, 0),
+    )
+}
+
+/// Write an empty filesystem of `version` with `features`, whose root
+/// directory belongs to `(uid, gid)`.
+pub fn format_with_features(
+    store: Arc<dyn BlockStore>,
+    data_checksum: ChecksumKind,
+    version: u32,
+    features: crate::features::Features,
     (root_uid, root_gid): (u32, u32),
 ) -> FsResult<()> {
     let existing = store
@@ -118,16 +172,14 @@ pub fn format_owned(
         Some(g) => g,
         None => store.allocate_group(GroupKind::Metadata)?,
     };
-    let header = FsHeader {
+    let header = plan_with(
+        group.index,
+        group.capacity,
+        *uuid::Uuid::new_v4().as_bytes(),
+        data_checksum,
         version,
-        features: implied_features(version),
-        ..plan(
-            group.index,
-            group.capacity,
-            *uuid::Uuid::new_v4().as_bytes(),
-            data_checksum,
-        )?
-    };
+        features,
+    )?;
     let mut meta = Meta {
         next_ino: ROOT_INO + 1,
         next_gen: 2,
@@ -146,42 +198,76 @@ pub fn format_owned(
         newest_slot: 1,
         ends_verified: false,
     };
-    journal.checkpoint(store, &encode(&meta.image())?)?;
-    write_header(store, group.index, &journal.header)?;
+    if header.metadata_tree() {
+        MetaTree::write_fresh(Arc::clone(&store), &mut journal, &meta, &[], &[])?;
+    } else {
+        journal.checkpoint(store.as_ref(), &encode(&meta.image())?)?;
+    }
+    write_header(store.as_ref(), group.index, &journal.header)?;
     Ok(())
 }
 
 /// Read header, newest valid checkpoint and the journal after it.
-pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
-    let meta_group = metadata_group(store)?;
-    let (header, mut notes) = read_header(store, meta_group)?;
+pub fn load(store: &Arc<dyn BlockStore>) -> FsResult<Loaded> {
+    let meta_group = metadata_group(store.as_ref())?;
+    let (header, mut notes) = read_header(store.as_ref(), meta_group)?;
     if header.version < VERSION {
         notes.push(older_format_note(header.version));
     }
-    let mut best: Option<(usize, super::journal::SlotContents)> = None;
-    for (i, slot) in header.slots.iter().enumerate() {
-        match read_slot(store, &header.uuid, *slot)? {
-            Some(c) => {
-                if best.as_ref().is_none_or(|(_, b)| c.seq > b.seq) {
-                    best = Some((i, c));
+    let (mut meta, mut journal, mut tree) = if header.metadata_tree() {
+        let mut best: Option<(usize, TreeCheckpoint)> = None;
+        for (i, slot) in header.slots.iter().enumerate() {
+            match read_tree_slot(store.as_ref(), &header.uuid, *slot)? {
+                Some(cp) => {
+                    if best.as_ref().is_none_or(|(_, b)| cp.seq > b.seq) {
+                        best = Some((i, cp));
+                    }
                 }
+                None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
             }
-            None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
         }
-    }
-    let (newest_slot, cp) =
-        best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
-    let image: MetaImage = decode(&cp.payload, "checkpoint")?;
-    let mut meta = Meta::from_image(image);
-    let mut journal = Journal {
-        header,
-        meta_group,
-        seq: cp.seq,
-        tail: 0,
-        newest_slot,
-        ends_verified: false,
+        let (newest_slot, cp) =
+            best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
+        let (tree, meta) = MetaTree::open(Arc::clone(store), &header, meta_group, &cp)?;
+        let journal = Journal {
+            header,
+            meta_group,
+            seq: cp.seq,
+            tail: 0,
+            newest_slot,
+            ends_verified: false,
+        };
+        (meta, journal, Some(tree))
+    } else {
+        let mut best: Option<(usize, super::journal::SlotContents)> = None;
+        for (i, slot) in header.slots.iter().enumerate() {
+            match read_slot(store.as_ref(), &header.uuid, *slot)? {
+                Some(c) => {
+                    if best.as_ref().is_none_or(|(_, b)| c.seq > b.seq) {
+                        best = Some((i, c));
+                    }
+                }
+                None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
+            }
+        }
+        let (newest_slot, cp) =
+            best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
+        let image: MetaImage = decode(&cp.payload, "checkpoint")?;
+        let journal = Journal {
+            header,
+            meta_group,
+            seq: cp.seq,
+            tail: 0,
+            newest_slot,
+            ends_verified: false,
+        };
+        (Meta::from_image(image), journal, None)
     };
-    let replayed = replay(store, &mut journal, &mut meta)?;
+    let replayed = replay(store.as_ref(), &mut journal, &mut meta, &mut |rec| {
+        if let Some(t) = tree.as_mut() {
+            t.note(rec);
+        }
+    })?;
     notes.extend(replayed.dropped.map(left_out_note));
     if !meta.inodes.get(&ROOT_INO).is_some_and(|r| r.is_dir()) {
         return Err(FsError::Corrupt("root directory missing".into()));
@@ -189,6 +275,7 @@ pub fn load(store: &dyn BlockStore) -> FsResult<Loaded> {
     Ok(Loaded {
         meta,
         journal,
+        tree,
         replayed: replayed.records,
         dropped_record: replayed.dropped,
         notes,
@@ -216,7 +303,7 @@ pub fn build_allocator(groups: &[GroupInfo], meta: &Meta) -> (Allocator, Vec<Str
 
 impl Inner {
     pub fn open(store: Arc<dyn BlockStore>, read_only: bool) -> FsResult<Arc<Inner>> {
-        let loaded = load(store.as_ref())?;
+        let loaded = load(&store)?;
         if !read_only {
             FS_FEATURES
                 .refuse_write(&loaded.journal.header.features)
@@ -228,6 +315,15 @@ impl Inner {
                 "extent map inconsistent (run fsck): {}",
                 problems.join("; ")
             )));
+        }
+        if let Some(tree) = &loaded.tree {
+            let root = tree.root();
+            log::info!(
+                "metadata tree: {} nodes, {} levels, {} free node blocks in the metadata groups",
+                root.nodes,
+                u32::from(root.level) + u32::from(root.nodes > 0),
+                tree.free_node_blocks()
+            );
         }
         if let Some(seq) = loaded.dropped_record {
             log::warn!("{}", left_out_note(seq));
@@ -244,10 +340,17 @@ impl Inner {
             alloc,
             ..Default::default()
         };
+        let room = loaded.tree.as_ref().map(|t| {
+            let room = MetaRoom::new(metadata_group_blocks(store.as_ref()));
+            t.publish(&room);
+            room
+        });
         let inner = Arc::new(Inner {
             store,
             state: RwLock::new(state),
             journal: Mutex::new(loaded.journal),
+            room,
+            tree: loaded.tree.map(Mutex::new),
             read_only: AtomicBool::new(read_only),
             csum,
             unwritten_extents,
@@ -335,9 +438,25 @@ impl Inner {
     /// Run a metadata change under the lock; it must check everything before
     /// changing anything, so an error leaves the state as it was.
     pub fn mutate<T>(&self, f: impl FnOnce(&mut State) -> FsResult<T>) -> FsResult<T> {
+        self.mutate_with(false, f)
+    }
+
+    /// [`Inner::mutate`] for a change that frees metadata (unlink, rmdir,
+    /// removexattr): it may use the node blocks kept for such changes, so
+    /// a filesystem whose metadata is full can still be cleaned up.
+    pub fn mutate_releasing<T>(&self, f: impl FnOnce(&mut State) -> FsResult<T>) -> FsResult<T> {
+        self.mutate_with(true, f)
+    }
+
+    fn mutate_with<T>(
+        &self,
+        releasing: bool,
+        f: impl FnOnce(&mut State) -> FsResult<T>,
+    ) -> FsResult<T> {
         if self.is_read_only() {
             return Err(FsError::ReadOnly);
         }
+        self.admit_metadata(releasing)?;
         let (res, big) = {
             let mut st = self.state.write();
             let res = f(&mut st);
@@ -347,6 +466,41 @@ impl Inner {
             self.commit(false)?;
         }
         res
+    }
+
+    /// ENOSPC, before anything changes, when the next checkpoint might not
+    /// find room for this change. A checkpoint first frees the nodes the
+    /// durable tree no longer needs and settles what is pending, so only
+    /// metadata that is really full refuses.
+    fn admit_metadata(&self, releasing: bool) -> FsResult<()> {
+        let Some(room) = &self.room else {
+            return Ok(());
+        };
+        let pending = || self.state.read().batch.size_hint() as u64;
+        let unallocated = || self.store.free_groups().0;
+        if room.admits(pending(), unallocated, releasing) {
+            return Ok(());
+        }
+        match self.commit(true) {
+            Ok(_) | Err(FsError::NoSpace) => {}
+            Err(e) => return Err(e),
+        }
+        if room.admits(pending(), unallocated, releasing) {
+            Ok(())
+        } else {
+            log::warn!("metadata space is full: a change is refused with ENOSPC");
+            Err(FsError::NoSpace)
+        }
+    }
+
+    /// Whether data may take one of the groups kept back for metadata.
+    pub fn metadata_spares_a_group(&self, st: &State) -> bool {
+        match &self.room {
+            Some(room) => {
+                room.spares_a_group(st.batch.size_hint() as u64, self.store.free_groups().0)
+            }
+            None => true,
+        }
     }
 
     /// Make every change so far durable. With `force_checkpoint` (unmount)
@@ -389,10 +543,33 @@ impl Inner {
                 return Ok(false);
             }
             let (rec, freed) = st.take_record();
+            // Every record's keys go to the next checkpoint, whether the
+            // record itself is written, refused or replaced by that
+            // checkpoint.
+            if let Some(tree) = &self.tree {
+                let mut tree = tree.lock();
+                tree.note(&rec);
+                if let Some(room) = &self.room {
+                    tree.publish(room);
+                }
+            }
             let new_blocks: usize = rec.csum_sets.iter().map(|(_, crcs)| crcs.len()).sum();
             let bytes = encode(&rec)?;
             if force_checkpoint || refused || !journal.fits(bytes.len()) {
-                (encode(&st.meta.image())?, CommitStep::Checkpoint, freed)
+                match &self.tree {
+                    Some(tree) => {
+                        // The changes since the last checkpoint go into
+                        // the tree while the metadata cannot move; its
+                        // nodes are written after the lock is let go.
+                        if let Err(e) = tree.lock().apply(self.store.as_ref(), &st.meta) {
+                            // The tree no longer follows the metadata in
+                            // memory: nothing after this may be called durable.
+                            return Err(self.commit_failed(e));
+                        }
+                        (Vec::new(), CommitStep::Checkpoint, freed)
+                    }
+                    None => (encode(&st.meta.image())?, CommitStep::Checkpoint, freed),
+                }
             } else if self.verified_commits && new_blocks as u64 * BLOCK_SIZE <= VERIFIED_COMMIT_MAX
             {
                 (
@@ -413,7 +590,17 @@ impl Inner {
         };
         let result = data_durable.and_then(|()| match step {
             CommitStep::Record(order) => journal.append(store, &payload, order),
-            CommitStep::Checkpoint => journal.checkpoint(store, &payload),
+            CommitStep::Checkpoint => match &self.tree {
+                Some(tree) => {
+                    let mut tree = tree.lock();
+                    let done = tree.checkpoint(store, &mut journal);
+                    if let Some(room) = &self.room {
+                        tree.publish(room);
+                    }
+                    done
+                }
+                None => journal.checkpoint(store, &payload),
+            },
         });
         match result {
             Ok(()) => {
@@ -421,27 +608,32 @@ impl Inner {
                 self.release_freed(freed.into_iter().chain(earlier).collect());
                 Ok(true)
             }
-            Err(FsError::Store(e)) if e.is_retryable() => {
-                // The host refused, not the array: the changes stay in
-                // memory and the next commit writes them in a checkpoint.
-                log::warn!("journal commit refused by the host, kept for the next commit: {e}");
+            Err(e) if retryable(&e) => {
+                // The host refused, not the array, or the metadata tree
+                // found no room (admission keeps that from happening, and
+                // a deletion can make room): the changes stay in memory
+                // and the next commit writes them in a checkpoint.
+                log::warn!("journal commit refused, kept for the next commit: {e}");
                 self.refused
                     .lock()
                     .get_or_insert_with(Vec::new)
                     .extend(freed);
-                Err(FsError::Store(e))
-            }
-            Err(e) => {
-                // The in-memory state is now ahead of what can be made
-                // durable; refuse further changes rather than diverge.
-                log::error!("journal commit failed, filesystem is now read-only: {e}");
-                self.failed_commit
-                    .lock()
-                    .get_or_insert_with(|| e.to_string());
-                self.read_only.store(true, Ordering::Release);
                 Err(e)
             }
+            Err(e) => Err(self.commit_failed(e)),
         }
+    }
+
+    /// A commit failed for good: the in-memory state is now ahead of what
+    /// can be made durable, so further changes are refused rather than
+    /// diverge.
+    fn commit_failed(&self, e: FsError) -> FsError {
+        log::error!("journal commit failed, filesystem is now read-only: {e}");
+        self.failed_commit
+            .lock()
+            .get_or_insert_with(|| e.to_string());
+        self.read_only.store(true, Ordering::Release);
+        e
     }
 
     /// Extents whose freeing is now durable become allocatable; they are
@@ -557,6 +749,16 @@ impl Inner {
     }
 }
 
+/// A commit error after which the changes can be kept and written later:
+/// the host's refusal, or no room for the metadata tree's nodes.
+fn retryable(e: &FsError) -> bool {
+    match e {
+        FsError::Store(s) => s.is_retryable(),
+        FsError::NoSpace => true,
+        _ => false,
+    }
+}
+
 /// Freed extents waiting to be discarded, and the bytes out of the
 /// allocator while a discard runs.
 #[derive(Default)]
@@ -599,7 +801,9 @@ pub fn spawn_committer(
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::{read_header, write_header, FsHeader, OLDEST_VERSION, VERSION};
+    use super::super::layout::{
+        implied_features, read_header, write_header, FsHeader, OLDEST_VERSION, VERSION,
+    };
     use super::super::teststore::MemStore;
     use super::*;
 
@@ -616,12 +820,7 @@ mod tests {
     #[test]
     fn version_2_opens_without_unwritten_extents_and_others_are_refused() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(
-            store.as_ref(),
-            ChecksumKind::Crc32c,
-            crate::fs::FORMAT_VERSION,
-        )
-        .unwrap();
+        format_images(&store, ChecksumKind::Crc32c).unwrap();
         assert!(Inner::open(store.clone(), true).unwrap().unwritten_extents);
         let (header, _) =
             read_header(store.as_ref(), metadata_group(store.as_ref()).unwrap()).unwrap();

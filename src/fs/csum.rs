@@ -164,6 +164,7 @@ impl CsumMap {
                     let block = key * CHUNK_BLOCKS + bit;
                     if (first..end).contains(&block) {
                         chunk.present &= !(1 << bit);
+                        chunk.crcs[bit as usize] = 0;
                     }
                 }
                 chunk.present != 0
@@ -176,12 +177,86 @@ impl CsumMap {
             };
             let (key, bit) = locate(block_addr);
             if let Some(chunk) = self.chunks.get_mut(&key) {
+                // Zeroed with its bit, so a map equals itself read back
+                // from the tree (which keeps only present checksums).
                 chunk.present &= !(1 << bit);
+                chunk.crcs[bit] = 0;
                 if chunk.present == 0 {
                     self.chunks.remove(&key);
                 }
             }
         }
+    }
+
+    /// The chunk keys (block address / 4096 / 64) that `[addr, addr + len)`
+    /// touches, first and last.
+    pub fn chunk_span(addr: u64, len: u64) -> Option<(u64, u64)> {
+        if len == 0 {
+            return None;
+        }
+        let first = locate(addr).0;
+        let last = locate(addr.saturating_add(len - 1)).0;
+        Some((first, last))
+    }
+
+    /// The keys of the chunks held in `[first, last]`, ascending; costs the
+    /// smaller of the span and the map.
+    pub fn chunk_keys_in(&self, first: u64, last: u64) -> Vec<u64> {
+        let span = last.saturating_sub(first).saturating_add(1);
+        let mut keys: Vec<u64> = if span <= self.chunks.len() as u64 {
+            (first..=last)
+                .filter(|k| self.chunks.contains_key(k))
+                .collect()
+        } else {
+            self.chunks
+                .keys()
+                .copied()
+                .filter(|k| (first..=last).contains(k))
+                .collect()
+        };
+        keys.sort_unstable();
+        keys
+    }
+
+    /// One chunk as the metadata tree stores it: the `present` mask (u64),
+    /// then the checksum of each present block in block order (u32 each),
+    /// little-endian.
+    pub fn chunk_bytes(&self, key: u64) -> Option<Vec<u8>> {
+        let chunk = self.chunks.get(&key)?;
+        let mut out = Vec::with_capacity(8 + 4 * chunk.present.count_ones() as usize);
+        out.extend_from_slice(&chunk.present.to_le_bytes());
+        for bit in 0..CHUNK_BLOCKS as usize {
+            if chunk.present & (1 << bit) != 0 {
+                out.extend_from_slice(&chunk.crcs[bit].to_le_bytes());
+            }
+        }
+        Some(out)
+    }
+
+    /// Take back a chunk [`CsumMap::chunk_bytes`] wrote; an error says what
+    /// does not add up.
+    pub fn restore_chunk(&mut self, key: u64, b: &[u8]) -> Result<(), String> {
+        let present = u64::from_le_bytes(
+            b.get(..8)
+                .and_then(|w| w.try_into().ok())
+                .ok_or("a checksum chunk is shorter than its mask")?,
+        );
+        if present == 0 || b.len() != 8 + 4 * present.count_ones() as usize {
+            return Err(format!(
+                "a checksum chunk of {} bytes does not match its mask {present:#x}",
+                b.len()
+            ));
+        }
+        let mut crcs = vec![0u32; CHUNK_BLOCKS as usize];
+        let mut at = 8;
+        for (bit, crc) in crcs.iter_mut().enumerate() {
+            if present & (1 << bit) != 0 {
+                *crc = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                at += 4;
+            }
+        }
+        self.chunks.insert(key, CsumChunk { present, crcs });
+        Ok(())
     }
 
     /// Blocks with a checksum.

@@ -76,6 +76,30 @@ pub struct ExtentMap {
 }
 
 impl ExtentMap {
+    /// Put back an extent exactly as stored (loading from the metadata
+    /// tree): no merging with its neighbours, so the map reads back as it
+    /// was written.
+    pub fn restore(&mut self, file_off: u64, ext: Extent) {
+        self.map.insert(file_off, ext);
+    }
+
+    /// An extent as stored in the metadata tree: the address with the
+    /// unwritten flag in bit 63, then the length, little-endian u64s.
+    pub fn stored_bytes(ext: Extent) -> [u8; 16] {
+        let stored = StoredExtent::from(ext);
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&stored.addr.to_le_bytes());
+        out[8..].copy_from_slice(&stored.len.to_le_bytes());
+        out
+    }
+
+    /// The extent [`ExtentMap::stored_bytes`] wrote; `None` unless 16 bytes.
+    pub fn from_stored_bytes(b: &[u8]) -> Option<Extent> {
+        let addr = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        let len = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
+        (b.len() == 16).then(|| Extent::from(StoredExtent { addr, len }))
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u64, Extent)> + '_ {
         self.map.iter().map(|(k, v)| (*k, *v))
     }

@@ -16,6 +16,7 @@ use super::dir::Dir;
 use super::inode::{Inode, Time};
 use super::layout::{encode, write_header, FS_FEATURES};
 use super::meta::Meta;
+use super::meta_tree::MetaTree;
 use super::store::BlockStore;
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 
@@ -43,7 +44,7 @@ impl FsckReport {
 }
 
 pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
-    let loaded = load(store.as_ref())?;
+    let loaded = load(&store)?;
     if repair {
         FS_FEATURES
             .refuse_write(&loaded.journal.header.features)
@@ -78,7 +79,24 @@ pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
             journal.header.generation += 1;
             write_header(store.as_ref(), journal.meta_group, &journal.header)?;
         }
-        journal.checkpoint(store.as_ref(), &encode(&meta.image())?)?;
+        match &loaded.tree {
+            // A new tree beside the one loaded, which stays whole until
+            // the new root is durable.
+            Some(tree) => {
+                let mut nodes = Vec::new();
+                crate::fs::tree::walk(
+                    store.as_ref(),
+                    &journal.header.uuid,
+                    tree.root(),
+                    &mut |addr, _| {
+                        nodes.push(addr);
+                        Ok(())
+                    },
+                )?;
+                MetaTree::write_fresh(Arc::clone(&store), &mut journal, &meta, &[], &nodes)?;
+            }
+            None => journal.checkpoint(store.as_ref(), &encode(&meta.image())?)?,
+        }
         report.repaired = true;
     }
     Ok(report)

@@ -18,11 +18,13 @@
 use super::inode::BLOCK_SIZE;
 use super::layout::{round_up, write_header, FsHeader, Region};
 use super::store::{group_addr, BlockStore, GroupKind, StoreError};
+use super::tree::TreeRoot;
 use super::{FsError, FsResult};
 
 const RECORD_MAGIC: u32 = 0x4c52_4652; // "RFRL"
 const VERIFIED_RECORD_MAGIC: u32 = 0x5652_4652; // "RFRV"
 const CHECKPOINT_MAGIC: u32 = 0x4b43_4652; // "RFCK"
+const TREE_CHECKPOINT_MAGIC: u32 = 0x5443_4652; // "RFCT"
 const RECORD_HEADER: usize = 24;
 const CHECKPOINT_HEADER: usize = 32;
 
@@ -209,6 +211,96 @@ pub(super) fn decode_checkpoint<'a>(
     Ok(payload)
 }
 
+/// A checkpoint of a filesystem whose metadata lives in the tree: one
+/// block in a slot naming the tree's root as of sequence number `seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeCheckpoint {
+    pub seq: u64,
+    pub root: TreeRoot,
+    pub next_ino: u64,
+    pub next_gen: u64,
+}
+
+/// Bytes of a tree checkpoint block that its crc covers (the crc is the
+/// block's last four bytes).
+const TREE_CHECKPOINT_CRC_AT: usize = BLOCK_SIZE as usize - 4;
+
+/// A tree checkpoint block: fixed-width little-endian fields, zeros, and a
+/// crc seeded with the uuid in the last four bytes (docs/format.md).
+pub fn encode_tree_checkpoint(uuid: &[u8; 16], cp: &TreeCheckpoint) -> Vec<u8> {
+    let mut out = Vec::with_capacity(BLOCK_SIZE as usize);
+    out.extend_from_slice(&TREE_CHECKPOINT_MAGIC.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&cp.seq.to_le_bytes());
+    out.extend_from_slice(&cp.root.addr.to_le_bytes());
+    out.extend_from_slice(&cp.root.generation.to_le_bytes());
+    out.extend_from_slice(&cp.root.nodes.to_le_bytes());
+    out.push(cp.root.level);
+    out.extend_from_slice(&[0u8; 7]);
+    out.extend_from_slice(&cp.next_ino.to_le_bytes());
+    out.extend_from_slice(&cp.next_gen.to_le_bytes());
+    out.resize(TREE_CHECKPOINT_CRC_AT, 0);
+    let crc = seeded_crc(uuid, &[&out]);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// A tree checkpoint block judged: length, magic, crc, and a root that is
+/// either empty or at a nonzero address with a generation no later than
+/// the checkpoint's.
+pub fn decode_tree_checkpoint(uuid: &[u8; 16], b: &[u8]) -> FsResult<TreeCheckpoint> {
+    if b.len() != BLOCK_SIZE as usize {
+        return Err(FsError::Corrupt(format!(
+            "a tree checkpoint is one {BLOCK_SIZE}-byte block, not {}",
+            b.len()
+        )));
+    }
+    if u32_at(b, 0) != TREE_CHECKPOINT_MAGIC {
+        return Err(FsError::Corrupt("no tree checkpoint magic".into()));
+    }
+    if seeded_crc(uuid, &[&b[..TREE_CHECKPOINT_CRC_AT]]) != u32_at(b, TREE_CHECKPOINT_CRC_AT) {
+        return Err(FsError::Corrupt(
+            "tree checkpoint fails its checksum".into(),
+        ));
+    }
+    let cp = TreeCheckpoint {
+        seq: u64_at(b, 8),
+        root: TreeRoot {
+            addr: u64_at(b, 16),
+            generation: u64_at(b, 24),
+            nodes: u64_at(b, 32),
+            level: b[40],
+        },
+        next_ino: u64_at(b, 48),
+        next_gen: u64_at(b, 56),
+    };
+    if u32_at(b, 4) != 0 || b[41..48].iter().any(|&x| x != 0) {
+        return Err(FsError::Corrupt(
+            "tree checkpoint has reserved bytes set (written by a newer raidfs?)".into(),
+        ));
+    }
+    if cp.root.generation > cp.seq || (cp.root.addr == 0) != (cp.root.nodes == 0) {
+        return Err(FsError::Corrupt(format!(
+            "tree checkpoint {} names an impossible root ({:?})",
+            cp.seq, cp.root
+        )));
+    }
+    Ok(cp)
+}
+
+/// The tree checkpoint in `slot`, if one passes its checks on some copy.
+pub fn read_tree_slot(
+    store: &dyn BlockStore,
+    uuid: &[u8; 16],
+    slot: Region,
+) -> FsResult<Option<TreeCheckpoint>> {
+    let ok = |b: &[u8]| decode_tree_checkpoint(uuid, b).is_ok();
+    match read_verified(store, slot.addr, BLOCK_SIZE as usize, &ok)? {
+        Some(block) => decode_tree_checkpoint(uuid, &block).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// Read with a checksum test; `None` when no copy passes it.
 fn read_verified(
     store: &dyn BlockStore,
@@ -303,6 +395,38 @@ impl Journal {
         self.seq = seq;
         self.tail += rec.len() as u64;
         self.ends_verified = order == DataOrder::VerifiedAtReplay;
+        Ok(())
+    }
+
+    /// The sequence number the next record or checkpoint takes (tree nodes
+    /// written for a checkpoint carry it as their generation).
+    pub fn next_seq(&self) -> u64 {
+        self.seq + 1
+    }
+
+    /// Make a tree checkpoint durable in the older slot, then restart the
+    /// log. The tree's nodes must already be durable (flushed): the slot's
+    /// write is the moment the new root takes over.
+    pub fn checkpoint_root(
+        &mut self,
+        store: &dyn BlockStore,
+        root: TreeRoot,
+        (next_ino, next_gen): (u64, u64),
+    ) -> FsResult<()> {
+        let cp = TreeCheckpoint {
+            seq: self.next_seq(),
+            root,
+            next_ino,
+            next_gen,
+        };
+        let target = 1 - self.newest_slot;
+        let slot = self.header.slots[target];
+        store.write(slot.addr, &encode_tree_checkpoint(&self.header.uuid, &cp))?;
+        store.flush()?;
+        self.seq = cp.seq;
+        self.newest_slot = target;
+        self.tail = 0;
+        self.ends_verified = false;
         Ok(())
     }
 

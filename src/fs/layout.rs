@@ -40,6 +40,11 @@ pub const INCOMPAT_UNWRITTEN_EXTENTS: u64 = 1 << 0;
 /// at replay); a reader without it would end the log before one and lose
 /// the last fsync.
 pub const INCOMPAT_VERIFIED_RECORDS: u64 = 1 << 1;
+/// Incompat: the metadata lives in a copy-on-write B+tree of checksummed
+/// nodes in the Metadata groups, and a checkpoint slot holds only the
+/// tree's root ([`super::tree`], [`super::meta_tree`]); a reader without
+/// it would take the slot for a whole metadata image.
+pub const INCOMPAT_METADATA_TREE: u64 = 1 << 2;
 /// The filesystem header's feature bits with their names.
 pub const FS_FEATURES: Known = Known {
     what: "filesystem header",
@@ -48,6 +53,7 @@ pub const FS_FEATURES: Known = Known {
     incompat: &[
         (INCOMPAT_UNWRITTEN_EXTENTS, "unwritten_extents"),
         (INCOMPAT_VERIFIED_RECORDS, "verified_records"),
+        (INCOMPAT_METADATA_TREE, "metadata_tree"),
     ],
 };
 
@@ -60,6 +66,9 @@ pub fn implied_features(version: u32) -> Features {
     }
     if version >= 4 {
         incompat |= INCOMPAT_VERIFIED_RECORDS;
+    }
+    if version >= FEATURE_WORDS_VERSION {
+        incompat |= INCOMPAT_METADATA_TREE;
     }
     Features {
         incompat,
@@ -156,6 +165,11 @@ impl FsHeader {
     /// Whether the format has `RFRV` records.
     pub fn verified_records(&self) -> bool {
         self.features.incompat & INCOMPAT_VERIFIED_RECORDS != 0
+    }
+
+    /// Whether the metadata lives in the tree (the slots hold its root).
+    pub fn metadata_tree(&self) -> bool {
+        self.features.incompat & INCOMPAT_METADATA_TREE != 0
     }
 
     /// One header copy as stored: the frame of the fields, zeros, and (from
@@ -325,12 +339,35 @@ fn header_ok(buf: &[u8]) -> bool {
     judge(buf).is_ok()
 }
 
-/// Compute the layout for a fresh filesystem in Metadata group `group`.
+/// Compute the layout for a fresh filesystem of the newest format in
+/// Metadata group `group`.
 pub fn plan(
     group: u32,
     capacity: u64,
     uuid: [u8; 16],
     data_checksum: ChecksumKind,
+) -> FsResult<FsHeader> {
+    plan_with(
+        group,
+        capacity,
+        uuid,
+        data_checksum,
+        VERSION,
+        implied_features(VERSION),
+    )
+}
+
+/// [`plan`] for format `version` with `features`. With the
+/// metadata tree, each slot is one block (a tree root) and the rest of the
+/// group after the journal holds tree nodes; without it the two slots
+/// share that rest, each taking a whole metadata image.
+pub fn plan_with(
+    group: u32,
+    capacity: u64,
+    uuid: [u8; 16],
+    data_checksum: ChecksumKind,
+    version: u32,
+    features: Features,
 ) -> FsResult<FsHeader> {
     let cap = capacity / BLOCK_SIZE * BLOCK_SIZE;
     if cap < 64 * BLOCK_SIZE {
@@ -338,11 +375,15 @@ pub fn plan(
     }
     let journal_len = (cap / 8).clamp(16 * BLOCK_SIZE, 64 << 20) / BLOCK_SIZE * BLOCK_SIZE;
     let journal_start = 2 * BLOCK_SIZE;
-    let slot_len = (cap - journal_start - journal_len) / 2 / BLOCK_SIZE * BLOCK_SIZE;
+    let slot_len = if features.incompat & INCOMPAT_METADATA_TREE != 0 {
+        BLOCK_SIZE
+    } else {
+        (cap - journal_start - journal_len) / 2 / BLOCK_SIZE * BLOCK_SIZE
+    };
     let slot_a = journal_start + journal_len;
     Ok(FsHeader {
         magic: HEADER_MAGIC,
-        version: VERSION,
+        version,
         uuid,
         generation: 1,
         slots: [
@@ -360,7 +401,7 @@ pub fn plan(
             len: journal_len,
         },
         data_checksum,
-        features: implied_features(VERSION),
+        features,
     })
 }
 

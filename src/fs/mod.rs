@@ -23,6 +23,9 @@ mod inode;
 mod journal;
 mod layout;
 mod meta;
+mod meta_room;
+mod meta_tree;
+mod node_space;
 pub mod ondisk;
 mod ops;
 mod perm;
@@ -33,6 +36,7 @@ mod state;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod teststore;
+pub mod tree;
 pub mod upgrade;
 mod write_queue;
 
@@ -278,6 +282,10 @@ pub struct FormatOptions {
     /// Owner of the root directory, `(uid, gid)`: the user who creates an
     /// array for themselves must be able to write to it (default 0:0).
     pub root_owner: (u32, u32),
+    /// Write format 5 without `metadata_tree`: checkpoints as whole
+    /// images, as releases before the tree wrote them (what `raidfs
+    /// upgrade` converts). Formats before 5 always are.
+    pub image_checkpoints: bool,
 }
 
 /// A mounted filesystem. All methods take `&self` and are safe to call from
@@ -354,7 +362,17 @@ impl FileSystem {
         if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&version) {
             return Err(FsError::Invalid("unknown filesystem format"));
         }
-        core::format_owned(store.as_ref(), opts.data_checksum, version, opts.root_owner)
+        let mut features = layout::implied_features(version);
+        if opts.image_checkpoints {
+            features.incompat &= !layout::INCOMPAT_METADATA_TREE;
+        }
+        core::format_with_features(
+            store,
+            opts.data_checksum,
+            version,
+            features,
+            opts.root_owner,
+        )
     }
 
     /// How this filesystem checksums data blocks.
@@ -687,12 +705,12 @@ impl FileSystem {
 
     pub fn unlink(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<()> {
         self.inner
-            .mutate(|st| namespace::unlink(st, caller, parent, bytes(name)))
+            .mutate_releasing(|st| namespace::unlink(st, caller, parent, bytes(name)))
     }
 
     pub fn rmdir(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<()> {
         self.inner
-            .mutate(|st| namespace::rmdir(st, caller, parent, bytes(name)))
+            .mutate_releasing(|st| namespace::rmdir(st, caller, parent, bytes(name)))
     }
 
     pub fn rename(
@@ -1199,7 +1217,7 @@ impl FileSystem {
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<()> {
         self.deferred.settle(ino);
         self.inner
-            .mutate(|st| ops::xattr::remove(st, caller, ino, bytes(name)))
+            .mutate_releasing(|st| ops::xattr::remove(st, caller, ino, bytes(name)))
     }
 
     /// Space and inode figures for statfs(2). Blocks freed by changes not

@@ -1,7 +1,7 @@
 //! The filesystem's decoders of untrusted bytes as one public surface, for
 //! the fuzz tests (`tests/fuzz_decoders.rs`) and tools: the header block,
-//! a journal record, a checkpoint, each judged exactly as mounting judges
-//! it, plus [`samples`], valid encodings to start mutating from. Every
+//! a journal record, a checkpoint, a tree checkpoint, a tree node and a
+//! tree's entries, each judged exactly as mounting judges it, plus [`samples`], valid encodings to start mutating from. Every
 //! function returns an error saying what is wrong instead of panicking,
 //! whatever the bytes.
 
@@ -12,6 +12,8 @@ use super::inode::{Inode, Time, BLOCK_SIZE};
 use super::journal::{self, DataOrder};
 use super::layout::{self, decode, encode, FsHeader};
 use super::meta::{CommitRecord, DirOp, Meta, MetaImage};
+use super::meta_tree::{entries_of, Loader};
+use super::tree;
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 use crate::features::Features;
 
@@ -78,6 +80,26 @@ pub fn checkpoint_payload(payload: &[u8]) -> FsResult<Decoded> {
     Ok(summary(&Meta::from_image(image)))
 }
 
+/// A tree checkpoint block (one slot's first block), as loading judges it;
+/// its sequence number.
+pub fn tree_checkpoint(uuid: &[u8; 16], block: &[u8]) -> FsResult<u64> {
+    journal::decode_tree_checkpoint(uuid, block).map(|cp| cp.seq)
+}
+
+/// A tree node read from `addr`, as every read of one judges it.
+pub fn tree_node(uuid: &[u8; 16], block: &[u8], addr: u64) -> FsResult<tree::NodeSummary> {
+    tree::decode_node(uuid, block, addr)
+}
+
+/// A tree's entries in key order, taken as mounting takes them.
+pub fn tree_entries(entries: &[(Vec<u8>, Vec<u8>)]) -> FsResult<Decoded> {
+    let mut loader = Loader::new(ROOT_INO + 1, 2);
+    for (k, v) in entries {
+        loader.take(k, v)?;
+    }
+    Ok(summary(&loader.finish()?))
+}
+
 fn summary(meta: &Meta) -> Decoded {
     Decoded {
         inodes: meta.inodes.len(),
@@ -99,6 +121,12 @@ pub struct Samples {
     pub checkpoint: Vec<u8>,
     /// Its payload alone.
     pub checkpoint_payload: Vec<u8>,
+    /// A tree checkpoint block (sequence number 9).
+    pub tree_checkpoint: Vec<u8>,
+    /// Tree nodes with the addresses they were written at.
+    pub tree_nodes: Vec<(u64, Vec<u8>)>,
+    /// The checkpoint's metadata as tree entries, in key order.
+    pub tree_entries: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// An inode with fixed times, so the samples' bytes are the same in every
@@ -193,6 +221,26 @@ pub fn samples() -> FsResult<Samples> {
     let checkpoint_payload = encode(&meta.image())?;
     let mut checkpoint = journal::encode_checkpoint_header(&uuid, 9, &checkpoint_payload);
     checkpoint.extend_from_slice(&checkpoint_payload);
+    let tree_nodes = tree::sample_node_blocks(&uuid);
+    let (root_addr, root_block) = tree_nodes
+        .last()
+        .ok_or_else(|| FsError::Corrupt("no sample tree node".into()))?;
+    let root = tree::decode_node(&uuid, root_block, *root_addr)?;
+    let tree_checkpoint = journal::encode_tree_checkpoint(
+        &uuid,
+        &journal::TreeCheckpoint {
+            seq: 9,
+            root: tree::TreeRoot {
+                addr: *root_addr,
+                generation: root.generation,
+                level: root.level,
+                nodes: tree_nodes.len() as u64,
+            },
+            next_ino: meta.next_ino,
+            next_gen: meta.next_gen,
+        },
+    );
+    let tree_entries = entries_of(&meta)?;
     Ok(Samples {
         uuid,
         header_block,
@@ -201,5 +249,8 @@ pub fn samples() -> FsResult<Samples> {
         record_payload,
         checkpoint,
         checkpoint_payload,
+        tree_checkpoint,
+        tree_nodes,
+        tree_entries,
     })
 }

@@ -32,11 +32,13 @@ pub struct Replayed {
 }
 
 /// Apply every record after the checkpoint `journal` stands at, moving its
-/// sequence number and tail past them.
+/// sequence number and tail past them; `seen` is shown each record applied
+/// (the metadata tree notes the keys it changed).
 pub fn replay(
     store: &dyn BlockStore,
     journal: &mut Journal,
     meta: &mut Meta,
+    seen: &mut dyn FnMut(&CommitRecord),
 ) -> FsResult<Replayed> {
     let mut records: Vec<(CommitRecord, u64, DataOrder)> = Vec::new();
     let (mut tail, mut seq) = (journal.tail, journal.seq);
@@ -55,6 +57,7 @@ pub fn replay(
     }
     let count = records.len() as u64;
     for (rec, len, order) in records {
+        seen(&rec);
         meta.apply(rec);
         journal.seq += 1;
         journal.tail += len;
@@ -155,7 +158,9 @@ fn run_on_store(
 mod tests {
     use std::sync::Arc;
 
-    use super::super::core::{format, load, metadata_group, Inner, VERIFIED_COMMIT_MAX};
+    use super::super::core::{
+        format, format_images, load, metadata_group, Inner, VERIFIED_COMMIT_MAX,
+    };
     use super::super::extent::Extent;
     use super::super::layout::{read_header, write_header, FsHeader};
     use super::super::store::{group_addr, GroupKind};
@@ -202,7 +207,7 @@ mod tests {
     #[test]
     fn a_last_record_whose_data_was_lost_is_left_out() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
+        format(&store, KIND, crate::fs::FORMAT_VERSION).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         assert!(inner.verified_commits);
         let first = data_block(store.as_ref(), 0, 1);
@@ -211,12 +216,12 @@ mod tests {
         commit_blocks(&inner, &[second], &[]);
         drop(inner);
 
-        let whole = load(store.as_ref()).unwrap();
+        let whole = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(whole.meta.csums.get(second.0), Some(second.1));
         let replayed = whole.replayed;
 
         corrupt(store.as_ref(), second.0);
-        let torn = load(store.as_ref()).unwrap();
+        let torn = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(torn.replayed, replayed - 1, "the last record is left out");
         assert_eq!(torn.meta.csums.get(second.0), None);
         assert_eq!(
@@ -236,7 +241,7 @@ mod tests {
         let third = data_block(store.as_ref(), 2, 3);
         commit_blocks(&inner, &[third], &[]);
         drop(inner);
-        let after = load(store.as_ref()).unwrap();
+        let after = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(after.journal.seq, whole.journal.seq);
         assert_eq!(after.meta.csums.get(third.0), Some(third.1));
         assert_eq!(after.meta.csums.get(second.0), None);
@@ -245,7 +250,7 @@ mod tests {
     #[test]
     fn only_the_last_record_is_checked_and_freed_blocks_are_not() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
+        format(&store, KIND, crate::fs::FORMAT_VERSION).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         let early = data_block(store.as_ref(), 0, 1);
         commit_blocks(&inner, &[early], &[]);
@@ -255,13 +260,15 @@ mod tests {
         let freed = Extent::new(gone.0, BLOCK_SIZE);
         commit_blocks(&inner, &[gone, kept], &[freed]);
         drop(inner);
-        let replayed = load(store.as_ref()).unwrap().replayed;
+        let replayed = load(&(store.clone() as Arc<dyn BlockStore>))
+            .unwrap()
+            .replayed;
 
         // A record with a successor had its data flushed before the
         // successor was written: it is not read back.
         corrupt(store.as_ref(), early.0);
         corrupt(store.as_ref(), gone.0);
-        let loaded = load(store.as_ref()).unwrap();
+        let loaded = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(loaded.replayed, replayed);
         assert_eq!(loaded.meta.csums.get(kept.0), Some(kept.1));
     }
@@ -269,20 +276,22 @@ mod tests {
     #[test]
     fn data_whole_on_another_copy_keeps_the_record_and_heals() {
         let store = Arc::new(MirrorStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
+        format(&store, KIND, crate::fs::FORMAT_VERSION).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         let blocks: Vec<(u64, u32)> = (0..4)
             .map(|i| data_block(store.as_ref(), i, i as u8))
             .collect();
         commit_blocks(&inner, &blocks, &[]);
         drop(inner);
-        let replayed = load(store.as_ref()).unwrap().replayed;
+        let replayed = load(&(store.clone() as Arc<dyn BlockStore>))
+            .unwrap()
+            .replayed;
 
         // Block 1 torn on copy 0 and block 2 on copy 1: no copy holds the
         // run whole, each block is whole on one of them.
         store.corrupt(0, blocks[1].0, BLOCK_SIZE as usize).unwrap();
         store.corrupt(1, blocks[2].0, BLOCK_SIZE as usize).unwrap();
-        let loaded = load(store.as_ref()).unwrap();
+        let loaded = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(loaded.replayed, replayed);
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
         store.read(blocks[1].0, &mut buf, None).unwrap();
@@ -295,7 +304,9 @@ mod tests {
         store.corrupt(1, blocks[1].0, BLOCK_SIZE as usize).unwrap();
         store.corrupt(0, blocks[1].0, BLOCK_SIZE as usize).unwrap();
         assert_eq!(
-            load(store.as_ref()).unwrap().replayed,
+            load(&(store.clone() as Arc<dyn BlockStore>))
+                .unwrap()
+                .replayed,
             replayed - 1,
             "no copy left"
         );
@@ -319,7 +330,8 @@ mod tests {
     #[test]
     fn large_batches_and_older_formats_flush_their_data_first() {
         let store = Arc::new(MemStore::new(4, 64 << 20, 64 << 10));
-        format(store.as_ref(), KIND, crate::fs::FORMAT_VERSION).unwrap();
+        // Image checkpoints, so the header can be turned into format 3's.
+        format_images(&store, KIND).unwrap();
         let inner = Inner::open(store.clone(), false).unwrap();
         let small = [data_block(store.as_ref(), 0, 1)];
         let magic = next_record_magic(store.as_ref(), &inner, || {
@@ -356,12 +368,7 @@ mod tests {
 
         // Without data checksums there is nothing to check at replay.
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(
-            store.as_ref(),
-            ChecksumKind::None,
-            crate::fs::FORMAT_VERSION,
-        )
-        .unwrap();
+        format(&store, ChecksumKind::None, crate::fs::FORMAT_VERSION).unwrap();
         assert!(!Inner::open(store, false).unwrap().verified_commits);
     }
 }

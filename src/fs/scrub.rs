@@ -1,7 +1,8 @@
 //! Scrub: read every block the filesystem uses and check it against its
 //! checksum on every copy, healing bad copies from good ones (`repair`), and
 //! say which member held each bad copy. Metadata (header copies, the newest
-//! checkpoint, the journal records) is checked the same way through the
+//! checkpoint and, with the metadata tree, every node its root reaches, the
+//! journal records) is checked the same way through the
 //! verify closures its readers already pass.
 //!
 //! Parity and mirror consistency of stripes whose data is good is the
@@ -13,9 +14,10 @@ use parking_lot::Mutex;
 
 use super::core::Inner;
 use super::inode::BLOCK_SIZE;
-use super::journal::{read_record, read_slot};
+use super::journal::{read_record, read_slot, read_tree_slot};
 use super::layout::read_header;
 use super::store::{BlockStore, GroupInfo, GroupKind, StoreError, Verify};
+use super::tree;
 use super::{FsError, FsResult};
 
 /// Bytes checked per store request.
@@ -150,9 +152,24 @@ impl Inner {
         let (header, problems) = read_header(&store, journal.meta_group)?;
         report.metadata_problems.extend(problems);
         let slot = header.slots[journal.newest_slot];
-        match read_slot(&store, &header.uuid, slot)? {
-            Some(cp) => {
-                let (mut tail, mut seq) = (0, cp.seq + 1);
+        let checkpoint_seq = if header.metadata_tree() {
+            match read_tree_slot(&store, &header.uuid, slot)? {
+                Some(cp) => {
+                    // Every node of the durable tree: commits are held off,
+                    // so none of them is freed meanwhile.
+                    if let Err(e) = tree::walk(&store, &header.uuid, cp.root, &mut |_, _| Ok(())) {
+                        report.metadata_problems.push(e.to_string());
+                    }
+                    Some(cp.seq)
+                }
+                None => None,
+            }
+        } else {
+            read_slot(&store, &header.uuid, slot)?.map(|cp| cp.seq)
+        };
+        match checkpoint_seq {
+            Some(cp_seq) => {
+                let (mut tail, mut seq) = (0, cp_seq + 1);
                 while tail < journal.tail {
                     match read_record(&store, &header, tail, seq)? {
                         Some(rec) => {

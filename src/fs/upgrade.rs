@@ -3,18 +3,27 @@
 //! its owner asks for a newer one, because an upgraded filesystem is refused
 //! by older raidfs releases.
 //!
-//! Every format this code opens encodes its metadata the same way; a newer
+//! Formats 2 to 5 encode their journal records the same way; a newer
 //! version only allows more (unwritten extents, journal records written
-//! with their data). So an upgrade replays and checkpoints the journal, then
-//! rewrites the two header copies with the new version. The copies are
-//! written one after the other, each flushed, and the copy with the higher
-//! generation wins at the next open, so a crash leaves either format whole.
+//! with their data). The metadata tree (`metadata_tree`) changes what a
+//! checkpoint is: the upgrade replays and checkpoints the journal as the
+//! old format does, writes the whole metadata as a tree in space the old
+//! checkpoint does not use, with two new one-block slots naming its root,
+//! and only then rewrites the two header copies with the new version,
+//! features and slots. The copies are written one after the other, each
+//! flushed, and the copy with the higher generation wins at the next open,
+//! so a crash leaves either format whole: the old header still names the
+//! old checkpoint, which nothing before the header's rewrite touched.
 
 use std::sync::Arc;
 
-use super::core::metadata_group;
-use super::layout::{implied_features, read_header, write_header, VERSION};
-use super::{FileSystem, FsOptions, FsResult};
+use super::core::{load, metadata_group};
+use super::inode::BLOCK_SIZE;
+use super::layout::{implied_features, read_header, write_header, Region, VERSION};
+use super::meta_tree::{reserved_regions, MetaTree};
+use super::node_space::NodeSpace;
+use super::tree::NodeAlloc;
+use super::{FileSystem, FsError, FsOptions, FsResult};
 use crate::fs::BlockStore;
 
 /// What upgrading a filesystem does (or did).
@@ -30,7 +39,7 @@ pub struct Upgrade {
 
 impl Upgrade {
     pub fn is_needed(&self) -> bool {
-        self.from < self.to
+        !self.gains.is_empty()
     }
 }
 
@@ -55,6 +64,11 @@ pub fn plan(store: &dyn BlockStore) -> FsResult<Upgrade> {
             "format 5: feature words, so later features need no new format (a raidfs that does not know one refuses it, or mounts read-only, by its bit)".into(),
         );
     }
+    if !header.metadata_tree() {
+        gains.push(
+            "metadata tree: a checkpoint writes only what changed, and the metadata grows into further metadata groups instead of stopping at half of one (millions of files, terabytes of checksummed data)".into(),
+        );
+    }
     Ok(Upgrade {
         from: header.version,
         to: header.version.max(VERSION),
@@ -73,8 +87,48 @@ pub fn upgrade(store: Arc<dyn BlockStore>) -> FsResult<Upgrade> {
     let fs = FileSystem::open(Arc::clone(&store), FsOptions::default())?;
     fs.unmount()?;
     drop(fs);
-    let group = metadata_group(store.as_ref())?;
-    let (mut header, _) = read_header(store.as_ref(), group)?;
+    let loaded = load(&store)?;
+    let mut journal = loaded.journal;
+    if !journal.header.metadata_tree() {
+        // The new slots come from space the old layout leaves free; the
+        // old slots stay as they are until the header no longer names them.
+        let old_slots = journal.header.slots;
+        let mut space = NodeSpace::build(
+            Arc::clone(&store),
+            &reserved_regions(&journal.header, journal.meta_group),
+            &[],
+        )?;
+        let blocks = space.alloc(2)?;
+        let [a, b] = blocks[..] else {
+            return Err(FsError::NoSpace);
+        };
+        journal.header.slots = [
+            Region {
+                addr: a,
+                len: BLOCK_SIZE,
+            },
+            Region {
+                addr: b,
+                len: BLOCK_SIZE,
+            },
+        ];
+        journal.newest_slot = 1;
+        let root = MetaTree::write_fresh(
+            Arc::clone(&store),
+            &mut journal,
+            &loaded.meta,
+            &old_slots,
+            &[],
+        )?;
+        // Both slots name the root, so neither reads as damaged.
+        journal.checkpoint_root(
+            store.as_ref(),
+            root,
+            (loaded.meta.next_ino, loaded.meta.next_gen),
+        )?;
+    }
+    let group = journal.meta_group;
+    let mut header = journal.header;
     header.version = planned.to;
     header.features = implied_features(planned.to);
     header.generation += 1;
@@ -94,7 +148,7 @@ mod tests {
     #[test]
     fn an_old_filesystem_is_upgraded_with_its_files_and_its_unreplayed_log() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), ChecksumKind::Crc32c, OLDEST_VERSION).unwrap();
+        format(&store, ChecksumKind::Crc32c, OLDEST_VERSION).unwrap();
         let fs = FileSystem::open(store.clone(), FsOptions::default()).unwrap();
         let root = Caller::root();
         let attr = fs
@@ -108,7 +162,7 @@ mod tests {
 
         let planned = plan(store.as_ref()).unwrap();
         assert_eq!((planned.from, planned.to), (OLDEST_VERSION, VERSION));
-        assert_eq!(planned.gains.len(), 3, "{:?}", planned.gains);
+        assert_eq!(planned.gains.len(), 4, "{:?}", planned.gains);
         let done = upgrade(store.clone()).unwrap();
         assert_eq!(done, planned);
 
@@ -130,7 +184,7 @@ mod tests {
     #[test]
     fn without_data_checksums_the_upgrade_says_it_gains_no_one_flush_commits() {
         let store = Arc::new(MemStore::new(4, 8 << 20, 64 << 10));
-        format(store.as_ref(), ChecksumKind::None, 3).unwrap();
+        format(&store, ChecksumKind::None, 3).unwrap();
         let planned = upgrade(store.clone()).unwrap();
         assert_eq!((planned.from, planned.to), (3, VERSION));
         assert!(planned.gains[0].contains("nothing"), "{:?}", planned.gains);

@@ -325,10 +325,10 @@ impl Inner {
     /// Fresh blocks for up to `len` bytes: placed where they keep the file
     /// contiguous or fill stripes whole, in a fresh group if the allocated
     /// ones have only fragments left, and in the fragments when the groups
-    /// left are the metadata's reserve (the journal's image moves to a
-    /// fresh group as it grows; it must not find none while data sits in
-    /// fragments). The reserve itself goes to data only when nothing else
-    /// is free.
+    /// left are the metadata's reserve (the metadata grows into fresh
+    /// groups; it must not find none while data sits in fragments). The
+    /// reserve itself goes to data only when nothing else is free, and
+    /// with the metadata tree only while the metadata can spare the group.
     fn allocate(&self, st: &mut State, len: u64, hint: Option<u64>) -> Option<Extent> {
         loop {
             if let Some(ext) = st.alloc.allocate_placed(len, hint) {
@@ -343,7 +343,7 @@ impl Inner {
             if let Some(ext) = st.alloc.allocate(len, hint) {
                 return Some(ext);
             }
-            if !self.grow(st) {
+            if !self.metadata_spares_a_group(st) || !self.grow(st) {
                 return None;
             }
         }

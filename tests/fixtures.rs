@@ -218,6 +218,72 @@ fn every_released_format_is_written_in_its_own_format() {
     }
 }
 
+#[test]
+fn every_released_format_upgrades_to_the_metadata_tree_and_reads_back() {
+    for f in FIXTURES {
+        let (dir, members) = unpack(f);
+        let mut args = vec![OsStr::new("upgrade")];
+        args.extend(members.iter().map(|m| m.as_os_str()));
+        let out = raidfs(&args, dir.path());
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: upgrade\n{}\n{}",
+            f.name,
+            stdout(&out),
+            stderr(&out)
+        );
+        assert!(
+            stdout(&out).contains("metadata tree"),
+            "{}: {}",
+            f.name,
+            stdout(&out)
+        );
+        let fs = open(&members, true);
+        check_files(f.name, &fs);
+        drop(fs);
+        let mut args = vec![OsStr::new("upgrade"), OsStr::new("--check")];
+        args.extend(members.iter().map(|m| m.as_os_str()));
+        let out = raidfs(&args, dir.path());
+        assert!(
+            stdout(&out).contains("is current; nothing to do"),
+            "{}: {}",
+            f.name,
+            stdout(&out)
+        );
+        let mut args = vec![OsStr::new("fsck")];
+        args.extend(members.iter().map(|m| m.as_os_str()));
+        let out = raidfs(&args, dir.path());
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: fsck after the upgrade\n{}\n{}",
+            f.name,
+            stdout(&out),
+            stderr(&out)
+        );
+        // Written in the new format, and read back from its tree.
+        let fs = open(&members, false);
+        let root = Caller::root();
+        let attr = fs
+            .create(&root, ROOT_INO, OsStr::new("after"), 0o644, 0, libc::O_RDWR)
+            .unwrap();
+        fs.write(attr.ino, 0, b"written into the tree").unwrap();
+        fs.release(attr.ino).unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        let fs = open(&members, true);
+        check_files(f.name, &fs);
+        let after = fs.lookup(&root, ROOT_INO, OsStr::new("after")).unwrap();
+        assert_eq!(
+            fs.read(after.ino, 0, 100).unwrap(),
+            b"written into the tree",
+            "{}",
+            f.name
+        );
+    }
+}
+
 /// The committed fixtures stay small (the total is checked, not each).
 #[test]
 fn fixtures_stay_small() {

@@ -52,10 +52,17 @@ pub fn run(args: UpgradeArgs) -> i32 {
         return 0;
     }
     if args.check {
-        println!(
-            "filesystem format {}; `raidfs upgrade` would move it to format {}:",
-            planned.from, planned.to
-        );
+        if planned.from == planned.to {
+            println!(
+                "filesystem format {} without this release's features; `raidfs upgrade` would add:",
+                planned.from
+            );
+        } else {
+            println!(
+                "filesystem format {}; `raidfs upgrade` would move it to format {}:",
+                planned.from, planned.to
+            );
+        }
         for gain in &planned.gains {
             println!("  {gain}");
         }
@@ -64,10 +71,14 @@ pub fn run(args: UpgradeArgs) -> i32 {
     }
     match upgrade(store) {
         Ok(done) => {
-            println!(
-                "filesystem upgraded from format {} to format {}:",
-                done.from, done.to
-            );
+            if done.from == done.to {
+                println!("filesystem format {} upgraded:", done.from);
+            } else {
+                println!(
+                    "filesystem upgraded from format {} to format {}:",
+                    done.from, done.to
+                );
+            }
             for gain in &done.gains {
                 println!("  {gain}");
             }

@@ -90,14 +90,15 @@ pub fn upgrade(store: Arc<dyn BlockStore>) -> FsResult<Upgrade> {
     let loaded = load(&store)?;
     let mut journal = loaded.journal;
     if !journal.header.metadata_tree() {
-        // The new slots come from space the old layout leaves free; the
-        // old slots stay as they are until the header no longer names them.
-        let old_slots = journal.header.slots;
-        let mut space = NodeSpace::build(
-            Arc::clone(&store),
-            &reserved_regions(&journal.header, journal.meta_group),
-            &[],
-        )?;
+        // The new slots and the tree go where the old layout keeps nothing
+        // of value: anywhere but the header copies, the journal and the
+        // slot holding the checkpoint just written (the older slot is
+        // free; the newest stays whole until the header no longer names it).
+        let newest = journal.header.slots[journal.newest_slot];
+        let mut kept = reserved_regions(&journal.header, journal.meta_group);
+        kept.retain(|r| !journal.header.slots.contains(r));
+        kept.push(newest);
+        let mut space = NodeSpace::build(Arc::clone(&store), &kept, &[])?;
         let blocks = space.alloc(2)?;
         let [a, b] = blocks[..] else {
             return Err(FsError::NoSpace);
@@ -117,7 +118,7 @@ pub fn upgrade(store: Arc<dyn BlockStore>) -> FsResult<Upgrade> {
             Arc::clone(&store),
             &mut journal,
             &loaded.meta,
-            &old_slots,
+            &[newest],
             &[],
         )?;
         // Both slots name the root, so neither reads as damaged.

@@ -9,6 +9,7 @@ mod common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,6 +146,23 @@ fn superblock(path: &Path) -> Superblock {
     Superblock::read_from(&member).unwrap().0
 }
 
+/// `raidfs WORDS... MEMBERS...` in `dir`, which must exit 0.
+fn succeeds(f: &Fixture, words: &[&str], members: &[PathBuf], dir: &Path) -> Output {
+    let mut args: Vec<&OsStr> = words.iter().map(OsStr::new).collect();
+    args.extend(members.iter().map(|m| m.as_os_str()));
+    let out = raidfs(&args, dir);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}: {}\n{}\n{}",
+        f.name,
+        words.join(" "),
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
 #[test]
 fn every_released_format_assembles_reads_and_checks_clean() {
     for f in FIXTURES {
@@ -175,17 +193,7 @@ fn every_released_format_assembles_reads_and_checks_clean() {
         };
         assert_eq!(plan.from, f.fs_format, "{}", f.name);
 
-        let mut args = vec![OsStr::new("fsck")];
-        args.extend(members.iter().map(|m| m.as_os_str()));
-        let out = raidfs(&args, dir.path());
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}: fsck\n{}\n{}",
-            f.name,
-            stdout(&out),
-            stderr(&out)
-        );
+        succeeds(f, &["fsck"], &members, dir.path());
     }
 }
 
@@ -222,17 +230,7 @@ fn every_released_format_is_written_in_its_own_format() {
 fn every_released_format_upgrades_to_the_metadata_tree_and_reads_back() {
     for f in FIXTURES {
         let (dir, members) = unpack(f);
-        let mut args = vec![OsStr::new("upgrade")];
-        args.extend(members.iter().map(|m| m.as_os_str()));
-        let out = raidfs(&args, dir.path());
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}: upgrade\n{}\n{}",
-            f.name,
-            stdout(&out),
-            stderr(&out)
-        );
+        let out = succeeds(f, &["upgrade"], &members, dir.path());
         assert!(
             stdout(&out).contains("metadata tree"),
             "{}: {}",
@@ -251,17 +249,7 @@ fn every_released_format_upgrades_to_the_metadata_tree_and_reads_back() {
             f.name,
             stdout(&out)
         );
-        let mut args = vec![OsStr::new("fsck")];
-        args.extend(members.iter().map(|m| m.as_os_str()));
-        let out = raidfs(&args, dir.path());
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}: fsck after the upgrade\n{}\n{}",
-            f.name,
-            stdout(&out),
-            stderr(&out)
-        );
+        succeeds(f, &["fsck"], &members, dir.path());
         // Written in the new format, and read back from its tree.
         let fs = open(&members, false);
         let root = Caller::root();

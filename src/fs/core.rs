@@ -13,7 +13,7 @@ use super::csum::ChecksumKind;
 use super::data_errors::DataErrorLog;
 use super::extent::Extent;
 use super::inode::{Inode, BLOCK_SIZE};
-use super::journal::{read_slot, read_tree_slot, DataOrder, Journal, TreeCheckpoint};
+use super::journal::{read_slot, read_tree_slot, DataOrder, Journal};
 use super::layout::{
     decode, encode, older_format_note, plan_with, read_header, write_header, FS_FEATURES, VERSION,
 };
@@ -207,6 +207,29 @@ pub fn format_with_features(
     Ok(())
 }
 
+/// The slot holding the newest valid checkpoint, and that checkpoint
+/// (`read` gives a slot's checkpoint with its sequence number, or None);
+/// a slot that holds none is noted.
+fn newest_checkpoint<T>(
+    header: &super::layout::FsHeader,
+    notes: &mut Vec<String>,
+    read: impl Fn(super::layout::Region) -> FsResult<Option<(u64, T)>>,
+) -> FsResult<(usize, T)> {
+    let mut best: Option<(usize, u64, T)> = None;
+    for (i, slot) in header.slots.iter().enumerate() {
+        match read(*slot)? {
+            Some((seq, cp)) => {
+                if best.as_ref().is_none_or(|(_, b, _)| seq > *b) {
+                    best = Some((i, seq, cp));
+                }
+            }
+            None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
+        }
+    }
+    best.map(|(i, _, cp)| (i, cp))
+        .ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))
+}
+
 /// Read header, newest valid checkpoint and the journal after it.
 pub fn load(store: &Arc<dyn BlockStore>) -> FsResult<Loaded> {
     let meta_group = metadata_group(store.as_ref())?;
@@ -214,54 +237,26 @@ pub fn load(store: &Arc<dyn BlockStore>) -> FsResult<Loaded> {
     if header.version < VERSION {
         notes.push(older_format_note(header.version));
     }
-    let (mut meta, mut journal, mut tree) = if header.metadata_tree() {
-        let mut best: Option<(usize, TreeCheckpoint)> = None;
-        for (i, slot) in header.slots.iter().enumerate() {
-            match read_tree_slot(store.as_ref(), &header.uuid, *slot)? {
-                Some(cp) => {
-                    if best.as_ref().is_none_or(|(_, b)| cp.seq > b.seq) {
-                        best = Some((i, cp));
-                    }
-                }
-                None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
-            }
-        }
-        let (newest_slot, cp) =
-            best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
+    let (newest_slot, seq, mut meta, mut tree) = if header.metadata_tree() {
+        let (slot, cp) = newest_checkpoint(&header, &mut notes, |slot| {
+            Ok(read_tree_slot(store.as_ref(), &header.uuid, slot)?.map(|cp| (cp.seq, cp)))
+        })?;
         let (tree, meta) = MetaTree::open(Arc::clone(store), &header, meta_group, &cp)?;
-        let journal = Journal {
-            header,
-            meta_group,
-            seq: cp.seq,
-            tail: 0,
-            newest_slot,
-            ends_verified: false,
-        };
-        (meta, journal, Some(tree))
+        (slot, cp.seq, meta, Some(tree))
     } else {
-        let mut best: Option<(usize, super::journal::SlotContents)> = None;
-        for (i, slot) in header.slots.iter().enumerate() {
-            match read_slot(store.as_ref(), &header.uuid, *slot)? {
-                Some(c) => {
-                    if best.as_ref().is_none_or(|(_, b)| c.seq > b.seq) {
-                        best = Some((i, c));
-                    }
-                }
-                None => notes.push(format!("checkpoint slot {i} holds no valid checkpoint")),
-            }
-        }
-        let (newest_slot, cp) =
-            best.ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))?;
+        let (slot, cp) = newest_checkpoint(&header, &mut notes, |slot| {
+            Ok(read_slot(store.as_ref(), &header.uuid, slot)?.map(|c| (c.seq, c)))
+        })?;
         let image: MetaImage = decode(&cp.payload, "checkpoint")?;
-        let journal = Journal {
-            header,
-            meta_group,
-            seq: cp.seq,
-            tail: 0,
-            newest_slot,
-            ends_verified: false,
-        };
-        (Meta::from_image(image), journal, None)
+        (slot, cp.seq, Meta::from_image(image), None)
+    };
+    let mut journal = Journal {
+        header,
+        meta_group,
+        seq,
+        tail: 0,
+        newest_slot,
+        ends_verified: false,
     };
     let replayed = replay(store.as_ref(), &mut journal, &mut meta, &mut |rec| {
         if let Some(t) = tree.as_mut() {

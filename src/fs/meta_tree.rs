@@ -805,6 +805,13 @@ mod tests {
         assert_eq!((a.3, a.4), (b.3, b.4), "{when}: counters");
     }
 
+    /// Create an empty file and let go of its handle.
+    fn touch(fs: &FileSystem, dir: u64, n: &str) -> FsResult<u64> {
+        let f = fs.create(&Caller::root(), dir, name(n), 0o644, 0, 0)?;
+        fs.release(f.ino)?;
+        Ok(f.ino)
+    }
+
     fn name(s: &str) -> &OsStr {
         OsStr::new(s)
     }
@@ -902,19 +909,8 @@ mod tests {
         let store = store(16, 8 << 20);
         FileSystem::format(Arc::clone(&store) as _).unwrap();
         let fs = open(&store);
-        let root = Caller::root();
         for i in 0..20_000 {
-            let f = fs
-                .create(
-                    &root,
-                    ROOT_INO,
-                    name(&format!("f{i:06}")),
-                    0o644,
-                    0,
-                    libc::O_RDWR,
-                )
-                .unwrap();
-            fs.release(f.ino).unwrap();
+            touch(&fs, ROOT_INO, &format!("f{i:06}")).unwrap();
         }
         fs.inner.commit(true).unwrap();
         let tree = fs.inner.tree.as_ref().unwrap();
@@ -923,8 +919,7 @@ mod tests {
             (t.root().nodes, t.root().level)
         };
         assert!(all > 200, "{all} nodes");
-        fs.create(&root, ROOT_INO, name("one-more"), 0o644, 0, libc::O_RDWR)
-            .unwrap();
+        touch(&fs, ROOT_INO, "one-more").unwrap();
         fs.inner.commit(true).unwrap();
         let written = tree.lock().last_written();
         // The new inode's leaf and the entry's and cookie's leaves, with
@@ -946,8 +941,7 @@ mod tests {
             let fs = open(&store);
             let root = Caller::root();
             for i in 0..files {
-                let f = fs.create(&root, ROOT_INO, name(&format!("file-{i:06}")), 0o644, 0, 0)?;
-                fs.release(f.ino)?;
+                touch(&fs, ROOT_INO, &format!("file-{i:06}"))?;
             }
             fs.unmount()?;
             drop(fs);
@@ -981,11 +975,8 @@ mod tests {
         let mut made: Vec<String> = Vec::new();
         let err = loop {
             let n = format!("file-{:06}", made.len());
-            match fs.create(&root, ROOT_INO, name(&n), 0o644, 0, 0) {
-                Ok(a) => {
-                    fs.release(a.ino).unwrap();
-                    made.push(n);
-                }
+            match touch(&fs, ROOT_INO, &n) {
+                Ok(_) => made.push(n),
                 Err(e) => break e,
             }
             assert!(made.len() < 1_000_000, "the metadata never filled");
@@ -1021,8 +1012,7 @@ mod tests {
         let mut more = Vec::new();
         for i in 0..200 {
             let n = format!("again-{i:03}");
-            let a = fs.create(&root, ROOT_INO, name(&n), 0o644, 0, 0).unwrap();
-            fs.release(a.ino).unwrap();
+            touch(&fs, ROOT_INO, &n).unwrap();
             more.push(n);
         }
         fs.unmount().unwrap();

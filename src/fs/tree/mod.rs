@@ -801,6 +801,30 @@ impl Tree {
         }
     }
 
+    /// The working root, its level, the changed flag and the context a
+    /// descent needs, borrowed apart from one another.
+    fn parts<'a>(
+        &'a mut self,
+        store: &'a dyn BlockStore,
+    ) -> (&'a mut Option<Child>, &'a mut u8, &'a mut bool, Ctx<'a>) {
+        let Tree {
+            uuid,
+            root,
+            level,
+            freed,
+            cache,
+            changed,
+            ..
+        } = self;
+        let ctx = Ctx {
+            store,
+            uuid,
+            cache,
+            freed,
+        };
+        (root, level, changed, ctx)
+    }
+
     fn root_child(root: TreeRoot) -> Option<Child> {
         (root.addr != 0).then_some(Child::Clean {
             addr: root.addr,
@@ -832,21 +856,8 @@ impl Tree {
     }
 
     pub fn get(&mut self, store: &dyn BlockStore, key: &[u8]) -> FsResult<Option<Vec<u8>>> {
-        let Tree {
-            uuid,
-            root,
-            level,
-            freed,
-            cache,
-            ..
-        } = self;
+        let (root, level, _, mut ctx) = self.parts(store);
         let Some(root) = root else { return Ok(None) };
-        let mut ctx = Ctx {
-            store,
-            uuid,
-            cache,
-            freed,
-        };
         get_rec(root, *level, &mut ctx, key)
     }
 
@@ -858,26 +869,12 @@ impl Tree {
         if key.len() + value.len() > MAX_ENTRY {
             return Err(FsError::Invalid("tree entry larger than MAX_ENTRY"));
         }
-        let Tree {
-            uuid,
-            root,
-            level,
-            freed,
-            cache,
-            changed,
-            ..
-        } = self;
+        let (root, level, changed, mut ctx) = self.parts(store);
         let Some(top) = root else {
             *root = Some(Child::Dirty(Box::new(Node::leaf(key, value))));
             *level = 0;
             *changed = true;
             return Ok(());
-        };
-        let mut ctx = Ctx {
-            store,
-            uuid,
-            cache,
-            freed,
         };
         let node = make_dirty(top, *level, &mut ctx)?;
         *changed = true;
@@ -913,22 +910,8 @@ impl Tree {
         if self.get(store, key)?.is_none() {
             return Ok(false);
         }
-        let Tree {
-            uuid,
-            root,
-            level,
-            freed,
-            cache,
-            changed,
-            ..
-        } = self;
+        let (root, level, changed, mut ctx) = self.parts(store);
         let Some(top) = root else { return Ok(false) };
-        let mut ctx = Ctx {
-            store,
-            uuid,
-            cache,
-            freed,
-        };
         let node = make_dirty(top, *level, &mut ctx)?;
         *changed = true;
         let found = delete_rec(node, &mut ctx, key)?;
@@ -954,22 +937,8 @@ impl Tree {
         if !any {
             return Ok(0);
         }
-        let Tree {
-            uuid,
-            root,
-            level,
-            freed,
-            cache,
-            changed,
-            ..
-        } = self;
+        let (root, level, changed, mut ctx) = self.parts(store);
         let Some(top) = root else { return Ok(0) };
-        let mut ctx = Ctx {
-            store,
-            uuid,
-            cache,
-            freed,
-        };
         let node = make_dirty(top, *level, &mut ctx)?;
         *changed = true;
         let n = range_rec(node, &mut ctx, (start, end), &[], None)?;
@@ -985,24 +954,11 @@ impl Tree {
         end: &[u8],
         f: &mut ScanFn<'_>,
     ) -> FsResult<()> {
-        let Tree {
-            uuid,
-            root,
-            level,
-            freed,
-            cache,
-            ..
-        } = self;
+        let (root, level, _, mut ctx) = self.parts(store);
         let Some(root) = root else { return Ok(()) };
         if start >= end {
             return Ok(());
         }
-        let mut ctx = Ctx {
-            store,
-            uuid,
-            cache,
-            freed,
-        };
         scan_rec(root, *level, &mut ctx, start, end, f).map(|_| ())
     }
 

@@ -77,10 +77,10 @@ fn raid1_becomes_raid5_while_files_are_written() {
     writer.wait_for_more(10);
     let size_before = blocks(&m.mnt);
     // Slow enough that the reshape outlasts the checks below until
-    // `grow --wait` attaches: at 16 MiB/s the 96 MiB members took 6 s, which
-    // a loaded full run spent before the waiter asked ("no reshape is under
-    // way"); at 1 MiB/s it would take over a minute.
-    m.ok("speed-limit", &["--max", "1M"]);
+    // `grow --wait` attaches. Both limits: the writer keeps the array busy,
+    // and while it is busy md's minimum (50 MiB/s by default) is the rate in
+    // force, as in md, where the minimum overrides a lower maximum.
+    m.ok("speed-limit", &["--min", "1M", "--max", "1M"]);
     let said = m.ok("grow", &["--level", "5"]);
     assert!(
         said.contains("reshape from raid1 on 3 members to raid5 on 3 started"),
@@ -124,7 +124,7 @@ fn raid1_becomes_raid5_while_files_are_written() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    m.ok("speed-limit", &["--max", "0"]);
+    m.ok("speed-limit", &["--min", "0", "--max", "0"]);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut progress, &mut rest).expect("read grow --wait");
     let waited = waiter

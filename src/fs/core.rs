@@ -17,9 +17,10 @@ use super::journal::{read_slot, read_tree_slot, DataOrder, Journal};
 use super::layout::{
     decode, encode, older_format_note, plan_with, read_header, write_header, FS_FEATURES, VERSION,
 };
+use super::meta::Lazy;
 use super::meta::{Meta, MetaImage};
 use super::meta_room::MetaRoom;
-use super::meta_tree::MetaTree;
+use super::meta_tree::{MetaTree, TreeSource};
 use super::range_lock::{RangeGuard, RangeLocks};
 use super::replay::{left_out_note, replay};
 use super::state::State;
@@ -48,7 +49,7 @@ pub struct Inner {
     /// The metadata tree a checkpoint writes into (format with
     /// `metadata_tree`; None: checkpoints are whole images). Locked after
     /// `journal` and `state`.
-    pub tree: Option<Mutex<MetaTree>>,
+    pub tree: Option<Arc<Mutex<MetaTree>>>,
     /// Room left for metadata, which every change is admitted against
     /// (with the tree only).
     room: Option<MetaRoom>,
@@ -89,7 +90,9 @@ pub struct Loaded {
     pub journal: Journal,
     /// The metadata tree (format with `metadata_tree`), noting the records
     /// replayed onto `meta` for the next checkpoint.
-    pub tree: Option<MetaTree>,
+    pub tree: Option<Arc<Mutex<MetaTree>>>,
+    /// Inodes with no name when the tree was written (a mount's load).
+    pub orphans: Vec<u64>,
     pub replayed: u64,
     /// A last record left out because its data did not reach the store.
     pub dropped_record: Option<u64>,
@@ -230,18 +233,45 @@ fn newest_checkpoint<T>(
         .ok_or_else(|| FsError::Corrupt("no checkpoint slot passes its checksum".into()))
 }
 
-/// Read header, newest valid checkpoint and the journal after it.
+/// Read header, newest valid checkpoint and the journal after it, with
+/// every inode in memory (fsck, upgrade).
 pub fn load(store: &Arc<dyn BlockStore>) -> FsResult<Loaded> {
+    load_with(store, None)
+}
+
+/// [`load`] for a mount: over a metadata tree, inodes are read from it
+/// when used and at most `cache_bytes` of clean ones are kept.
+pub fn load_for_mount(store: &Arc<dyn BlockStore>, cache_bytes: u64) -> FsResult<Loaded> {
+    load_with(store, Some(cache_bytes))
+}
+
+fn load_with(store: &Arc<dyn BlockStore>, cache_bytes: Option<u64>) -> FsResult<Loaded> {
     let meta_group = metadata_group(store.as_ref())?;
     let (header, mut notes) = read_header(store.as_ref(), meta_group)?;
     if header.version < VERSION {
         notes.push(older_format_note(header.version));
     }
-    let (newest_slot, seq, mut meta, mut tree) = if header.metadata_tree() {
+    let mut orphans = Vec::new();
+    let (newest_slot, seq, mut meta, tree) = if header.metadata_tree() {
         let (slot, cp) = newest_checkpoint(&header, &mut notes, |slot| {
             Ok(read_tree_slot(store.as_ref(), &header.uuid, slot)?.map(|cp| (cp.seq, cp)))
         })?;
-        let (tree, meta) = MetaTree::open(Arc::clone(store), &header, meta_group, &cp)?;
+        let (tree, mut meta, facts) = MetaTree::open(
+            Arc::clone(store),
+            &header,
+            meta_group,
+            &cp,
+            cache_bytes.is_none(),
+        )?;
+        let tree = Arc::new(Mutex::new(tree));
+        if let Some(budget) = cache_bytes {
+            let source = TreeSource {
+                tree: Arc::clone(&tree),
+                store: Arc::clone(store),
+            };
+            meta.lazy = Some(Lazy::new(Arc::new(source), budget, facts.count));
+            orphans = facts.orphans;
+        }
         (slot, cp.seq, meta, Some(tree))
     } else {
         let (slot, cp) = newest_checkpoint(&header, &mut notes, |slot| {
@@ -259,31 +289,38 @@ pub fn load(store: &Arc<dyn BlockStore>) -> FsResult<Loaded> {
         ends_verified: false,
     };
     let replayed = replay(store.as_ref(), &mut journal, &mut meta, &mut |rec| {
-        if let Some(t) = tree.as_mut() {
-            t.note(rec);
+        if let Some(t) = &tree {
+            t.lock().note(rec);
         }
     })?;
     notes.extend(replayed.dropped.map(left_out_note));
-    if !meta.inodes.get(&ROOT_INO).is_some_and(|r| r.is_dir()) {
+    if !meta.inode(ROOT_INO)?.is_some_and(|r| r.is_dir()) {
         return Err(FsError::Corrupt("root directory missing".into()));
     }
     Ok(Loaded {
         meta,
         journal,
         tree,
+        orphans,
         replayed: replayed.records,
         dropped_record: replayed.dropped,
         notes,
     })
 }
 
-/// The allocator implied by the Data groups and every file's extents.
+/// The allocator implied by the Data groups and the extents of every
+/// inode `meta` holds.
 pub fn build_allocator(groups: &[GroupInfo], meta: &Meta) -> (Allocator, Vec<String>) {
     let mut alloc = Allocator::default();
     for g in groups.iter().filter(|g| g.kind == GroupKind::Data) {
         alloc.add_group(*g);
     }
     let mut problems = Vec::new();
+    mark_held(&mut alloc, meta, &mut problems);
+    (alloc, problems)
+}
+
+fn mark_held(alloc: &mut Allocator, meta: &Meta, problems: &mut Vec<String>) {
     let mut inos: Vec<&u64> = meta.inodes.keys().collect();
     inos.sort();
     for ino in inos {
@@ -293,18 +330,62 @@ pub fn build_allocator(groups: &[GroupInfo], meta: &Meta) -> (Allocator, Vec<Str
             }
         }
     }
-    (alloc, problems)
+}
+
+/// [`build_allocator`] for a mount: over a metadata tree, the extents of
+/// the inodes it holds that have not changed since are marked too (read
+/// from the tree, not kept).
+fn mount_allocator(
+    groups: &[GroupInfo],
+    meta: &Meta,
+    tree: Option<&Mutex<MetaTree>>,
+    store: &dyn BlockStore,
+) -> FsResult<(Allocator, Vec<String>)> {
+    let (Some(tree), Some(_)) = (tree, &meta.lazy) else {
+        return Ok(build_allocator(groups, meta));
+    };
+    let mut alloc = Allocator::default();
+    for g in groups.iter().filter(|g| g.kind == GroupKind::Data) {
+        alloc.add_group(*g);
+    }
+    let mut problems = Vec::new();
+    tree.lock().for_each_extent(store, &mut |ino, off, ext| {
+        if meta.is_changed(ino) {
+            return;
+        }
+        if let Err(e) = alloc.mark_used(ext) {
+            problems.push(format!("inode {ino} offset {off}: {e}"));
+        }
+    })?;
+    mark_held(&mut alloc, meta, &mut problems);
+    Ok((alloc, problems))
 }
 
 impl Inner {
+    #[cfg(test)]
     pub fn open(store: Arc<dyn BlockStore>, read_only: bool) -> FsResult<Arc<Inner>> {
-        let loaded = load(&store)?;
+        Inner::open_with(store, read_only, super::inode_cache::DEFAULT_CACHE_BYTES)
+    }
+
+    /// Open with at most `cache_bytes` of clean inodes kept in memory
+    /// (over a metadata tree; an older layout holds every inode).
+    pub fn open_with(
+        store: Arc<dyn BlockStore>,
+        read_only: bool,
+        cache_bytes: u64,
+    ) -> FsResult<Arc<Inner>> {
+        let loaded = load_for_mount(&store, cache_bytes)?;
         if !read_only {
             FS_FEATURES
                 .refuse_write(&loaded.journal.header.features)
                 .map_err(FsError::Feature)?;
         }
-        let (alloc, problems) = build_allocator(&store.groups(), &loaded.meta);
+        let (alloc, problems) = mount_allocator(
+            &store.groups(),
+            &loaded.meta,
+            loaded.tree.as_deref(),
+            store.as_ref(),
+        )?;
         if !problems.is_empty() {
             return Err(FsError::Corrupt(format!(
                 "extent map inconsistent (run fsck): {}",
@@ -312,6 +393,7 @@ impl Inner {
             )));
         }
         if let Some(tree) = &loaded.tree {
+            let tree = tree.lock();
             let root = tree.root();
             log::info!(
                 "metadata tree: {} nodes, {} levels, {} free node blocks in the metadata groups",
@@ -337,15 +419,16 @@ impl Inner {
         };
         let room = loaded.tree.as_ref().map(|t| {
             let room = MetaRoom::new(metadata_group_blocks(store.as_ref()));
-            t.publish(&room);
+            t.lock().publish(&room);
             room
         });
+        let orphans = loaded.orphans;
         let inner = Arc::new(Inner {
             store,
             state: RwLock::new(state),
             journal: Mutex::new(loaded.journal),
             room,
-            tree: loaded.tree.map(Mutex::new),
+            tree: loaded.tree,
             read_only: AtomicBool::new(read_only),
             csum,
             unwritten_extents,
@@ -363,7 +446,7 @@ impl Inner {
             inner.store.set_content_judge(judge);
         }
         if !read_only {
-            inner.free_orphans()?;
+            inner.free_orphans(orphans)?;
         }
         Ok(inner)
     }
@@ -386,19 +469,27 @@ impl Inner {
     }
 
     /// Inodes left with no name (unlinked while open before a crash or
-    /// unmount) are freed now.
-    fn free_orphans(&self) -> FsResult<()> {
+    /// unmount) are freed now: those held, and `candidates` (the tree's,
+    /// judged again as replay may have changed them).
+    fn free_orphans(&self, candidates: Vec<u64>) -> FsResult<()> {
         {
             let mut st = self.state.write();
-            let orphans: Vec<u64> = st
+            let mut orphans: Vec<u64> = st
                 .meta
                 .inodes
                 .values()
                 .filter(|i| i.nlink == 0)
                 .map(|i| i.ino)
                 .collect();
+            for ino in candidates {
+                if st.meta.inode(ino)?.is_some_and(|i| i.nlink == 0) {
+                    orphans.push(ino);
+                }
+            }
+            orphans.sort_unstable();
+            orphans.dedup();
             for ino in orphans {
-                st.free_inode(ino);
+                st.free_inode(ino)?;
             }
         }
         self.commit(false).map(|_| ())
@@ -561,6 +652,9 @@ impl Inner {
                             // memory: nothing after this may be called durable.
                             return Err(self.commit_failed(e));
                         }
+                        // The tree holds every change now: the changed
+                        // inodes become clean copies, evictable.
+                        st.meta.settle();
                         (Vec::new(), CommitStep::Checkpoint, freed)
                     }
                     None => (encode(&st.meta.image())?, CommitStep::Checkpoint, freed),

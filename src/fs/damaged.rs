@@ -27,10 +27,28 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+use super::inode::{Inode, BLOCK_SIZE};
 use super::meta::Meta;
 
 /// Entries kept at most: a dying disk must not grow the log without bound.
 const MAX_ENTRIES: usize = 4096;
+
+/// The damaged-data entry for `inode`'s block at `addr`, which must match `csum`.
+pub fn damaged_range_of(inode: &Inode, addr: u64, csum: u32) -> Option<DamagedRange> {
+    let (file_off, e) = inode
+        .extents
+        .iter()
+        .find(|(_, e)| addr >= e.addr && addr < e.addr + e.len)?;
+    let offset = file_off + (addr - e.addr);
+    Some(DamagedRange {
+        ino: inode.ino,
+        generation: inode.generation,
+        offset,
+        length: BLOCK_SIZE.min(inode.size.saturating_sub(offset)),
+        addr,
+        csum,
+    })
+}
 
 /// One damaged block of a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,8 +66,11 @@ pub struct DamagedRange {
 impl DamagedRange {
     /// Whether the file still holds this block at this offset, unchanged.
     fn stands(&self, meta: &Meta) -> bool {
-        let Some(inode) = meta.inodes.get(&self.ino) else {
-            return false;
+        let inode = match meta.inode(self.ino) {
+            Ok(Some(inode)) => inode,
+            Ok(None) => return false,
+            // Unreadable now: kept, not judged.
+            Err(_) => return true,
         };
         let mapped = inode.extents.iter().any(|(file_off, e)| {
             self.offset >= file_off
@@ -73,6 +94,9 @@ struct Stored {
 #[derive(Default)]
 pub struct DamagedLog {
     entries: Mutex<Vec<DamagedRange>>,
+    /// Blocks with no good copy whose file was not resident when they
+    /// were found (address, checksum): looked up when the log is next read.
+    deferred: Mutex<Vec<(u64, u32)>>,
     /// Where the log is kept (None: in memory only).
     file: Mutex<Option<PathBuf>>,
 }
@@ -98,8 +122,45 @@ impl DamagedLog {
         true
     }
 
+    /// A block with no good copy, to be matched to its file later.
+    pub fn defer(&self, addr: u64, csum: u32) {
+        let mut deferred = self.deferred.lock();
+        if deferred.len() < MAX_ENTRIES && !deferred.contains(&(addr, csum)) {
+            deferred.push((addr, csum));
+        }
+    }
+
+    /// Find the files of deferred blocks (a walk of every inode, which is
+    /// rare: only blocks a scrub or resync found with no good version).
+    fn resolve_deferred(&self, meta: &Meta) {
+        let mut want = std::mem::take(&mut *self.deferred.lock());
+        if want.is_empty() {
+            return;
+        }
+        let walked = meta.for_each_ino(1024, &mut |inos| {
+            for &ino in inos {
+                let Some(inode) = meta.inode(ino)? else {
+                    continue;
+                };
+                want.retain(|&(addr, csum)| match damaged_range_of(&inode, addr, csum) {
+                    Some(range) => {
+                        self.record(range);
+                        false
+                    }
+                    None => true,
+                });
+            }
+            Ok(!want.is_empty())
+        });
+        if let Err(e) = walked {
+            log::warn!("damaged-data log: finding the files of blocks with no good copy: {e}");
+            self.deferred.lock().extend(want);
+        }
+    }
+
     /// The entries that still stand in `meta`; those that do not are dropped.
     pub fn current(&self, meta: &Meta) -> Vec<DamagedRange> {
+        self.resolve_deferred(meta);
         let mut entries = self.entries.lock();
         let before = entries.len();
         entries.retain(|r| r.stands(meta));

@@ -108,6 +108,11 @@ impl ExtentMap {
         self.map.is_empty()
     }
 
+    /// How many extents the map holds.
+    pub fn count(&self) -> usize {
+        self.map.len()
+    }
+
     pub fn allocated_bytes(&self) -> u64 {
         self.map.values().map(|e| e.len).sum()
     }

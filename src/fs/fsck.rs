@@ -87,7 +87,7 @@ pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
                 crate::fs::tree::walk(
                     store.as_ref(),
                     &journal.header.uuid,
-                    tree.root(),
+                    tree.lock().root(),
                     &mut |addr, _| {
                         nodes.push(addr);
                         Ok(())

@@ -2,24 +2,100 @@
 //! image for checkpoints, and the logical journal records that move it
 //! forward: each record carries the images of the inodes a batch touched and
 //! the directory entry changes, in order. Replaying a record is idempotent.
+//!
+//! Over a metadata tree the inodes are not all held: [`Meta::inodes`] holds
+//! those changed since the last checkpoint applied them, and [`Lazy`] the
+//! tombstones of those deleted since, a budgeted cache of clean copies and
+//! the tree they are read from ([`super::inode_cache`]). Every inode is
+//! reached through [`Meta::inode`] and [`Meta::inode_mut`], which read a
+//! missing one from the tree.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ops::Deref;
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::csum::CsumMap;
 use super::dir::{Dir, DirImage};
 use super::extent::Extent;
 use super::inode::Inode;
+use super::inode_cache::{CleanInodes, InodeSource};
+use super::{FileKind, FsResult};
 
 #[derive(Debug, Default)]
 pub struct Meta {
+    /// Every inode; over a metadata tree, those changed since the last
+    /// checkpoint applied them (never evicted).
     pub inodes: HashMap<u64, Inode>,
     pub dirs: HashMap<u64, Dir>,
     pub next_ino: u64,
     pub next_gen: u64,
     /// Checksums of the data blocks files point at.
     pub csums: CsumMap,
+    /// Over a metadata tree: what the inodes not held in `inodes` are.
+    pub lazy: Option<Lazy>,
+}
+
+/// The inodes of a tree-backed filesystem that [`Meta::inodes`] does not hold.
+pub struct Lazy {
+    source: Arc<dyn InodeSource>,
+    clean: Mutex<CleanInodes>,
+    /// Deleted since the last checkpoint applied the changes: the tree
+    /// still holds them until then.
+    gone: HashSet<u64>,
+    /// Inodes that exist (statfs).
+    count: u64,
+}
+
+impl std::fmt::Debug for Lazy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lazy")
+            .field("clean", &*self.clean.lock())
+            .field("gone", &self.gone.len())
+            .field("count", &self.count)
+            .finish()
+    }
+}
+
+impl Lazy {
+    /// `count`: the inodes the tree holds.
+    pub fn new(source: Arc<dyn InodeSource>, budget: u64, count: u64) -> Lazy {
+        Lazy {
+            source,
+            clean: Mutex::new(CleanInodes::new(budget)),
+            gone: HashSet::new(),
+            count,
+        }
+    }
+
+    pub fn source(&self) -> &Arc<dyn InodeSource> {
+        &self.source
+    }
+
+    /// Clean inodes resident, and their bytes.
+    pub fn resident(&self) -> (usize, u64) {
+        let c = self.clean.lock();
+        (c.resident(), c.bytes())
+    }
+}
+
+/// An inode as [`Meta::inode`] finds it: held, or a clean shared copy.
+pub enum InodeRef<'a> {
+    Held(&'a Inode),
+    Shared(Arc<Inode>),
+}
+
+impl Deref for InodeRef<'_> {
+    type Target = Inode;
+
+    fn deref(&self) -> &Inode {
+        match self {
+            InodeRef::Held(i) => i,
+            InodeRef::Shared(i) => i,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -70,6 +146,212 @@ pub struct MetaImage {
 }
 
 impl Meta {
+    /// The inode, read from the tree when it is not resident.
+    pub fn inode(&self, ino: u64) -> FsResult<Option<InodeRef<'_>>> {
+        if let Some(i) = self.inodes.get(&ino) {
+            return Ok(Some(InodeRef::Held(i)));
+        }
+        let Some(lazy) = &self.lazy else {
+            return Ok(None);
+        };
+        if lazy.gone.contains(&ino) {
+            return Ok(None);
+        }
+        if let Some(i) = lazy.clean.lock().get(ino) {
+            return Ok(Some(InodeRef::Shared(i)));
+        }
+        let Some(inode) = lazy.source.load(ino)? else {
+            return Ok(None);
+        };
+        let inode = Arc::new(inode);
+        lazy.clean.lock().insert(Arc::clone(&inode));
+        Ok(Some(InodeRef::Shared(inode)))
+    }
+
+    /// Whether the inode exists.
+    pub fn has_inode(&self, ino: u64) -> FsResult<bool> {
+        Ok(self.kind_of(ino)?.is_some())
+    }
+
+    /// The inode's kind, without reading its extents and xattrs (readdir).
+    pub fn kind_of(&self, ino: u64) -> FsResult<Option<FileKind>> {
+        if let Some(i) = self.inodes.get(&ino) {
+            return Ok(Some(i.kind));
+        }
+        let Some(lazy) = &self.lazy else {
+            return Ok(None);
+        };
+        if lazy.gone.contains(&ino) {
+            return Ok(None);
+        }
+        if let Some(i) = lazy.clean.lock().get(ino) {
+            return Ok(Some(i.kind));
+        }
+        lazy.source.kind(ino)
+    }
+
+    /// The inode, to change: held from now until the next checkpoint
+    /// applies it.
+    pub fn inode_mut(&mut self, ino: u64) -> FsResult<Option<&mut Inode>> {
+        if !self.inodes.contains_key(&ino) {
+            let Some(lazy) = &mut self.lazy else {
+                return Ok(None);
+            };
+            if lazy.gone.contains(&ino) {
+                return Ok(None);
+            }
+            let inode = match lazy.clean.get_mut().take(ino) {
+                Some(shared) => Arc::try_unwrap(shared).unwrap_or_else(|s| (*s).clone()),
+                None => match lazy.source.load(ino)? {
+                    Some(i) => i,
+                    None => return Ok(None),
+                },
+            };
+            self.inodes.insert(ino, inode);
+        }
+        Ok(self.inodes.get_mut(&ino))
+    }
+
+    /// A new inode (its number never used before).
+    pub fn insert_new(&mut self, inode: Inode) {
+        if let Some(lazy) = &mut self.lazy {
+            lazy.count += 1;
+            lazy.gone.remove(&inode.ino);
+        }
+        self.inodes.insert(inode.ino, inode);
+    }
+
+    /// An inode's image as a journal record carries it (replay): new, or
+    /// replacing the one of its number.
+    pub fn put_inode(&mut self, inode: Inode) -> FsResult<()> {
+        if let Some(lazy) = &mut self.lazy {
+            if !self.inodes.contains_key(&inode.ino) {
+                let ino = inode.ino;
+                let exists = !lazy.gone.contains(&ino)
+                    && (lazy.clean.get_mut().take(ino).is_some()
+                        || lazy.source.kind(ino)?.is_some());
+                if !exists {
+                    lazy.count += 1;
+                }
+                lazy.gone.remove(&ino);
+            }
+        }
+        self.inodes.insert(inode.ino, inode);
+        Ok(())
+    }
+
+    /// Delete the inode; it is returned (read from the tree if need be) so
+    /// its extents can be freed.
+    pub fn remove_inode(&mut self, ino: u64) -> FsResult<Option<Inode>> {
+        if self.inode_mut(ino)?.is_none() {
+            return Ok(None);
+        }
+        let inode = self.inodes.remove(&ino);
+        if let Some(lazy) = &mut self.lazy {
+            lazy.gone.insert(ino);
+            lazy.count = lazy.count.saturating_sub(1);
+        }
+        Ok(inode)
+    }
+
+    /// How many inodes exist.
+    pub fn inode_count(&self) -> u64 {
+        match &self.lazy {
+            Some(lazy) => lazy.count,
+            None => self.inodes.len() as u64,
+        }
+    }
+
+    /// A resident inode (held or a clean copy) that `pred` accepts,
+    /// without reading the tree: for callers that must not wait for I/O.
+    pub fn find_resident(&self, pred: &dyn Fn(&Inode) -> bool) -> Option<Arc<Inode>> {
+        if let Some(i) = self.inodes.values().find(|i| pred(i)) {
+            return Some(Arc::new(i.clone()));
+        }
+        let lazy = self.lazy.as_ref()?;
+        let clean = lazy.clean.lock();
+        clean.find(pred)
+    }
+
+    /// Whether an inode changed since the last checkpoint (held or deleted)
+    /// rather than as the tree holds it.
+    pub fn is_changed(&self, ino: u64) -> bool {
+        self.inodes.contains_key(&ino) || self.lazy.as_ref().is_some_and(|l| l.gone.contains(&ino))
+    }
+
+    /// Once a checkpoint has applied every change to the tree: the held
+    /// inodes become clean copies (evictable), the tombstones go.
+    pub fn settle(&mut self) {
+        let Some(lazy) = &mut self.lazy else {
+            return;
+        };
+        let clean = lazy.clean.get_mut();
+        for (_, inode) in self.inodes.drain() {
+            clean.insert(Arc::new(inode));
+        }
+        lazy.gone.clear();
+    }
+
+    /// Up to `max` inode numbers from `start` on, in order: the tree's
+    /// and the held ones, without the deleted. Empty once none is left.
+    pub fn inos_from(&self, mut start: u64, max: usize) -> FsResult<Vec<u64>> {
+        let max = max.max(1);
+        let mut held: Vec<u64> = self
+            .inodes
+            .keys()
+            .copied()
+            .filter(|&i| i >= start)
+            .collect();
+        held.sort_unstable();
+        let Some(lazy) = &self.lazy else {
+            held.truncate(max);
+            return Ok(held);
+        };
+        loop {
+            let from_tree = lazy.source.inos_from(start, max)?;
+            // Past `end` the tree was not asked; held numbers beyond it
+            // wait for the next call.
+            let end = match from_tree.last() {
+                Some(&last) if from_tree.len() >= max => last,
+                _ => u64::MAX,
+            };
+            let mut out: Vec<u64> = from_tree
+                .into_iter()
+                .filter(|i| !lazy.gone.contains(i) && !self.inodes.contains_key(i))
+                .collect();
+            out.extend(held.iter().copied().filter(|&i| i >= start && i <= end));
+            out.sort_unstable();
+            out.truncate(max);
+            if !out.is_empty() || end == u64::MAX {
+                return Ok(out);
+            }
+            start = end + 1;
+        }
+    }
+
+    /// Every inode number, in order, `batch` at a time (`f` returns false
+    /// to stop).
+    pub fn for_each_ino(
+        &self,
+        batch: usize,
+        f: &mut dyn FnMut(&[u64]) -> FsResult<bool>,
+    ) -> FsResult<()> {
+        let mut start = 0;
+        loop {
+            let inos = self.inos_from(start, batch)?;
+            let Some(&last) = inos.last() else {
+                return Ok(());
+            };
+            if !f(&inos)? {
+                return Ok(());
+            }
+            match last.checked_add(1) {
+                Some(next) => start = next,
+                None => return Ok(()),
+            }
+        }
+    }
+
     pub fn image(&self) -> MetaImageRef<'_> {
         let mut inodes: Vec<&Inode> = self.inodes.values().collect();
         inodes.sort_by_key(|i| i.ino);
@@ -105,14 +387,14 @@ impl Meta {
     /// batch exist), then entry changes in order, then deletions; checksums
     /// set, then those of freed extents dropped (a block freed in a batch is
     /// never reused before that batch is durable, so no set follows a drop).
-    pub fn apply(&mut self, rec: CommitRecord) {
+    pub fn apply(&mut self, rec: CommitRecord) -> FsResult<()> {
         self.next_ino = self.next_ino.max(rec.next_ino);
         self.next_gen = self.next_gen.max(rec.next_gen);
         for inode in rec.puts {
             if inode.is_dir() {
                 self.dirs.entry(inode.ino).or_default();
             }
-            self.inodes.insert(inode.ino, inode);
+            self.put_inode(inode)?;
         }
         for op in rec.dir_ops {
             match op {
@@ -134,7 +416,7 @@ impl Meta {
             }
         }
         for ino in rec.deleted {
-            self.inodes.remove(&ino);
+            self.remove_inode(ino)?;
             self.dirs.remove(&ino);
         }
         for (addr, crcs) in rec.csum_sets {
@@ -143,5 +425,6 @@ impl Meta {
         for ext in rec.csum_drops {
             self.csums.remove(ext.addr, ext.len);
         }
+        Ok(())
     }
 }

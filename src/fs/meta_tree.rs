@@ -14,12 +14,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::csum::CsumMap;
 use super::dir::{Dir, DirImage, Slot};
-use super::extent::ExtentMap;
+use super::extent::{Extent, ExtentMap};
 use super::inode::{Inode, Time};
+use super::inode_cache::InodeSource;
 use super::journal::{Journal, TreeCheckpoint};
 use super::layout::{decode, encode, FsHeader, Region};
 use super::meta::{CommitRecord, DirOp, Meta};
@@ -393,6 +395,8 @@ fn piece_of(k: &[u8]) -> FsResult<u16> {
 /// order ([`Loader::take`] each, then [`Loader::finish`]).
 pub struct Loader {
     meta: Meta,
+    /// For a mount: inodes are counted, not kept (they are read when used).
+    lazy: Option<MountFacts>,
     xattrs: BTreeMap<(u64, Vec<u8>), Pieces>,
     targets: BTreeMap<u64, Pieces>,
     entries: BTreeMap<u64, Vec<(Vec<u8>, Slot)>>,
@@ -412,11 +416,21 @@ impl Loader {
                 next_gen,
                 ..Default::default()
             },
+            lazy: None,
             xattrs: BTreeMap::new(),
             targets: BTreeMap::new(),
             entries: BTreeMap::new(),
             next_cookies: BTreeMap::new(),
             cookies: 0,
+        }
+    }
+
+    /// A loader for a mount: directories and checksums are built, inodes
+    /// only counted ([`MountFacts`]).
+    pub fn for_mount(next_ino: u64, next_gen: u64) -> Loader {
+        Loader {
+            lazy: Some(MountFacts::default()),
+            ..Loader::new(next_ino, next_gen)
         }
     }
 
@@ -430,6 +444,16 @@ impl Loader {
                     return Err(bad(k, "not an inode key"));
                 }
                 let s: StoredInode = decode(v, "inode")?;
+                if let Some(facts) = &mut self.lazy {
+                    facts.count += 1;
+                    if s.kind == FileKind::Dir {
+                        facts.dirs.insert(id);
+                    }
+                    if s.nlink == 0 {
+                        facts.orphans.push(id);
+                    }
+                    return Ok(());
+                }
                 let mut inode = Inode::new(id, s.generation, s.kind, s.perm, s.uid, s.gid);
                 inode.size = s.size;
                 inode.nlink = s.nlink;
@@ -439,6 +463,7 @@ impl Loader {
                 inode.parent = s.parent;
                 self.meta.inodes.insert(id, inode);
             }
+            kind::XATTR | kind::TARGET | kind::EXTENT if self.lazy.is_some() => {}
             kind::XATTR => {
                 let name_end = tail
                     .len()
@@ -508,8 +533,14 @@ impl Loader {
     /// The metadata, once every entry was taken: pieces joined and checked,
     /// directories built.
     pub fn finish(self) -> FsResult<Meta> {
+        self.finish_with_facts().map(|(meta, _)| meta)
+    }
+
+    /// [`Loader::finish`], with what a mount's loader counted.
+    pub fn finish_with_facts(self) -> FsResult<(Meta, MountFacts)> {
         let Loader {
             mut meta,
+            lazy,
             xattrs,
             targets,
             mut entries,
@@ -534,12 +565,21 @@ impl Loader {
                 .target = target;
         }
         let mut named = 0u64;
-        for inode in meta.inodes.values().filter(|i| i.is_dir()) {
-            let entries = entries.remove(&inode.ino).unwrap_or_default();
+        let dir_inos: Vec<u64> = match &lazy {
+            Some(facts) => facts.dirs.iter().copied().collect(),
+            None => meta
+                .inodes
+                .values()
+                .filter(|i| i.is_dir())
+                .map(|i| i.ino)
+                .collect(),
+        };
+        for ino in dir_inos {
+            let entries = entries.remove(&ino).unwrap_or_default();
             named += entries.len() as u64;
-            let next_cookie = next_cookies.get(&inode.ino).copied().unwrap_or(0);
+            let next_cookie = next_cookies.get(&ino).copied().unwrap_or(0);
             meta.dirs.insert(
-                inode.ino,
+                ino,
                 Dir::from_image(DirImage {
                     next_cookie,
                     entries,
@@ -556,18 +596,38 @@ impl Loader {
                 "{named} directory entries but {cookies} readdir cookies"
             )));
         }
-        Ok(meta)
+        Ok((meta, lazy.unwrap_or_default()))
     }
 }
 
-/// Read the whole tree back into memory.
-pub fn load_all(t: &mut Tree, store: &dyn BlockStore, cp: &TreeCheckpoint) -> FsResult<Meta> {
-    let mut loader = Loader::new(cp.next_ino, cp.next_gen);
-    t.scan(store, &[], &[u8::MAX], &mut |k, v| {
-        loader.take(k, v)?;
-        Ok(true)
-    })?;
-    loader.finish()
+/// What a mount's scan of the tree counted instead of keeping inodes.
+#[derive(Debug, Default)]
+pub struct MountFacts {
+    /// Inodes the tree holds.
+    pub count: u64,
+    pub dirs: BTreeSet<u64>,
+    /// Inodes with no name (freed at mount once replay has run).
+    pub orphans: Vec<u64>,
+}
+
+/// The tree as the source of the inodes a mount does not hold.
+pub struct TreeSource {
+    pub tree: Arc<Mutex<MetaTree>>,
+    pub store: Arc<dyn BlockStore>,
+}
+
+impl InodeSource for TreeSource {
+    fn load(&self, ino: u64) -> FsResult<Option<Inode>> {
+        self.tree.lock().load_inode(self.store.as_ref(), ino)
+    }
+
+    fn kind(&self, ino: u64) -> FsResult<Option<FileKind>> {
+        self.tree.lock().inode_kind(self.store.as_ref(), ino)
+    }
+
+    fn inos_from(&self, start: u64, max: usize) -> FsResult<Vec<u64>> {
+        self.tree.lock().inos_from(self.store.as_ref(), start, max)
+    }
 }
 
 /// The tree side of a mounted filesystem: the tree, the space its nodes
@@ -597,14 +657,17 @@ pub fn reserved_regions(header: &FsHeader, meta_group: u32) -> Vec<Region> {
 }
 
 impl MetaTree {
-    /// Open the tree a checkpoint names and read it into memory, marking
-    /// every node it reaches as used (which also checks each node).
+    /// Open the tree a checkpoint names, marking every node it reaches as
+    /// used (which also checks each node), and read the metadata: all of
+    /// it (`full`: fsck, upgrade), or for a mount the directories and
+    /// checksums with the inodes only counted.
     pub fn open(
         store: Arc<dyn BlockStore>,
         header: &FsHeader,
         meta_group: u32,
         cp: &TreeCheckpoint,
-    ) -> FsResult<(MetaTree, Meta)> {
+        full: bool,
+    ) -> FsResult<(MetaTree, Meta, MountFacts)> {
         let mut nodes = Vec::with_capacity(cp.root.nodes as usize);
         tree::walk(store.as_ref(), &header.uuid, cp.root, &mut |addr, _| {
             nodes.push(addr);
@@ -616,7 +679,16 @@ impl MetaTree {
             &nodes,
         )?;
         let mut t = Tree::new(header.uuid, cp.root, CACHE_NODES);
-        let meta = load_all(&mut t, store.as_ref(), cp)?;
+        let mut loader = if full {
+            Loader::new(cp.next_ino, cp.next_gen)
+        } else {
+            Loader::for_mount(cp.next_ino, cp.next_gen)
+        };
+        t.scan(store.as_ref(), &[], &[u8::MAX], &mut |k, v| {
+            loader.take(k, v)?;
+            Ok(true)
+        })?;
+        let (meta, facts) = loader.finish_with_facts()?;
         Ok((
             MetaTree {
                 tree: t,
@@ -627,7 +699,74 @@ impl MetaTree {
                 last_written: 0,
             },
             meta,
+            facts,
         ))
+    }
+
+    /// One inode as the tree holds it, whole (attributes, xattrs, target
+    /// and extents), or None.
+    pub fn load_inode(&mut self, store: &dyn BlockStore, ino: u64) -> FsResult<Option<Inode>> {
+        let Some(attrs) = self.tree.get(store, &key(kind::INODE, ino))? else {
+            return Ok(None);
+        };
+        let mut loader = Loader::new(0, 0);
+        loader.take(&key(kind::INODE, ino), &attrs)?;
+        for k in [kind::XATTR, kind::EXTENT, kind::TARGET] {
+            let (start, end) = id_range(k, ino);
+            self.tree.scan(store, &start, &end, &mut |k, v| {
+                loader.take(k, v)?;
+                Ok(true)
+            })?;
+        }
+        let mut meta = loader.finish()?;
+        Ok(meta.inodes.remove(&ino))
+    }
+
+    /// One inode's kind, from its attributes alone.
+    pub fn inode_kind(&mut self, store: &dyn BlockStore, ino: u64) -> FsResult<Option<FileKind>> {
+        match self.tree.get(store, &key(kind::INODE, ino))? {
+            Some(v) => Ok(Some(decode::<StoredInode>(&v, "inode")?.kind)),
+            None => Ok(None),
+        }
+    }
+
+    /// Up to `max` inode numbers from `start` on, in order.
+    pub fn inos_from(
+        &mut self,
+        store: &dyn BlockStore,
+        start: u64,
+        max: usize,
+    ) -> FsResult<Vec<u64>> {
+        let mut out = Vec::new();
+        self.tree.scan(
+            store,
+            &key(kind::INODE, start),
+            &[kind::INODE + 1],
+            &mut |k, _| {
+                out.push(id_of(k)?);
+                Ok(out.len() < max)
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// Every extent the tree holds, with its inode and file offset.
+    pub fn for_each_extent(
+        &mut self,
+        store: &dyn BlockStore,
+        f: &mut dyn FnMut(u64, u64, Extent),
+    ) -> FsResult<()> {
+        self.tree
+            .scan(store, &[kind::EXTENT], &[kind::EXTENT + 1], &mut |k, v| {
+                let off = k
+                    .get(9..)
+                    .and_then(|t| t.try_into().ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or_else(|| bad(k, "not an extent key"))?;
+                let ext = ExtentMap::from_stored_bytes(v).ok_or_else(|| bad(k, "not an extent"))?;
+                f(id_of(k)?, off, ext);
+                Ok(true)
+            })
     }
 
     /// Write all of `meta` as a new tree in space no current structure
@@ -744,8 +883,15 @@ mod tests {
     /// What a filesystem holds, to compare across a remount.
     fn snapshot(fs: &FileSystem) -> Snapshot {
         let st = fs.inner.state.read();
-        let mut inodes: Vec<Inode> = st.meta.inodes.values().cloned().collect();
-        inodes.sort_by_key(|i| i.ino);
+        let mut inodes: Vec<Inode> = Vec::new();
+        st.meta
+            .for_each_ino(100, &mut |inos| {
+                for &ino in inos {
+                    inodes.extend(st.meta.inode(ino)?.map(|i| (*i).clone()));
+                }
+                Ok(true)
+            })
+            .unwrap();
         let mut dirs: Vec<(u64, Dir)> = st.meta.dirs.iter().map(|(k, d)| (*k, d.clone())).collect();
         dirs.sort_by_key(|d| d.0);
         (
@@ -901,6 +1047,117 @@ mod tests {
         );
         let report = crate::fs::fsck::fsck(Arc::clone(&store) as _, false).unwrap();
         fs.unmount().unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+    }
+
+    /// Clean inodes resident and their bytes.
+    fn resident(fs: &FileSystem) -> (usize, usize, u64) {
+        let st = fs.inner.state.read();
+        let (clean, bytes) = st.meta.lazy.as_ref().expect("a lazy mount").resident();
+        (st.meta.inodes.len(), clean, bytes)
+    }
+
+    #[test]
+    fn inodes_not_resident_are_read_from_the_tree_and_memory_keeps_to_the_cache_budget() {
+        let store = store(16, 8 << 20);
+        FileSystem::format(Arc::clone(&store) as _).unwrap();
+        let budget = 64 * 1024;
+        let opts = || FsOptions {
+            metadata_cache: budget,
+            ..FsOptions::default()
+        };
+        let fs = FileSystem::open(Arc::clone(&store) as _, opts()).unwrap();
+        populate(&fs);
+        let files = 3000;
+        for i in 0..files {
+            touch(&fs, ROOT_INO, &format!("f{i:05}")).unwrap();
+        }
+        fs.inner.commit(true).unwrap();
+        let (held, clean, bytes) = resident(&fs);
+        assert_eq!(held, 0, "a checkpoint leaves no inode held");
+        assert!(bytes <= budget, "{bytes} bytes of clean inodes");
+        assert!(clean < files / 4, "{clean} clean inodes resident");
+        // Every inode read back, through the cache, as a whole-memory
+        // mount (no budget) of the same store reads it.
+        let lazily = snapshot(&fs);
+        assert!(resident(&fs).2 <= budget);
+        let whole = FileSystem::open(
+            Arc::clone(&store) as _,
+            FsOptions {
+                read_only: true,
+                metadata_cache: u64::MAX,
+                ..FsOptions::default()
+            },
+        )
+        .unwrap();
+        same(
+            &snapshot(&whole),
+            &lazily,
+            "lazy against a cache that keeps all",
+        );
+        drop(whole);
+        // Changes to inodes that were evicted: attributes, data, names,
+        // xattrs, deletion; then a checkpoint evicts them again.
+        let root = Caller::root();
+        let mut deleted = Vec::new();
+        for i in (0..files).step_by(7) {
+            let n = format!("f{i:05}");
+            let f = fs.lookup(&root, ROOT_INO, name(&n)).unwrap();
+            match i % 4 {
+                0 => {
+                    fs.unlink(&root, ROOT_INO, name(&n)).unwrap();
+                    deleted.push(f.ino);
+                }
+                1 => {
+                    fs.setxattr(&root, f.ino, name("user.k"), n.as_bytes(), 0)
+                        .unwrap();
+                }
+                2 => {
+                    fs.open_inode(&root, f.ino, libc::O_RDWR).unwrap();
+                    fs.write(f.ino, 4096, n.as_bytes()).unwrap();
+                    fs.release(f.ino).unwrap();
+                }
+                _ => {
+                    fs.rename(
+                        &root,
+                        ROOT_INO,
+                        name(&n),
+                        ROOT_INO,
+                        name(&format!("r{i:05}")),
+                        Default::default(),
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        // A deleted inode is not read back from the tree, which holds it
+        // until the next checkpoint.
+        for &ino in &deleted {
+            assert!(fs.getattr(ino).is_err(), "deleted inode {ino} read back");
+        }
+        fs.inner.commit(true).unwrap();
+        assert!(resident(&fs).2 <= budget);
+        for &ino in &deleted {
+            assert!(fs.getattr(ino).is_err(), "deleted inode {ino} read back");
+        }
+        let before = snapshot(&fs);
+        let statfs = fs.statfs().unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        let fs = FileSystem::open(Arc::clone(&store) as _, opts()).unwrap();
+        same(&snapshot(&fs), &before, "after a remount");
+        assert_eq!(
+            fs.statfs().unwrap().files - fs.statfs().unwrap().ffree,
+            statfs.files - statfs.ffree,
+            "inodes in use"
+        );
+        assert_eq!(
+            fs.statfs().unwrap().files - fs.statfs().unwrap().ffree,
+            before.0.len() as u64,
+            "inodes in use, counted"
+        );
+        fs.unmount().unwrap();
+        let report = crate::fs::fsck::fsck(Arc::clone(&store) as _, false).unwrap();
         assert!(report.is_clean(), "{:?}", report.problems);
     }
 

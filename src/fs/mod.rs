@@ -20,6 +20,7 @@ mod dir;
 mod extent;
 pub mod fsck;
 mod inode;
+mod inode_cache;
 mod journal;
 mod layout;
 mod meta;
@@ -56,6 +57,7 @@ pub use csum::ChecksumKind;
 pub use data_errors::{DataError, DataErrors};
 pub use fsck::{fsck, FsckReport};
 pub use inode::BLOCK_SIZE;
+pub use inode_cache::DEFAULT_CACHE_BYTES as DEFAULT_METADATA_CACHE;
 pub use layout::{OLDEST_VERSION as OLDEST_FORMAT, VERSION as FORMAT_VERSION};
 pub use ops::copy::MAX_COPY;
 pub use ops::seek::Seek;
@@ -253,6 +255,10 @@ pub struct FsOptions {
     pub atime: atime::AtimeMode,
     /// Whether listing a directory moves its access time (`nodiratime`: no).
     pub diratime: bool,
+    /// Bytes of unchanged inodes kept in memory over a metadata tree
+    /// (`-o metadata_cache`); changed ones are held until a checkpoint
+    /// writes them, whatever this is.
+    pub metadata_cache: u64,
 }
 
 impl Default for FsOptions {
@@ -265,6 +271,7 @@ impl Default for FsOptions {
             queue_spin: std::time::Duration::ZERO,
             atime: atime::AtimeMode::Relative,
             diratime: true,
+            metadata_cache: inode_cache::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -382,7 +389,7 @@ impl FileSystem {
 
     /// Open (replaying the journal) a formatted store.
     pub fn open(store: Arc<dyn BlockStore>, opts: FsOptions) -> FsResult<FileSystem> {
-        let inner = Inner::open(store, opts.read_only)?;
+        let inner = Inner::open_with(store, opts.read_only, opts.metadata_cache)?;
         let stop = if opts.read_only {
             None
         } else {
@@ -742,7 +749,7 @@ impl FileSystem {
         if mask & W_OK != 0 && self.inner.is_read_only() {
             return Err(FsError::ReadOnly);
         }
-        perm::check(caller, inode, mask & (R_OK | W_OK | X_OK))
+        perm::check(caller, &inode, mask & (R_OK | W_OK | X_OK))
     }
 
     /// Open an existing inode (`flags` as open(2)); counts the open so an
@@ -767,7 +774,7 @@ impl FileSystem {
             if mask & W_OK != 0 && self.inner.is_read_only() {
                 return Err(FsError::ReadOnly);
             }
-            perm::check(caller, inode, mask)?;
+            perm::check(caller, &inode, mask)?;
         }
         if truncate && self.getattr(ino)?.kind == FileKind::File {
             let _file = self.inner.file_lock(ino);
@@ -842,9 +849,9 @@ impl FileSystem {
         *count = count.saturating_sub(1);
         if *count == 0 {
             st.open_counts.remove(&ino);
-            let orphan = st.meta.inodes.get(&ino).is_some_and(|i| i.nlink == 0);
+            let orphan = st.meta.inode(ino)?.is_some_and(|i| i.nlink == 0);
             if orphan && !self.inner.is_read_only() {
-                st.free_inode(ino);
+                st.free_inode(ino)?;
             }
         }
         Ok(())
@@ -1074,7 +1081,7 @@ impl FileSystem {
         self.deferred.settle(ino);
         let st = self.inner.state.read();
         let inode = st.inode(ino)?;
-        ops::data::regular_file(inode)?;
+        ops::data::regular_file(&inode)?;
         ops::seek::seek(&inode.extents, inode.size, offset, whence)
     }
 
@@ -1129,7 +1136,7 @@ impl FileSystem {
             let end = st.dir(ino)?.next_cookie();
             // A listing begins: the directory is accessed (not under nodiratime).
             let due =
-                mode.is_some_and(|m| st.inode(ino).is_ok_and(|i| atime::needs_update(m, i, now)));
+                mode.is_some_and(|m| st.inode(ino).is_ok_and(|i| atime::needs_update(m, &i, now)));
             (end, due)
         };
         if due {
@@ -1175,11 +1182,7 @@ impl FileSystem {
             if out.len() >= max {
                 break;
             }
-            let kind = st
-                .meta
-                .inodes
-                .get(&child)
-                .map_or(FileKind::File, |i| i.kind);
+            let kind = st.meta.kind_of(child)?.unwrap_or(FileKind::File);
             out.push(DirEntry {
                 ino: child,
                 cookie: c,
@@ -1232,7 +1235,7 @@ impl FileSystem {
         let st = self.inner.state.read();
         let blocks = st.alloc.total_bytes() / BLOCK_SIZE + unallocated;
         let bfree = (st.alloc.free_bytes() / BLOCK_SIZE + unallocated + pending).min(blocks);
-        let used_inodes = st.meta.inodes.len() as u64;
+        let used_inodes = st.meta.inode_count();
         let ffree = (bfree * BLOCK_SIZE / INODE_COST).min(u64::MAX / 2 - used_inodes);
         Ok(StatFs {
             blocks,

@@ -63,7 +63,7 @@ pub fn record(uuid: &[u8; 16], bytes: &[u8], seq: u64) -> FsResult<Decoded> {
 pub fn record_payload(payload: &[u8]) -> FsResult<Decoded> {
     let rec: CommitRecord = decode(payload, "journal record")?;
     let mut meta = Meta::default();
-    meta.apply(rec);
+    meta.apply(rec)?;
     Ok(summary(&meta))
 }
 
@@ -217,7 +217,7 @@ pub fn samples() -> FsResult<Samples> {
     );
 
     let mut meta = Meta::default();
-    meta.apply(decode(&record_payload, "sample record")?);
+    meta.apply(decode(&record_payload, "sample record")?)?;
     let checkpoint_payload = encode(&meta.image())?;
     let mut checkpoint = journal::encode_checkpoint_header(&uuid, 9, &checkpoint_payload);
     checkpoint.extend_from_slice(&checkpoint_payload);

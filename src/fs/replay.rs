@@ -58,7 +58,7 @@ pub fn replay(
     let count = records.len() as u64;
     for (rec, len, order) in records {
         seen(&rec);
-        meta.apply(rec);
+        meta.apply(rec)?;
         journal.seq += 1;
         journal.tail += len;
         journal.ends_verified = order == DataOrder::VerifiedAtReplay;

@@ -123,18 +123,21 @@ impl Inner {
             ..Default::default()
         };
         self.scrub_metadata(repair, &mut report)?;
-        let mut inos: Vec<u64> = {
-            let st = self.state.read();
-            st.meta
-                .inodes
-                .values()
-                .filter(|i| !i.extents.is_empty())
-                .map(|i| i.ino)
-                .collect()
-        };
-        inos.sort_unstable();
-        for ino in inos {
-            self.scrub_file(ino, repair, &mut report)?;
+        // A batch of inode numbers at a time, so neither the list nor the
+        // inodes read for it grow with the filesystem.
+        let mut start = 0u64;
+        loop {
+            let inos = self.state.read().meta.inos_from(start, 1024)?;
+            let Some(&last) = inos.last() else {
+                break;
+            };
+            for ino in inos {
+                self.scrub_file(ino, repair, &mut report)?;
+            }
+            match last.checked_add(1) {
+                Some(next) => start = next,
+                None => break,
+            }
         }
         Ok(report)
     }
@@ -209,7 +212,7 @@ impl Inner {
     /// write stale bytes over new ones.
     fn scrub_file(&self, ino: u64, repair: bool, report: &mut ScrubReport) -> FsResult<()> {
         let _file = self.file_lock(ino);
-        let extents: Vec<(u64, u64, u64)> = match self.state.read().meta.inodes.get(&ino) {
+        let extents: Vec<(u64, u64, u64)> = match self.state.read().meta.inode(ino)? {
             // Unwritten extents hold no data to check.
             Some(inode) => inode
                 .extents

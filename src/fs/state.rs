@@ -8,7 +8,7 @@ use super::alloc::Allocator;
 use super::dir::Dir;
 use super::extent::Extent;
 use super::inode::{Inode, Time};
-use super::meta::{CommitRecord, DirOp, Meta};
+use super::meta::{CommitRecord, DirOp, InodeRef, Meta};
 use super::{FileKind, FsError, FsResult};
 
 /// Changes since the last commit.
@@ -62,19 +62,20 @@ pub fn check_name(name: &[u8]) -> FsResult<()> {
 }
 
 impl State {
-    pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
-        self.meta.inodes.get(&ino).ok_or(FsError::Stale)
+    pub fn inode(&self, ino: u64) -> FsResult<InodeRef<'_>> {
+        self.meta.inode(ino)?.ok_or(FsError::Stale)
     }
 
     pub fn inode_mut(&mut self, ino: u64) -> FsResult<&mut Inode> {
+        let inode = self.meta.inode_mut(ino)?.ok_or(FsError::Stale)?;
         self.batch.dirty.insert(ino);
-        self.meta.inodes.get_mut(&ino).ok_or(FsError::Stale)
+        Ok(inode)
     }
 
     pub fn dir(&self, ino: u64) -> FsResult<&Dir> {
         match self.meta.dirs.get(&ino) {
             Some(d) => Ok(d),
-            None if self.meta.inodes.contains_key(&ino) => Err(FsError::NotDir),
+            None if self.meta.has_inode(ino)? => Err(FsError::NotDir),
             None => Err(FsError::Stale),
         }
     }
@@ -88,7 +89,7 @@ impl State {
         if kind == FileKind::Dir {
             self.meta.dirs.insert(ino, Dir::default());
         }
-        self.meta.inodes.insert(ino, inode);
+        self.meta.insert_new(inode);
         self.batch.dirty.insert(ino);
         ino
     }
@@ -146,19 +147,22 @@ impl State {
         }
         inode.ctime = Time::now();
         if inode.nlink == 0 && !self.is_open(ino) {
-            self.free_inode(ino);
+            self.free_inode(ino)?;
         }
         Ok(())
     }
 
-    pub fn free_inode(&mut self, ino: u64) {
-        if let Some(mut inode) = self.meta.inodes.remove(&ino) {
+    /// Delete the inode and free its extents (once this batch is durable).
+    /// An error (the inode could not be read) changes nothing.
+    pub fn free_inode(&mut self, ino: u64) -> FsResult<()> {
+        if let Some(mut inode) = self.meta.remove_inode(ino)? {
             self.batch.freed.extend(inode.extents.take_all());
         }
         self.meta.dirs.remove(&ino);
         self.open_counts.remove(&ino);
         self.linkable.remove(&ino);
         self.batch.dirty.insert(ino);
+        Ok(())
     }
 
     /// Record the checksums of blocks just written from `addr`.
@@ -196,16 +200,16 @@ impl State {
     }
 
     /// Is `ancestor` on the ".." chain from `dir` up to the root?
-    pub fn is_ancestor(&self, ancestor: u64, mut dir: u64) -> bool {
+    pub fn is_ancestor(&self, ancestor: u64, mut dir: u64) -> FsResult<bool> {
         for _ in 0..100_000 {
             if dir == ancestor {
-                return true;
+                return Ok(true);
             }
-            match self.meta.inodes.get(&dir) {
+            match self.meta.inode(dir)? {
                 Some(i) if i.parent != dir => dir = i.parent,
-                _ => return false,
+                _ => return Ok(false),
             }
         }
-        false
+        Ok(false)
     }
 }

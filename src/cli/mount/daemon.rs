@@ -344,6 +344,10 @@ fn serve(plan: &MountPlan, report: Report<'_>) -> i32 {
             .unwrap_or(FsOptions::default().commit_interval_secs),
         atime: plan.options.vfs.atime_mode(),
         diratime: !plan.options.vfs.has(libc::MS_NODIRATIME),
+        metadata_cache: plan
+            .options
+            .metadata_cache
+            .unwrap_or(crate::fs::DEFAULT_METADATA_CACHE),
     };
     if !read_only {
         info!(

@@ -40,6 +40,9 @@ pub struct MountOptions {
     /// Most seconds between journal commits (`commit=SECS`): what a crash
     /// can lose of writes that were not fsync'd.
     pub commit_secs: Option<u64>,
+    /// Bytes of unchanged inodes kept in memory (`metadata_cache=SIZE`);
+    /// by default [`crate::fs::DEFAULT_METADATA_CACHE`].
+    pub metadata_cache: Option<u64>,
     /// Per-mount flags asked for with the generic mount options.
     pub vfs: VfsFlags,
     /// What writes do while the host fails every member (`on_host_error=`).
@@ -146,6 +149,8 @@ fn generic_option(key: &str, value: Option<&str>) -> Option<Generic> {
 
 /// The longest `commit=` interval: an hour of unsynced writes is already
 /// more than anyone should stand to lose.
+/// The largest `metadata_cache=`.
+pub const MAX_METADATA_CACHE: u64 = 64 << 30;
 pub const MAX_COMMIT_SECS: u64 = 3600;
 
 /// Small writes waiting in the write queue by default (`queued_writes=`):
@@ -228,6 +233,10 @@ pub const OPTIONS: &[(&str, &str)] = &[
     (
         "commit=SECS",
         "most seconds between journal commits, 1 to 3600 (default 5)",
+    ),
+    (
+        "metadata_cache=SIZE",
+        "memory for unchanged inodes read from the metadata tree, 0 to 64G (default 64M); the daemon's memory follows it, not the number of files",
     ),
     (
         "read_ahead_kb=N",
@@ -388,6 +397,17 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                             "commit={v}: expected seconds between journal commits, from 1 to {MAX_COMMIT_SECS}"
                         ))
                     }
+                }
+            }
+            ("metadata_cache", Some(v)) => {
+                opts.metadata_cache = match crate::cli::create::parse_size(v) {
+                    Ok(bytes) if bytes <= MAX_METADATA_CACHE => Some(bytes),
+                    Ok(_) => {
+                        return Err(format!(
+                            "metadata_cache={v}: at most 64G of memory for unchanged inodes"
+                        ))
+                    }
+                    Err(e) => return Err(format!("metadata_cache={v}: {e}")),
                 }
             }
             ("read_ahead_kb", Some(v)) => {
@@ -616,6 +636,25 @@ mod tests {
     #[test]
     fn commit_is_seconds_from_one_to_an_hour() {
         assert_eq!(parse(&[]).unwrap().commit_secs, None);
+        assert_eq!(parse(&[]).unwrap().metadata_cache, None);
+        assert_eq!(
+            parse(&["metadata_cache=16M".into()])
+                .unwrap()
+                .metadata_cache,
+            Some(16 << 20)
+        );
+        assert_eq!(
+            parse(&["metadata_cache=0".into()]).unwrap().metadata_cache,
+            Some(0)
+        );
+        for bad in [
+            "metadata_cache=65G",
+            "metadata_cache=lots",
+            "metadata_cache=1Q",
+        ] {
+            let e = parse(&[bad.into()]).unwrap_err();
+            assert!(e.starts_with("metadata_cache="), "{bad}: {e}");
+        }
         assert_eq!(parse(&["commit=1".into()]).unwrap().commit_secs, Some(1));
         assert_eq!(
             parse(&["commit=3600".into()]).unwrap().commit_secs,
@@ -694,6 +733,7 @@ mod tests {
                 Some((key, value)) => {
                     let value = match value {
                         "SECS" | "N" | "USECS" => "1",
+                        "SIZE" => "16M",
                         "PATH" => "/tmp/x.log",
                         "KERNEL" => "scalar",
                         "POLICY" => "round-robin",

@@ -10,7 +10,7 @@ use super::super::{Caller, FileKind, FsError, FsResult, SetAttr, TimeSet};
 pub fn validate(st: &State, caller: &Caller, ino: u64, set: &SetAttr) -> FsResult<()> {
     let inode = st.inode(ino)?;
     let root = caller.uid == 0;
-    if set.mode.is_some() && !perm::is_owner_or_root(caller, inode) {
+    if set.mode.is_some() && !perm::is_owner_or_root(caller, &inode) {
         return Err(FsError::Perm);
     }
     if let Some(uid) = set.uid {
@@ -31,16 +31,16 @@ pub fn validate(st: &State, caller: &Caller, ino: u64, set: &SetAttr) -> FsResul
     if set.size.is_some() {
         match inode.kind {
             FileKind::File if set.through_writable_fd => {}
-            FileKind::File => perm::check(caller, inode, W_OK)?,
+            FileKind::File => perm::check(caller, &inode, W_OK)?,
             FileKind::Dir => return Err(FsError::IsDir),
             _ => return Err(FsError::Invalid("truncate of a special file")),
         }
     }
     for t in [set.atime, set.mtime].into_iter().flatten() {
         match t {
-            TimeSet::At(_) if !perm::is_owner_or_root(caller, inode) => return Err(FsError::Perm),
+            TimeSet::At(_) if !perm::is_owner_or_root(caller, &inode) => return Err(FsError::Perm),
             TimeSet::Now
-                if !perm::is_owner_or_root(caller, inode) && !perm::may(caller, inode, W_OK) =>
+                if !perm::is_owner_or_root(caller, &inode) && !perm::may(caller, &inode, W_OK) =>
             {
                 return Err(FsError::Access)
             }

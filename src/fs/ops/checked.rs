@@ -6,7 +6,7 @@
 
 use super::super::core::Inner;
 use super::super::csum::CsumMap;
-use super::super::damaged::DamagedRange;
+use super::super::damaged::damaged_range_of;
 use super::super::data_errors::DataError;
 use super::super::inode::{Inode, BLOCK_SIZE};
 use super::super::store::StoreError;
@@ -63,23 +63,6 @@ fn file_offset(inode: &Inode, addr: u64) -> Option<u64> {
         .map(|(file_off, e)| file_off + (addr - e.addr))
 }
 
-/// The damaged-data entry for `inode`'s block at `addr`, which must match `csum`.
-fn damaged_range(inode: &Inode, addr: u64, csum: u32) -> Option<DamagedRange> {
-    let (file_off, e) = inode
-        .extents
-        .iter()
-        .find(|(_, e)| addr >= e.addr && addr < e.addr + e.len)?;
-    let offset = file_off + (addr - e.addr);
-    Some(DamagedRange {
-        ino: inode.ino,
-        generation: inode.generation,
-        offset,
-        length: BLOCK_SIZE.min(inode.size.saturating_sub(offset)),
-        addr,
-        csum,
-    })
-}
-
 impl Inner {
     /// Read `buf.len()` bytes of file `ino` at `addr`, checking each block
     /// against `expected`. `file_locked`: the caller holds a lock covering these blocks.
@@ -119,9 +102,10 @@ impl Inner {
         let st = self.state.read();
         let kind = self.csum;
         let block = BLOCK_SIZE as usize;
+        let inode = st.meta.inode(ino)?;
         for &i in bad {
             let at = addr + (i * block) as u64;
-            let mapped_at = st.meta.inodes.get(&ino).and_then(|n| file_offset(n, at));
+            let mapped_at = inode.as_deref().and_then(|n| file_offset(n, at));
             let Some((want, offset)) =
                 mapped_at.and_then(|off| Some((st.meta.csums.get(at)?, off)))
             else {
@@ -151,11 +135,8 @@ impl Inner {
                             offset,
                             unrecoverable: true,
                         });
-                        if let Some(range) = st
-                            .meta
-                            .inodes
-                            .get(&ino)
-                            .and_then(|n| damaged_range(n, at, want))
+                        if let Some(range) =
+                            inode.as_deref().and_then(|n| damaged_range_of(n, at, want))
                         {
                             if self.damaged.record(range) {
                                 log::error!(
@@ -196,12 +177,15 @@ impl ContentJudge for Inner {
         let Some(want) = st.meta.csums.get(addr) else {
             return;
         };
-        let range = st
-            .meta
-            .inodes
-            .values()
-            .find(|n| file_offset(n, addr).is_some())
-            .and_then(|n| damaged_range(n, addr, want));
+        // Only resident inodes: this runs under the array's stripe locks,
+        // where reading the metadata tree could wait for them. A block of
+        // a file not resident is found when the damaged list is next read.
+        let found = st.meta.find_resident(&|n| file_offset(n, addr).is_some());
+        let Some(inode) = found else {
+            self.damaged.defer(addr, want);
+            return;
+        };
+        let range = damaged_range_of(&inode, addr, want);
         if let Some(range) = range {
             if self.damaged.record(range) {
                 log::error!(

@@ -46,8 +46,8 @@ impl Inner {
         }
         let st = self.state.read();
         let from = st.inode(src)?;
-        regular_file(from)?;
-        regular_file(st.inode(dst)?)?;
+        regular_file(&from)?;
+        regular_file(&*st.inode(dst)?)?;
         if dst_off >= MAX_FILE_SIZE {
             return Err(FsError::TooBig);
         }

@@ -146,8 +146,8 @@ impl Inner {
         let (reads, end, due) = {
             let st = self.state.read();
             let inode = st.inode(ino)?;
-            regular_file(inode)?;
-            let due = atime.is_some_and(|(mode, now)| needs_update(mode, inode, now));
+            regular_file(&inode)?;
+            let due = atime.is_some_and(|(mode, now)| needs_update(mode, &inode, now));
             if offset >= inode.size || size == 0 {
                 return Ok((Vec::new(), due));
             }
@@ -215,7 +215,7 @@ impl Inner {
     ) -> FsResult<Vec<Piece>> {
         let mut st = self.state.write();
         let inode = st.inode(ino)?;
-        regular_file(inode)?;
+        regular_file(&inode)?;
         let segments = inode.extents.segments(start, end);
         let mut hint = inode.extents.continuation_hint(start);
         let cow = self.csum.enabled();
@@ -510,7 +510,10 @@ impl Inner {
             .filter(|e| *e <= MAX_FILE_SIZE)
             .ok_or(FsError::TooBig)?;
         if data.is_empty() {
-            self.state.read().inode(ino).and_then(regular_file)?;
+            self.state
+                .read()
+                .inode(ino)
+                .and_then(|i| regular_file(&i))?;
             return Ok((0, false));
         }
         let (first, last) = (round_down(offset), round_up(end, BLOCK_SIZE));
@@ -592,7 +595,7 @@ impl Inner {
         let old_size = {
             let st = self.state.read();
             let inode = st.inode(ino)?;
-            regular_file(inode)?;
+            regular_file(&inode)?;
             inode.size
         };
         if new_size < old_size {
@@ -638,7 +641,10 @@ impl Inner {
             if !mode.keep_size {
                 return Err(FsError::Unsupported("PUNCH_HOLE without KEEP_SIZE"));
             }
-            self.state.read().inode(ino).and_then(regular_file)?;
+            self.state
+                .read()
+                .inode(ino)
+                .and_then(|i| regular_file(&i))?;
             let inner_start = round_up(offset, BLOCK_SIZE);
             let inner_end = round_down(end);
             if inner_start >= inner_end {

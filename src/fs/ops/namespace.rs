@@ -1,7 +1,7 @@
 //! Creating, finding, linking and removing names. Each function checks
 //! everything before it changes anything, so an error changes nothing.
 
-use super::super::inode::Inode;
+use super::super::meta::InodeRef;
 use super::super::perm::{self, in_group, S_ISGID, W_OK, X_OK};
 use super::super::state::{check_name, State, MAX_LINKS};
 use super::super::{Attr, Caller, FileKind, FsError, FsResult};
@@ -18,22 +18,22 @@ pub struct NewNode<'a> {
 }
 
 /// The parent as a live directory the caller may search.
-pub fn searchable_dir<'a>(st: &'a State, caller: &Caller, parent: u64) -> FsResult<&'a Inode> {
+pub fn searchable_dir<'a>(st: &'a State, caller: &Caller, parent: u64) -> FsResult<InodeRef<'a>> {
     let dir = st.inode(parent)?;
     if !dir.is_dir() {
         return Err(FsError::NotDir);
     }
-    perm::check(caller, dir, X_OK)?;
+    perm::check(caller, &dir, X_OK)?;
     Ok(dir)
 }
 
 /// The parent as a live directory the caller may add to / remove from.
-pub fn writable_dir<'a>(st: &'a State, caller: &Caller, parent: u64) -> FsResult<&'a Inode> {
+pub fn writable_dir<'a>(st: &'a State, caller: &Caller, parent: u64) -> FsResult<InodeRef<'a>> {
     let dir = searchable_dir(st, caller, parent)?;
     if dir.nlink == 0 {
         return Err(FsError::NotFound);
     }
-    perm::check(caller, dir, W_OK)?;
+    perm::check(caller, &dir, W_OK)?;
     Ok(dir)
 }
 
@@ -114,7 +114,7 @@ fn new_node(st: &mut State, caller: &Caller, parent: u64, node: &NewNode) -> FsR
     let dir = st.inode(parent)?;
     // A default ACL on the parent takes the umask's place
     // (posix_acl_create); symlinks get neither.
-    let inherited = crate::fs::acl::default_acl(dir).filter(|_| node.kind != FileKind::Symlink);
+    let inherited = crate::fs::acl::default_acl(&dir).filter(|_| node.kind != FileKind::Symlink);
     let (mut perm, access_acl) = match &inherited {
         Some(default) => {
             let (acl, bits) = default.for_new_entry(node.perm);
@@ -212,7 +212,7 @@ fn removable(st: &State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult<
     let dir = writable_dir(st, caller, parent)?;
     let slot = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
     let child = st.inode(slot.ino)?;
-    if !perm::sticky_allows(caller, dir, child) {
+    if !perm::sticky_allows(caller, &dir, &child) {
         return Err(FsError::Perm);
     }
     Ok(slot.ino)

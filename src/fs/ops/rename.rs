@@ -37,13 +37,13 @@ pub fn rename(
     let dst_dir = writable_dir(st, caller, new_parent)?;
     let src_ino = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?.ino;
     let src = st.inode(src_ino)?;
-    if !perm::sticky_allows(caller, src_dir, src) {
+    if !perm::sticky_allows(caller, &src_dir, &src) {
         return Err(FsError::Perm);
     }
     let dst_ino = st.dir(new_parent)?.get(new_name).map(|s| s.ino);
     let dst = dst_ino.map(|i| st.inode(i)).transpose()?;
-    if let Some(d) = dst {
-        if !perm::sticky_allows(caller, dst_dir, d) {
+    if let Some(d) = &dst {
+        if !perm::sticky_allows(caller, &dst_dir, d) {
             return Err(FsError::Perm);
         }
     }
@@ -52,7 +52,7 @@ pub fn rename(
     let check_moved_dir = |ino: u64| -> FsResult<()> {
         let i = st.inode(ino)?;
         if i.is_dir() && moves_across {
-            perm::check(caller, i, W_OK)?;
+            perm::check(caller, &i, W_OK)?;
         }
         Ok(())
     };
@@ -63,8 +63,8 @@ pub fn rename(
         }
         let src_is_dir = st.inode(src_ino)?.is_dir();
         let dst_is_dir = st.inode(dst_ino)?.is_dir();
-        if (src_is_dir && st.is_ancestor(src_ino, new_parent))
-            || (dst_is_dir && st.is_ancestor(dst_ino, parent))
+        if (src_is_dir && st.is_ancestor(src_ino, new_parent)?)
+            || (dst_is_dir && st.is_ancestor(dst_ino, parent)?)
         {
             return Err(FsError::Invalid("cannot move a directory into itself"));
         }
@@ -96,10 +96,10 @@ pub fn rename(
     }
     let src_is_dir = src.is_dir();
     // As Linux: moving a directory under itself is refused before the target is looked at.
-    if src_is_dir && st.is_ancestor(src_ino, new_parent) {
+    if src_is_dir && st.is_ancestor(src_ino, new_parent)? {
         return Err(FsError::Invalid("cannot move a directory into itself"));
     }
-    if let Some(d) = dst {
+    if let Some(d) = &dst {
         if flags.noreplace {
             return Err(FsError::Exists);
         }

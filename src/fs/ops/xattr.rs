@@ -51,7 +51,7 @@ fn allowed(st: &State, caller: &Caller, ino: u64, ns: Namespace, write: bool) ->
                     FsError::NoAttr
                 });
             }
-            perm::check(caller, inode, if write { W_OK } else { R_OK })
+            perm::check(caller, &inode, if write { W_OK } else { R_OK })
         }
         Namespace::Trusted if caller.uid != 0 => Err(if write {
             FsError::Perm
@@ -59,7 +59,7 @@ fn allowed(st: &State, caller: &Caller, ino: u64, ns: Namespace, write: bool) ->
             FsError::NoAttr
         }),
         Namespace::Security if write && caller.uid != 0 => Err(FsError::Perm),
-        Namespace::Acl if write && !perm::is_owner_or_root(caller, inode) => Err(FsError::Perm),
+        Namespace::Acl if write && !perm::is_owner_or_root(caller, &inode) => Err(FsError::Perm),
         _ => Ok(()),
     }
 }
@@ -151,7 +151,7 @@ pub fn remove(st: &mut State, caller: &Caller, ino: u64, name: &[u8]) -> FsResul
     // it (file_remove_privs); it checks CAP_SETFCAP itself before passing on
     // a removexattr(2) of them. Anyone who may write the file may do this.
     let capabilities_dropped_by_a_writer =
-        name == perm::CAPABILITY_XATTR && perm::may(caller, st.inode(ino)?, W_OK);
+        name == perm::CAPABILITY_XATTR && perm::may(caller, &*st.inode(ino)?, W_OK);
     if !capabilities_dropped_by_a_writer {
         allowed(st, caller, ino, ns, true)?;
     }

@@ -62,6 +62,19 @@ pub mod file_kind {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FileKind, D::Error> {
         value_of(&FILE_KIND_CODES, "file kind", d)
     }
+
+    /// The kind's number as one byte (a metadata tree's readdir entry).
+    pub fn to_code(kind: FileKind) -> u8 {
+        code_of(&FILE_KIND_CODES, kind) as u8
+    }
+
+    /// The kind numbered `code`, if any.
+    pub fn from_code(code: u8) -> Option<FileKind> {
+        FILE_KIND_CODES
+            .iter()
+            .find(|(_, c)| *c == u32::from(code))
+            .map(|&(k, _)| k)
+    }
 }
 
 /// `#[serde(with = "checksum_kind")]`.

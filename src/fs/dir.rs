@@ -2,8 +2,14 @@
 //! and insert are O(log n) and readdir can resume after any cookie even while
 //! entries come and go. Cookies come from a per-directory counter that never
 //! goes back; 1 and 2 are "." and "..".
+//!
+//! A directory is *complete* (every entry here: a new directory, or a
+//! filesystem held whole in memory) or, over a metadata tree, an *overlay*
+//! of what changed since the last checkpoint applied its entries: names
+//! inserted (with their new cookies) and names removed; every other name is
+//! as the tree holds it ([`super::meta::Meta::dir_get`] asks it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +28,10 @@ pub struct Dir {
     entries: BTreeMap<Vec<u8>, Slot>,
     by_cookie: BTreeMap<u64, Vec<u8>>,
     next_cookie: u64,
+    /// Every entry is in `entries`; otherwise they are an overlay on the tree.
+    complete: bool,
+    /// Overlay only: names removed since the tree's entries were written.
+    removed: BTreeSet<Vec<u8>>,
 }
 
 impl Default for Dir {
@@ -30,8 +40,19 @@ impl Default for Dir {
             entries: BTreeMap::new(),
             by_cookie: BTreeMap::new(),
             next_cookie: FIRST_COOKIE,
+            complete: true,
+            removed: BTreeSet::new(),
         }
     }
+}
+
+/// What a directory knows of a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Found(Slot),
+    Absent,
+    /// Not changed since the tree's entries: ask the tree.
+    AskTree,
 }
 
 /// The serialized form (the cookie index is rebuilt on load).
@@ -42,16 +63,60 @@ pub struct DirImage {
 }
 
 impl Dir {
-    pub fn get(&self, name: &[u8]) -> Option<Slot> {
-        self.entries.get(name).copied()
+    /// An overlay on the entries a tree holds, with nothing changed yet.
+    pub fn over_tree(next_cookie: u64) -> Dir {
+        Dir {
+            complete: false,
+            next_cookie: next_cookie.max(FIRST_COOKIE),
+            ..Dir::default()
+        }
     }
 
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The name's entry (a complete directory), or None.
+    pub fn get(&self, name: &[u8]) -> Option<Slot> {
+        match self.lookup(name) {
+            Lookup::Found(slot) => Some(slot),
+            Lookup::Absent | Lookup::AskTree => None,
+        }
+    }
+
+    pub fn lookup(&self, name: &[u8]) -> Lookup {
+        if let Some(slot) = self.entries.get(name) {
+            return Lookup::Found(*slot);
+        }
+        if self.complete || self.removed.contains(name) {
+            Lookup::Absent
+        } else {
+            Lookup::AskTree
+        }
+    }
+
+    /// Whether the overlay hides a name the tree holds (removed, or
+    /// inserted afresh with another cookie).
+    pub fn hides(&self, name: &[u8]) -> bool {
+        self.removed.contains(name) || self.entries.contains_key(name)
+    }
+
+    /// Entries held here: all of a complete directory's, an overlay's inserts.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Once a checkpoint has written every change to the tree: an empty
+    /// overlay from now on.
+    pub fn settle(&mut self) {
+        self.entries.clear();
+        self.by_cookie.clear();
+        self.removed.clear();
+        self.complete = false;
     }
 
     /// Insert (or replace) `name` with a fresh cookie; returns the cookie.
@@ -66,11 +131,18 @@ impl Dir {
         if let Some(old) = self.entries.insert(name.to_vec(), Slot { ino, cookie }) {
             self.by_cookie.remove(&old.cookie);
         }
+        self.removed.remove(name);
         self.by_cookie.insert(cookie, name.to_vec());
         self.next_cookie = self.next_cookie.max(cookie.saturating_add(1));
     }
 
+    /// Remove `name`; its entry if this directory held it. An overlay
+    /// records the removal whether or not it held the entry (the caller
+    /// knows from the tree that the name exists).
     pub fn remove(&mut self, name: &[u8]) -> Option<Slot> {
+        if !self.complete {
+            self.removed.insert(name.to_vec());
+        }
         let slot = self.entries.remove(name)?;
         self.by_cookie.remove(&slot.cookie);
         Some(slot)

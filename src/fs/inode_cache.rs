@@ -15,17 +15,38 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::dir::Slot;
 use super::inode::Inode;
 use super::{FileKind, FsResult};
 
-/// Where inodes that are not resident are read from (the metadata tree).
-pub trait InodeSource: Send + Sync {
+/// A directory entry as the tree lists it by cookie.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub cookie: u64,
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: FileKind,
+}
+
+/// Where metadata that is not resident is read from (the metadata tree).
+pub trait MetaSource: Send + Sync {
     /// The inode as the tree holds it, or None when it holds none.
     fn load(&self, ino: u64) -> FsResult<Option<Inode>>;
     /// Only the inode's kind (one key, without its extents and xattrs).
     fn kind(&self, ino: u64) -> FsResult<Option<FileKind>>;
     /// Up to `max` inode numbers the tree holds, from `start` on, in order.
     fn inos_from(&self, start: u64, max: usize) -> FsResult<Vec<u64>>;
+    /// The entry of `name` in directory `dir`.
+    fn dirent(&self, dir: u64, name: &[u8]) -> FsResult<Option<Slot>>;
+    /// Up to `max` entries of `dir` with cookies in `[from, end)`, in
+    /// cookie order.
+    fn listed(&self, dir: u64, from: u64, end: u64, max: usize) -> FsResult<Vec<Listed>>;
+    /// Up to `max` names of `dir` after `after` (from the first when
+    /// None), in name order.
+    fn names(&self, dir: u64, after: Option<&[u8]>, max: usize) -> FsResult<Vec<Vec<u8>>>;
+    /// Every entry naming `ino` (directory, name), up to `max`: a walk of
+    /// every directory entry, for reports.
+    fn names_of(&self, ino: u64, max: usize) -> FsResult<Vec<(u64, Vec<u8>)>>;
 }
 
 /// The default budget (`-o metadata_cache`).

@@ -18,10 +18,10 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::csum::CsumMap;
-use super::dir::{Dir, DirImage};
+use super::dir::{Dir, DirImage, Lookup, Slot, FIRST_COOKIE};
 use super::extent::Extent;
 use super::inode::Inode;
-use super::inode_cache::{CleanInodes, InodeSource};
+use super::inode_cache::{CleanInodes, MetaSource};
 use super::{FileKind, FsResult};
 
 #[derive(Debug, Default)]
@@ -40,7 +40,7 @@ pub struct Meta {
 
 /// The inodes of a tree-backed filesystem that [`Meta::inodes`] does not hold.
 pub struct Lazy {
-    source: Arc<dyn InodeSource>,
+    source: Arc<dyn MetaSource>,
     clean: Mutex<CleanInodes>,
     /// Deleted since the last checkpoint applied the changes: the tree
     /// still holds them until then.
@@ -61,7 +61,7 @@ impl std::fmt::Debug for Lazy {
 
 impl Lazy {
     /// `count`: the inodes the tree holds.
-    pub fn new(source: Arc<dyn InodeSource>, budget: u64, count: u64) -> Lazy {
+    pub fn new(source: Arc<dyn MetaSource>, budget: u64, count: u64) -> Lazy {
         Lazy {
             source,
             clean: Mutex::new(CleanInodes::new(budget)),
@@ -70,7 +70,7 @@ impl Lazy {
         }
     }
 
-    pub fn source(&self) -> &Arc<dyn InodeSource> {
+    pub fn source(&self) -> &Arc<dyn MetaSource> {
         &self.source
     }
 
@@ -79,6 +79,16 @@ impl Lazy {
         let c = self.clean.lock();
         (c.resident(), c.bytes())
     }
+}
+
+/// A directory entry as [`Meta::dir_list`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub cookie: u64,
+    pub name: Vec<u8>,
+    pub ino: u64,
+    /// The child's kind, when the listing knew it.
+    pub kind: Option<FileKind>,
 }
 
 /// An inode as [`Meta::inode`] finds it: held, or a clean shared copy.
@@ -262,6 +272,123 @@ impl Meta {
         }
     }
 
+    /// The entry of `name` in directory `dir` (None: no such name, or no
+    /// such directory).
+    pub fn dir_get(&self, dir: u64, name: &[u8]) -> FsResult<Option<Slot>> {
+        let Some(d) = self.dirs.get(&dir) else {
+            return Ok(None);
+        };
+        match d.lookup(name) {
+            Lookup::Found(slot) => Ok(Some(slot)),
+            Lookup::Absent => Ok(None),
+            Lookup::AskTree => match &self.lazy {
+                Some(lazy) => lazy.source.dirent(dir, name),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// Remove `name` from directory `dir`; its entry, if it had one.
+    pub fn dir_remove(&mut self, dir: u64, name: &[u8]) -> FsResult<Option<Slot>> {
+        let slot = self.dir_get(dir, name)?;
+        if slot.is_some() {
+            if let Some(d) = self.dirs.get_mut(&dir) {
+                d.remove(name);
+            }
+        }
+        Ok(slot)
+    }
+
+    /// Whether directory `dir` has no entry.
+    pub fn dir_is_empty(&self, dir: u64) -> FsResult<bool> {
+        let Some(d) = self.dirs.get(&dir) else {
+            return Ok(true);
+        };
+        if !d.is_empty() {
+            return Ok(false);
+        }
+        let (false, Some(lazy)) = (d.is_complete(), &self.lazy) else {
+            return Ok(true);
+        };
+        const BATCH: usize = 256;
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let names = lazy.source.names(dir, after.as_deref(), BATCH)?;
+            if names.iter().any(|n| !d.hides(n)) {
+                return Ok(false);
+            }
+            if names.len() < BATCH {
+                return Ok(true);
+            }
+            after = names.last().cloned();
+        }
+    }
+
+    /// Up to `max` entries of `dir` with cookies above `after` and below
+    /// `end`, in cookie order, with the child's kind where the tree lists it.
+    pub fn dir_list(&self, dir: u64, after: u64, end: u64, max: usize) -> FsResult<Vec<Entry>> {
+        let Some(d) = self.dirs.get(&dir) else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<Entry> = d
+            .between(after, end)
+            .take(max)
+            .map(|(cookie, name, ino)| Entry {
+                cookie,
+                name: name.to_vec(),
+                ino,
+                kind: None,
+            })
+            .collect();
+        let (false, Some(lazy)) = (d.is_complete(), &self.lazy) else {
+            return Ok(out);
+        };
+        let mut from = after.saturating_add(1).max(FIRST_COOKIE);
+        let mut taken = 0;
+        while taken < max && from < end {
+            let batch = lazy.source.listed(dir, from, end, max)?;
+            let Some(last) = batch.last().map(|l| l.cookie) else {
+                break;
+            };
+            let full = batch.len() >= max;
+            for l in batch.into_iter().filter(|l| !d.hides(&l.name)) {
+                out.push(Entry {
+                    cookie: l.cookie,
+                    name: l.name,
+                    ino: l.ino,
+                    kind: Some(l.kind),
+                });
+                taken += 1;
+            }
+            if !full {
+                break;
+            }
+            from = last.saturating_add(1);
+        }
+        out.sort_by_key(|e| e.cookie);
+        out.truncate(max);
+        Ok(out)
+    }
+
+    /// A directory and name that hold `ino` (the first found), for reports:
+    /// over a metadata tree this walks every directory entry.
+    pub fn name_of(&self, ino: u64) -> FsResult<Option<(u64, Vec<u8>)>> {
+        for (&dir, d) in &self.dirs {
+            if let Some((name, _)) = d.iter().find(|(_, slot)| slot.ino == ino) {
+                return Ok(Some((dir, name.to_vec())));
+            }
+        }
+        let Some(lazy) = &self.lazy else {
+            return Ok(None);
+        };
+        for (dir, name) in lazy.source.names_of(ino, 64)? {
+            if self.dirs.get(&dir).is_some_and(|d| !d.hides(&name)) {
+                return Ok(Some((dir, name)));
+            }
+        }
+        Ok(None)
+    }
+
     /// A resident inode (held or a clean copy) that `pred` accepts,
     /// without reading the tree: for callers that must not wait for I/O.
     pub fn find_resident(&self, pred: &dyn Fn(&Inode) -> bool) -> Option<Arc<Inode>> {
@@ -290,6 +417,9 @@ impl Meta {
             clean.insert(Arc::new(inode));
         }
         lazy.gone.clear();
+        for d in self.dirs.values_mut() {
+            d.settle();
+        }
     }
 
     /// Up to `max` inode numbers from `start` on, in order: the tree's

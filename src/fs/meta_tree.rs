@@ -18,10 +18,10 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::csum::CsumMap;
-use super::dir::{Dir, DirImage, Slot};
+use super::dir::{Dir, DirImage, Lookup, Slot};
 use super::extent::{Extent, ExtentMap};
 use super::inode::{Inode, Time};
-use super::inode_cache::InodeSource;
+use super::inode_cache::{Listed, MetaSource};
 use super::journal::{Journal, TreeCheckpoint};
 use super::layout::{decode, encode, FsHeader, Region};
 use super::meta::{CommitRecord, DirOp, Meta};
@@ -42,7 +42,8 @@ pub mod kind {
     pub const TARGET: u8 = 4;
     /// `[5][dir][name]` → the entry's inode and cookie (u64 each, LE).
     pub const DIRENT: u8 = 5;
-    /// `[6][dir][cookie]` → the entry's name (readdir by cookie).
+    /// `[6][dir][cookie]` → the entry's inode (u64 LE), its kind (one
+    /// byte) and its name: readdir by cookie reads nothing else.
     pub const COOKIE: u8 = 6;
     /// `[7][dir]` → the directory's next cookie (u64 LE).
     pub const DIRINFO: u8 = 7;
@@ -265,9 +266,40 @@ fn slot_of(b: &[u8]) -> Option<Slot> {
     })
 }
 
-fn put_dirent(t: &mut dyn Sink, dir: u64, name: &[u8], slot: Slot) -> FsResult<()> {
+fn put_dirent(
+    t: &mut dyn Sink,
+    dir: u64,
+    name: &[u8],
+    slot: Slot,
+    child: FileKind,
+) -> FsResult<()> {
     t.put(&key2(kind::DIRENT, dir, name), &slot_bytes(slot))?;
-    t.put(&key2(kind::COOKIE, dir, &slot.cookie.to_be_bytes()), name)
+    let mut listed = Vec::with_capacity(9 + name.len());
+    listed.extend_from_slice(&slot.ino.to_le_bytes());
+    listed.push(super::codes::file_kind::to_code(child));
+    listed.extend_from_slice(name);
+    t.put(
+        &key2(kind::COOKIE, dir, &slot.cookie.to_be_bytes()),
+        &listed,
+    )
+}
+
+/// A COOKIE value: the entry's inode, kind and name.
+fn listed_of(v: &[u8]) -> Option<(u64, FileKind, &[u8])> {
+    let ino = u64_le(v, 0)?;
+    let kind = super::codes::file_kind::from_code(*v.get(8)?)?;
+    let name = v.get(9..).filter(|n| !n.is_empty())?;
+    Some((ino, kind, name))
+}
+
+/// The kind of inode `ino` as the tree holds it now.
+fn kind_in_tree(t: &mut Tree, store: &dyn BlockStore, ino: u64) -> FsResult<FileKind> {
+    match t.get(store, &key(kind::INODE, ino))? {
+        Some(v) => Ok(decode::<StoredInode>(&v, "inode")?.kind),
+        None => Err(FsError::Corrupt(format!(
+            "a directory entry names inode {ino}, which the metadata tree does not hold"
+        ))),
+    }
 }
 
 fn put_dirinfo(t: &mut dyn Sink, dir: u64, d: &Dir) -> FsResult<()> {
@@ -298,7 +330,12 @@ pub fn store_touched(
     for (dir, name) in std::mem::take(&mut touched.dirents) {
         let k = key2(kind::DIRENT, dir, &name);
         let old = t.get(store, &k)?.as_deref().and_then(slot_of);
-        let now = meta.dirs.get(&dir).and_then(|d| d.get(&name));
+        let now = match meta.dirs.get(&dir).map(|d| d.lookup(&name)) {
+            Some(Lookup::Found(slot)) => Some(slot),
+            Some(Lookup::Absent) | None => None,
+            // Not changed since the tree's entries were written.
+            Some(Lookup::AskTree) => continue,
+        };
         if old == now {
             continue;
         }
@@ -306,7 +343,14 @@ pub fn store_touched(
             t.delete(store, &key2(kind::COOKIE, dir, &old.cookie.to_be_bytes()))?;
         }
         match now {
-            Some(slot) => put_dirent(&mut TreeSink { tree: t, store }, dir, &name, slot)?,
+            Some(slot) => {
+                // The inodes went in first: the tree holds the child now.
+                let child = match meta.inodes.get(&slot.ino) {
+                    Some(i) => i.kind,
+                    None => kind_in_tree(t, store, slot.ino)?,
+                };
+                put_dirent(&mut TreeSink { tree: t, store }, dir, &name, slot, child)?
+            }
             None => {
                 t.delete(store, &k)?;
             }
@@ -357,7 +401,13 @@ fn put_all(t: &mut dyn Sink, meta: &Meta) -> FsResult<()> {
             continue;
         };
         for (name, slot) in d.iter() {
-            put_dirent(t, *ino, name, slot)?;
+            let child = meta.inodes.get(&slot.ino).map(|i| i.kind).ok_or_else(|| {
+                FsError::Corrupt(format!(
+                    "directory {ino} names inode {}, which does not exist",
+                    slot.ino
+                ))
+            })?;
+            put_dirent(t, *ino, name, slot, child)?;
         }
         put_dirinfo(t, *ino, d)?;
     }
@@ -400,6 +450,8 @@ pub struct Loader {
     xattrs: BTreeMap<(u64, Vec<u8>), Pieces>,
     targets: BTreeMap<u64, Pieces>,
     entries: BTreeMap<u64, Vec<(Vec<u8>, Slot)>>,
+    /// (directory, cookie) → what its readdir entry says.
+    listed: BTreeMap<(u64, u64), (u64, FileKind, Vec<u8>)>,
     next_cookies: BTreeMap<u64, u64>,
     cookies: u64,
 }
@@ -420,6 +472,7 @@ impl Loader {
             xattrs: BTreeMap::new(),
             targets: BTreeMap::new(),
             entries: BTreeMap::new(),
+            listed: BTreeMap::new(),
             next_cookies: BTreeMap::new(),
             cookies: 0,
         }
@@ -497,6 +550,7 @@ impl Loader {
                     .extents
                     .restore(off, ext);
             }
+            kind::DIRENT | kind::COOKIE if self.lazy.is_some() => {}
             kind::DIRENT => {
                 let slot = slot_of(v).ok_or_else(|| bad(k, "not a directory entry"))?;
                 self.entries
@@ -505,9 +559,14 @@ impl Loader {
                     .push((tail.to_vec(), slot));
             }
             kind::COOKIE => {
-                if tail.len() != 8 {
-                    return Err(bad(k, "not a cookie key"));
-                }
+                let cookie = tail
+                    .try_into()
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| bad(k, "not a cookie key"))?;
+                let (ino, child, name) =
+                    listed_of(v).ok_or_else(|| bad(k, "not a readdir entry"))?;
+                self.listed
+                    .insert((id, cookie), (ino, child, name.to_vec()));
                 self.cookies += 1;
             }
             kind::DIRINFO => {
@@ -544,6 +603,7 @@ impl Loader {
             xattrs,
             targets,
             mut entries,
+            listed,
             next_cookies,
             cookies,
         } = self;
@@ -575,9 +635,26 @@ impl Loader {
                 .collect(),
         };
         for ino in dir_inos {
+            let next_cookie = next_cookies.get(&ino).copied().unwrap_or(0);
+            if lazy.is_some() {
+                meta.dirs.insert(ino, Dir::over_tree(next_cookie));
+                continue;
+            }
             let entries = entries.remove(&ino).unwrap_or_default();
             named += entries.len() as u64;
-            let next_cookie = next_cookies.get(&ino).copied().unwrap_or(0);
+            for (name, slot) in &entries {
+                let says = listed.get(&(ino, slot.cookie));
+                let child = meta.inodes.get(&slot.ino).map(|i| i.kind);
+                if says.is_none_or(|(i, k, n)| {
+                    *i != slot.ino || n != name || child.is_some_and(|c| c != *k)
+                }) {
+                    return Err(FsError::Corrupt(format!(
+                        "directory {ino}: the readdir entry of cookie {} does not match the entry {}",
+                        slot.cookie,
+                        String::from_utf8_lossy(name)
+                    )));
+                }
+            }
             meta.dirs.insert(
                 ino,
                 Dir::from_image(DirImage {
@@ -616,7 +693,7 @@ pub struct TreeSource {
     pub store: Arc<dyn BlockStore>,
 }
 
-impl InodeSource for TreeSource {
+impl MetaSource for TreeSource {
     fn load(&self, ino: u64) -> FsResult<Option<Inode>> {
         self.tree.lock().load_inode(self.store.as_ref(), ino)
     }
@@ -627,6 +704,24 @@ impl InodeSource for TreeSource {
 
     fn inos_from(&self, start: u64, max: usize) -> FsResult<Vec<u64>> {
         self.tree.lock().inos_from(self.store.as_ref(), start, max)
+    }
+
+    fn dirent(&self, dir: u64, name: &[u8]) -> FsResult<Option<Slot>> {
+        self.tree.lock().dirent(self.store.as_ref(), dir, name)
+    }
+
+    fn listed(&self, dir: u64, from: u64, end: u64, max: usize) -> FsResult<Vec<Listed>> {
+        self.tree
+            .lock()
+            .listed(self.store.as_ref(), dir, from, end, max)
+    }
+
+    fn names(&self, dir: u64, after: Option<&[u8]>, max: usize) -> FsResult<Vec<Vec<u8>>> {
+        self.tree.lock().names(self.store.as_ref(), dir, after, max)
+    }
+
+    fn names_of(&self, ino: u64, max: usize) -> FsResult<Vec<(u64, Vec<u8>)>> {
+        self.tree.lock().names_of(self.store.as_ref(), ino, max)
     }
 }
 
@@ -747,6 +842,100 @@ impl MetaTree {
                 Ok(out.len() < max)
             },
         )?;
+        Ok(out)
+    }
+
+    /// The entry of `name` in directory `dir`.
+    pub fn dirent(
+        &mut self,
+        store: &dyn BlockStore,
+        dir: u64,
+        name: &[u8],
+    ) -> FsResult<Option<Slot>> {
+        let k = key2(kind::DIRENT, dir, name);
+        match self.tree.get(store, &k)? {
+            Some(v) => slot_of(&v)
+                .map(Some)
+                .ok_or_else(|| bad(&k, "not a directory entry")),
+            None => Ok(None),
+        }
+    }
+
+    /// Up to `max` entries of `dir` with cookies in `[from, end)`.
+    pub fn listed(
+        &mut self,
+        store: &dyn BlockStore,
+        dir: u64,
+        from: u64,
+        end: u64,
+        max: usize,
+    ) -> FsResult<Vec<Listed>> {
+        let mut out = Vec::new();
+        if from >= end {
+            return Ok(out);
+        }
+        let start = key2(kind::COOKIE, dir, &from.to_be_bytes());
+        let stop = key2(kind::COOKIE, dir, &end.to_be_bytes());
+        self.tree.scan(store, &start, &stop, &mut |k, v| {
+            let cookie = k
+                .get(9..)
+                .and_then(|t| t.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| bad(k, "not a cookie key"))?;
+            let (ino, child, name) = listed_of(v).ok_or_else(|| bad(k, "not a readdir entry"))?;
+            out.push(Listed {
+                cookie,
+                name: name.to_vec(),
+                ino,
+                kind: child,
+            });
+            Ok(out.len() < max)
+        })?;
+        Ok(out)
+    }
+
+    /// Up to `max` names of `dir` after `after`, in name order.
+    pub fn names(
+        &mut self,
+        store: &dyn BlockStore,
+        dir: u64,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> FsResult<Vec<Vec<u8>>> {
+        let (first, end) = id_range(kind::DIRENT, dir);
+        let start = match after {
+            // The smallest key after `after`'s.
+            Some(name) => {
+                let mut k = key2(kind::DIRENT, dir, name);
+                k.push(0);
+                k
+            }
+            None => first,
+        };
+        let mut out = Vec::new();
+        self.tree.scan(store, &start, &end, &mut |k, _| {
+            out.push(k[9..].to_vec());
+            Ok(out.len() < max)
+        })?;
+        Ok(out)
+    }
+
+    /// Up to `max` (directory, name) pairs naming `ino`: a walk of every
+    /// directory entry.
+    pub fn names_of(
+        &mut self,
+        store: &dyn BlockStore,
+        ino: u64,
+        max: usize,
+    ) -> FsResult<Vec<(u64, Vec<u8>)>> {
+        let mut out = Vec::new();
+        self.tree
+            .scan(store, &[kind::DIRENT], &[kind::DIRENT + 1], &mut |k, v| {
+                if slot_of(v).is_some_and(|s| s.ino == ino) {
+                    out.push((id_of(k)?, k[9..].to_vec()));
+                }
+                Ok(out.len() < max)
+            })?;
         Ok(out)
     }
 
@@ -882,24 +1071,47 @@ mod tests {
 
     /// What a filesystem holds, to compare across a remount.
     fn snapshot(fs: &FileSystem) -> Snapshot {
-        let st = fs.inner.state.read();
+        snapshot_of(&fs.inner.state.read().meta)
+    }
+
+    /// What the store holds, read whole into memory as fsck reads it.
+    fn snapshot_whole(store: &Arc<MemStore>) -> Snapshot {
+        let loaded = crate::fs::core::load(&(Arc::clone(store) as _)).unwrap();
+        assert!(loaded.meta.lazy.is_none());
+        snapshot_of(&loaded.meta)
+    }
+
+    fn snapshot_of(meta: &Meta) -> Snapshot {
         let mut inodes: Vec<Inode> = Vec::new();
-        st.meta
-            .for_each_ino(100, &mut |inos| {
-                for &ino in inos {
-                    inodes.extend(st.meta.inode(ino)?.map(|i| (*i).clone()));
+        meta.for_each_ino(100, &mut |inos| {
+            for &ino in inos {
+                inodes.extend(meta.inode(ino)?.map(|i| (*i).clone()));
+            }
+            Ok(true)
+        })
+        .unwrap();
+        let mut dirs: Vec<(u64, Dir)> = meta
+            .dirs
+            .iter()
+            .map(|(&ino, d)| {
+                let mut listed = Dir::default();
+                for e in meta.dir_list(ino, 0, u64::MAX, usize::MAX).unwrap() {
+                    listed.insert_with_cookie(&e.name, e.ino, e.cookie);
                 }
-                Ok(true)
+                let whole = Dir::from_image(DirImage {
+                    next_cookie: d.next_cookie(),
+                    entries: listed.iter().map(|(n, s)| (n.to_vec(), s)).collect(),
+                });
+                (ino, whole)
             })
-            .unwrap();
-        let mut dirs: Vec<(u64, Dir)> = st.meta.dirs.iter().map(|(k, d)| (*k, d.clone())).collect();
+            .collect();
         dirs.sort_by_key(|d| d.0);
         (
             inodes,
             dirs,
-            st.meta.csums.clone(),
-            st.meta.next_ino,
-            st.meta.next_gen,
+            meta.csums.clone(),
+            meta.next_ino,
+            meta.next_gen,
         )
     }
 
@@ -1077,25 +1289,19 @@ mod tests {
         assert_eq!(held, 0, "a checkpoint leaves no inode held");
         assert!(bytes <= budget, "{bytes} bytes of clean inodes");
         assert!(clean < files / 4, "{clean} clean inodes resident");
-        // Every inode read back, through the cache, as a whole-memory
-        // mount (no budget) of the same store reads it.
+        {
+            let st = fs.inner.state.read();
+            let root = &st.meta.dirs[&ROOT_INO];
+            assert!(
+                !root.is_complete() && root.is_empty(),
+                "entries left to the tree"
+            );
+        }
+        // Every inode and entry read back, through the cache and the tree,
+        // as fsck reads the store whole into memory.
         let lazily = snapshot(&fs);
         assert!(resident(&fs).2 <= budget);
-        let whole = FileSystem::open(
-            Arc::clone(&store) as _,
-            FsOptions {
-                read_only: true,
-                metadata_cache: u64::MAX,
-                ..FsOptions::default()
-            },
-        )
-        .unwrap();
-        same(
-            &snapshot(&whole),
-            &lazily,
-            "lazy against a cache that keeps all",
-        );
-        drop(whole);
+        same(&snapshot_whole(&store), &lazily, "lazily against whole");
         // Changes to inodes that were evicted: attributes, data, names,
         // xattrs, deletion; then a checkpoint evicts them again.
         let root = Caller::root();
@@ -1136,6 +1342,11 @@ mod tests {
             assert!(fs.getattr(ino).is_err(), "deleted inode {ino} read back");
         }
         fs.inner.commit(true).unwrap();
+        same(
+            &snapshot_whole(&store),
+            &snapshot(&fs),
+            "after the changes, lazily against whole",
+        );
         assert!(resident(&fs).2 <= budget);
         for &ino in &deleted {
             assert!(fs.getattr(ino).is_err(), "deleted inode {ino} read back");

@@ -526,12 +526,7 @@ impl FileSystem {
         let mut at = ino;
         while at != ROOT_INO {
             // A directory's parent is recorded; a file's is found by name.
-            let (parent, name) = st.meta.dirs.iter().find_map(|(&dir, entries)| {
-                entries
-                    .iter()
-                    .find(|(_, slot)| slot.ino == at)
-                    .map(|(name, _)| (dir, name.to_vec()))
-            })?;
+            let (parent, name) = st.meta.name_of(at).ok().flatten()?;
             names.push(name);
             if names.len() > 4096 {
                 return None;
@@ -1160,7 +1155,7 @@ impl FileSystem {
     ) -> FsResult<Vec<DirEntry>> {
         let st = self.inner.state.read();
         let inode = st.inode(ino)?;
-        let dir = st.dir(ino)?;
+        st.dir(ino)?;
         let mut out = Vec::new();
         if cookie < dir::DOT_COOKIE && out.len() < max {
             out.push(DirEntry {
@@ -1178,16 +1173,17 @@ impl FileSystem {
                 name: b"..".to_vec(),
             });
         }
-        for (c, name, child) in dir.between(cookie, end) {
-            if out.len() >= max {
-                break;
-            }
-            let kind = st.meta.kind_of(child)?.unwrap_or(FileKind::File);
+        let room = max.saturating_sub(out.len());
+        for e in st.meta.dir_list(ino, cookie, end, room)? {
+            let kind = match e.kind {
+                Some(kind) => kind,
+                None => st.meta.kind_of(e.ino)?.unwrap_or(FileKind::File),
+            };
             out.push(DirEntry {
-                ino: child,
-                cookie: c,
+                ino: e.ino,
+                cookie: e.cookie,
                 kind,
-                name: name.to_vec(),
+                name: e.name,
             });
         }
         Ok(out)

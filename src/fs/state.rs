@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::alloc::Allocator;
-use super::dir::Dir;
+use super::dir::{Dir, Slot};
 use super::extent::Extent;
 use super::inode::{Inode, Time};
 use super::meta::{CommitRecord, DirOp, InodeRef, Meta};
@@ -106,15 +106,26 @@ impl State {
         Ok(())
     }
 
-    pub fn dir_remove(&mut self, dir: u64, name: &[u8]) {
-        if let Some(d) = self.meta.dirs.get_mut(&dir) {
-            if d.remove(name).is_some() {
-                self.batch.dir_ops.push(DirOp::Remove {
-                    dir,
-                    name: name.to_vec(),
-                });
-            }
+    pub fn dir_remove(&mut self, dir: u64, name: &[u8]) -> FsResult<()> {
+        if self.meta.dir_remove(dir, name)?.is_some() {
+            self.batch.dir_ops.push(DirOp::Remove {
+                dir,
+                name: name.to_vec(),
+            });
         }
+        Ok(())
+    }
+
+    /// The entry of `name` in directory `dir`.
+    pub fn dir_get(&self, dir: u64, name: &[u8]) -> FsResult<Option<Slot>> {
+        self.dir(dir)?;
+        self.meta.dir_get(dir, name)
+    }
+
+    /// Whether directory `dir` has no entry.
+    pub fn dir_is_empty(&self, dir: u64) -> FsResult<bool> {
+        self.dir(dir)?;
+        self.meta.dir_is_empty(dir)
     }
 
     pub fn touch_mc(&mut self, ino: u64) {

@@ -44,7 +44,7 @@ pub fn lookup(st: &State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult
         b".." => dir.parent,
         _ => {
             check_name(name)?;
-            st.dir(parent)?.get(name).ok_or(FsError::NotFound)?.ino
+            st.dir_get(parent, name)?.ok_or(FsError::NotFound)?.ino
         }
     };
     Ok(st.inode(ino)?.attr())
@@ -59,7 +59,7 @@ pub fn create(
 ) -> FsResult<Attr> {
     check_name(name)?;
     let dir = writable_dir(st, caller, parent)?;
-    if name == b"." || name == b".." || st.dir(parent)?.get(name).is_some() {
+    if name == b"." || name == b".." || st.dir_get(parent, name)?.is_some() {
         return Err(FsError::Exists);
     }
     if node.kind == FileKind::Dir && dir.nlink >= MAX_LINKS {
@@ -195,7 +195,7 @@ pub fn link(
         return Err(FsError::TooManyLinks);
     }
     writable_dir(st, caller, new_parent)?;
-    if new_name == b"." || new_name == b".." || st.dir(new_parent)?.get(new_name).is_some() {
+    if new_name == b"." || new_name == b".." || st.dir_get(new_parent, new_name)?.is_some() {
         return Err(FsError::Exists);
     }
     st.dir_insert(new_parent, new_name, ino)?;
@@ -210,7 +210,7 @@ pub fn link(
 /// The entry `name` in `parent` for removal: (child inode number).
 fn removable(st: &State, caller: &Caller, parent: u64, name: &[u8]) -> FsResult<u64> {
     let dir = writable_dir(st, caller, parent)?;
-    let slot = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+    let slot = st.dir_get(parent, name)?.ok_or(FsError::NotFound)?;
     let child = st.inode(slot.ino)?;
     if !perm::sticky_allows(caller, &dir, &child) {
         return Err(FsError::Perm);
@@ -227,7 +227,7 @@ pub fn unlink(st: &mut State, caller: &Caller, parent: u64, name: &[u8]) -> FsRe
     if st.inode(child)?.is_dir() {
         return Err(FsError::IsDir);
     }
-    st.dir_remove(parent, name);
+    st.dir_remove(parent, name)?;
     st.touch_mc(parent);
     st.drop_link(child)
 }
@@ -242,10 +242,10 @@ pub fn rmdir(st: &mut State, caller: &Caller, parent: u64, name: &[u8]) -> FsRes
     if !st.inode(child)?.is_dir() {
         return Err(FsError::NotDir);
     }
-    if !st.dir(child)?.is_empty() {
+    if !st.dir_is_empty(child)? {
         return Err(FsError::NotEmpty);
     }
-    st.dir_remove(parent, name);
+    st.dir_remove(parent, name)?;
     let p = st.inode_mut(parent)?;
     p.nlink = p.nlink.saturating_sub(1);
     st.touch_mc(parent);

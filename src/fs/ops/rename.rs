@@ -35,12 +35,12 @@ pub fn rename(
     check_rename_name(new_name)?;
     let src_dir = writable_dir(st, caller, parent)?;
     let dst_dir = writable_dir(st, caller, new_parent)?;
-    let src_ino = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?.ino;
+    let src_ino = st.dir_get(parent, name)?.ok_or(FsError::NotFound)?.ino;
     let src = st.inode(src_ino)?;
     if !perm::sticky_allows(caller, &src_dir, &src) {
         return Err(FsError::Perm);
     }
-    let dst_ino = st.dir(new_parent)?.get(new_name).map(|s| s.ino);
+    let dst_ino = st.dir_get(new_parent, new_name)?.map(|s| s.ino);
     let dst = dst_ino.map(|i| st.inode(i)).transpose()?;
     if let Some(d) = &dst {
         if !perm::sticky_allows(caller, &dst_dir, d) {
@@ -110,7 +110,7 @@ pub fn rename(
             if !d.is_dir() {
                 return Err(FsError::NotDir);
             }
-            if !st.dir(d.ino)?.is_empty() {
+            if !st.dir_is_empty(d.ino)? {
                 return Err(FsError::NotEmpty);
             }
         } else if d.is_dir() {
@@ -124,14 +124,14 @@ pub fn rename(
         }
     }
     if let Some(d) = dst_ino {
-        st.dir_remove(new_parent, new_name);
+        st.dir_remove(new_parent, new_name)?;
         if src_is_dir {
             let p = st.inode_mut(new_parent)?;
             p.nlink = p.nlink.saturating_sub(1);
         }
         st.drop_link(d)?;
     }
-    st.dir_remove(parent, name);
+    st.dir_remove(parent, name)?;
     st.dir_insert(new_parent, new_name, src_ino)?;
     if flags.whiteout {
         namespace::whiteout(st, caller, parent, name)?;

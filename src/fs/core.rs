@@ -50,6 +50,10 @@ pub struct Inner {
     /// `metadata_tree`; None: checkpoints are whole images). Locked after
     /// `journal` and `state`.
     pub tree: Option<Arc<Mutex<MetaTree>>>,
+    /// Inodes held (changed since the last checkpoint) past which a
+    /// checkpoint is taken, so what is held stays within the metadata
+    /// cache's budget too ([`held_limit`]).
+    held_limit: usize,
     /// Room left for metadata, which every change is admitted against
     /// (with the tree only).
     room: Option<MetaRoom>,
@@ -269,7 +273,9 @@ fn load_with(store: &Arc<dyn BlockStore>, cache_bytes: Option<u64>) -> FsResult<
                 tree: Arc::clone(&tree),
                 store: Arc::clone(store),
             };
-            meta.lazy = Some(Lazy::new(Arc::new(source), budget, facts.count));
+            // Half the budget for unchanged inodes, half for changes waiting
+            // for a checkpoint (`held_limit`).
+            meta.lazy = Some(Lazy::new(Arc::new(source), budget / 2, facts.count));
             orphans = facts.orphans;
         }
         (slot, cp.seq, meta, Some(tree))
@@ -306,6 +312,37 @@ fn load_with(store: &Arc<dyn BlockStore>, cache_bytes: Option<u64>) -> FsResult<
         dropped_record: replayed.dropped,
         notes,
     })
+}
+
+/// Hand the memory a checkpoint let go of (the held inodes, the record,
+/// the overlays: many small blocks freed by other threads than those that
+/// took them) back to the host. Without this, glibc keeps it in each
+/// thread's arena and the daemon's memory follows the number of changes
+/// it has seen, not its cache (docs/design.md, "Memory").
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory back to the host; it
+    // takes the allocator's own locks and touches nothing we hold.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// What one held change costs in memory, roughly: the inode, its copy in
+/// the journal record and the record's bytes, the directory entry in the
+/// overlay and the batch, and the keys noted for the checkpoint.
+const HELD_CHANGE_BYTES: u64 = 1024;
+
+/// Held inodes never force a checkpoint below this many (a tiny cache
+/// must not checkpoint at every change).
+const MIN_HELD: usize = 8192;
+
+/// The held inodes past which a checkpoint is taken: half the metadata
+/// cache's budget, at [`HELD_CHANGE_BYTES`] each.
+fn held_limit(cache_bytes: u64) -> usize {
+    usize::try_from(cache_bytes / 2 / HELD_CHANGE_BYTES)
+        .unwrap_or(usize::MAX)
+        .max(MIN_HELD)
 }
 
 /// The allocator implied by the Data groups and the extents of every
@@ -429,6 +466,7 @@ impl Inner {
             journal: Mutex::new(loaded.journal),
             room,
             tree: loaded.tree,
+            held_limit: held_limit(cache_bytes),
             read_only: AtomicBool::new(read_only),
             csum,
             unwritten_extents,
@@ -543,12 +581,19 @@ impl Inner {
             return Err(FsError::ReadOnly);
         }
         self.admit_metadata(releasing)?;
-        let (res, big) = {
+        let (res, big, held_full) = {
             let mut st = self.state.write();
             let res = f(&mut st);
-            (res, st.batch.size_hint() > BATCH_LIMIT)
+            let held_full = st.meta.lazy.is_some() && st.meta.inodes.len() > self.held_limit;
+            (res, st.batch.size_hint() > BATCH_LIMIT, held_full)
         };
-        if big {
+        if held_full {
+            // The change itself is done; a checkpoint that fails keeps
+            // what it carried for the next one (or marks the failure).
+            if let Err(e) = self.commit(true) {
+                log::warn!("checkpoint to bound the metadata held in memory: {e}");
+            }
+        } else if big {
             self.commit(false)?;
         }
         res
@@ -647,6 +692,11 @@ impl Inner {
                         // The changes since the last checkpoint go into
                         // the tree while the metadata cannot move; its
                         // nodes are written after the lock is let go.
+                        log::debug!(
+                            "checkpoint: {}; {} tree nodes cached",
+                            st.meta.held_summary(),
+                            tree.lock().cached_nodes()
+                        );
                         if let Err(e) = tree.lock().apply(self.store.as_ref(), &st.meta) {
                             // The tree no longer follows the metadata in
                             // memory: nothing after this may be called durable.
@@ -695,6 +745,9 @@ impl Inner {
             Ok(()) => {
                 let earlier = self.refused.lock().take().unwrap_or_default();
                 self.release_freed(freed.into_iter().chain(earlier).collect());
+                if matches!(step, CommitStep::Checkpoint) && self.tree.is_some() {
+                    give_back_freed_memory();
+                }
                 Ok(true)
             }
             Err(e) if retryable(&e) => {

@@ -259,6 +259,11 @@ impl CsumMap {
         Ok(())
     }
 
+    /// Chunks held (64 blocks each).
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
     /// Blocks with a checksum.
     pub fn len(&self) -> u64 {
         self.chunks

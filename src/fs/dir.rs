@@ -110,6 +110,11 @@ impl Dir {
         self.entries.len()
     }
 
+    /// Removals an overlay holds.
+    pub fn removed_len(&self) -> usize {
+        self.removed.len()
+    }
+
     /// Once a checkpoint has written every change to the tree: an empty
     /// overlay from now on.
     pub fn settle(&mut self) {

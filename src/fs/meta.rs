@@ -264,6 +264,28 @@ impl Meta {
         Ok(inode)
     }
 
+    /// What is held in memory, for the log at each checkpoint.
+    pub fn held_summary(&self) -> String {
+        let (overlay, removed) = self
+            .dirs
+            .values()
+            .fold((0, 0), |(o, r), d| (o + d.len(), r + d.removed_len()));
+        let (clean, clean_bytes, gone) = match &self.lazy {
+            Some(l) => {
+                let (n, b) = l.resident();
+                (n, b, l.gone.len())
+            }
+            None => (0, 0, 0),
+        };
+        format!(
+            "{} inodes held, {gone} deleted, {clean} clean ({} KiB), {} directories with {overlay} entries and {removed} removals held, {} checksum chunks",
+            self.inodes.len(),
+            clean_bytes >> 10,
+            self.dirs.len(),
+            self.csums.chunk_count()
+        )
+    }
+
     /// How many inodes exist.
     pub fn inode_count(&self) -> u64 {
         match &self.lazy {

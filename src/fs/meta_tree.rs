@@ -76,6 +76,30 @@ pub struct StoredInode {
     pub ctime: Time,
     pub crtime: Time,
     pub parent: u64,
+    /// Which other kinds of keys the inode has ([`parts`]): a load reads
+    /// only those.
+    pub parts: u8,
+}
+
+/// Bits of [`StoredInode::parts`].
+pub mod parts {
+    pub const XATTRS: u8 = 1;
+    pub const TARGET: u8 = 2;
+    pub const EXTENTS: u8 = 4;
+}
+
+fn parts_of(inode: &Inode) -> u8 {
+    let mut p = 0;
+    if !inode.xattrs.is_empty() {
+        p |= parts::XATTRS;
+    }
+    if !inode.target.is_empty() {
+        p |= parts::TARGET;
+    }
+    if !inode.extents.is_empty() {
+        p |= parts::EXTENTS;
+    }
+    p
 }
 
 fn key(kind: u8, id: u64) -> Vec<u8> {
@@ -227,6 +251,7 @@ fn put_inode(t: &mut dyn Sink, inode: &Inode) -> FsResult<()> {
         ctime: inode.ctime,
         crtime: inode.crtime,
         parent: inode.parent,
+        parts: parts_of(inode),
     };
     t.put(&key(kind::INODE, inode.ino), &encode(&stored)?)?;
     for (name, value) in &inode.xattrs {
@@ -450,6 +475,8 @@ pub struct Loader {
     xattrs: BTreeMap<(u64, Vec<u8>), Pieces>,
     targets: BTreeMap<u64, Pieces>,
     entries: BTreeMap<u64, Vec<(Vec<u8>, Slot)>>,
+    /// Each inode's [`StoredInode::parts`], checked against its keys.
+    parts: BTreeMap<u64, u8>,
     /// (directory, cookie) → what its readdir entry says.
     listed: BTreeMap<(u64, u64), (u64, FileKind, Vec<u8>)>,
     next_cookies: BTreeMap<u64, u64>,
@@ -473,6 +500,7 @@ impl Loader {
             targets: BTreeMap::new(),
             entries: BTreeMap::new(),
             listed: BTreeMap::new(),
+            parts: BTreeMap::new(),
             next_cookies: BTreeMap::new(),
             cookies: 0,
         }
@@ -515,6 +543,7 @@ impl Loader {
                     (s.atime, s.mtime, s.ctime, s.crtime);
                 inode.parent = s.parent;
                 self.meta.inodes.insert(id, inode);
+                self.parts.insert(id, s.parts);
             }
             kind::XATTR | kind::TARGET | kind::EXTENT if self.lazy.is_some() => {}
             kind::XATTR => {
@@ -604,6 +633,7 @@ impl Loader {
             targets,
             mut entries,
             listed,
+            parts,
             next_cookies,
             cookies,
         } = self;
@@ -623,6 +653,14 @@ impl Loader {
                 .get_mut(&ino)
                 .ok_or_else(|| FsError::Corrupt(format!("symlink target of missing inode {ino}")))?
                 .target = target;
+        }
+        for (ino, stored) in parts {
+            let has = meta.inodes.get(&ino).map_or(stored, parts_of);
+            if has != stored {
+                return Err(FsError::Corrupt(format!(
+                    "inode {ino} says it has key kinds {stored:#b} but has {has:#b}"
+                )));
+            }
         }
         let mut named = 0u64;
         let dir_inos: Vec<u64> = match &lazy {
@@ -804,9 +842,19 @@ impl MetaTree {
         let Some(attrs) = self.tree.get(store, &key(kind::INODE, ino))? else {
             return Ok(None);
         };
+        let has = decode::<StoredInode>(&attrs, "inode")?.parts;
         let mut loader = Loader::new(0, 0);
         loader.take(&key(kind::INODE, ino), &attrs)?;
-        for k in [kind::XATTR, kind::EXTENT, kind::TARGET] {
+        let kinds = [
+            (parts::XATTRS, kind::XATTR),
+            (parts::EXTENTS, kind::EXTENT),
+            (parts::TARGET, kind::TARGET),
+        ];
+        for k in kinds
+            .iter()
+            .filter(|(bit, _)| has & bit != 0)
+            .map(|(_, k)| *k)
+        {
             let (start, end) = id_range(k, ino);
             self.tree.scan(store, &start, &end, &mut |k, v| {
                 loader.take(k, v)?;
@@ -1046,6 +1094,11 @@ impl MetaTree {
     #[cfg(test)]
     pub fn last_written(&self) -> u64 {
         self.last_written
+    }
+
+    /// Decoded tree nodes cached.
+    pub fn cached_nodes(&self) -> usize {
+        self.tree.cached_nodes()
     }
 
     /// Free node blocks in the Metadata groups taken so far.
@@ -1370,6 +1423,30 @@ mod tests {
         fs.unmount().unwrap();
         let report = crate::fs::fsck::fsck(Arc::clone(&store) as _, false).unwrap();
         assert!(report.is_clean(), "{:?}", report.problems);
+    }
+
+    #[test]
+    fn changes_held_for_the_next_checkpoint_stay_within_their_share_of_the_cache() {
+        let store = store(16, 8 << 20);
+        FileSystem::format(Arc::clone(&store) as _).unwrap();
+        let opts = FsOptions {
+            metadata_cache: 0,
+            ..FsOptions::default()
+        };
+        let fs = FileSystem::open(Arc::clone(&store) as _, opts).unwrap();
+        let mut most = 0;
+        for i in 0..20_000 {
+            touch(&fs, ROOT_INO, &format!("f{i:05}")).unwrap();
+            most = most.max(resident(&fs).0);
+        }
+        // 8,192 held at most (the floor for a cache of 0), then a
+        // checkpoint: without one, all 20,000 would be.
+        assert!(most > 4_000 && most <= 8_193, "{most} inodes held at most");
+        fs.unmount().unwrap();
+        drop(fs);
+        let fs = open(&store);
+        assert_eq!(fs.readdir(ROOT_INO, 0, usize::MAX).unwrap().len(), 20_002);
+        fs.unmount().unwrap();
     }
 
     #[test]

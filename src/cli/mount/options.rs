@@ -236,7 +236,7 @@ pub const OPTIONS: &[(&str, &str)] = &[
     ),
     (
         "metadata_cache=SIZE",
-        "memory for unchanged inodes read from the metadata tree, 0 to 64G (default 64M); the daemon's memory follows it, not the number of files",
+        "memory for metadata beside the tree: half for unchanged inodes, half for changes waiting for a checkpoint, 0 to 64G (default 64M); the daemon's memory follows it, not the number of files",
     ),
     (
         "read_ahead_kb=N",
@@ -404,7 +404,7 @@ pub fn parse(lists: &[String]) -> Result<MountOptions, String> {
                     Ok(bytes) if bytes <= MAX_METADATA_CACHE => Some(bytes),
                     Ok(_) => {
                         return Err(format!(
-                            "metadata_cache={v}: at most 64G of memory for unchanged inodes"
+                            "metadata_cache={v}: at most 64G of metadata cache"
                         ))
                     }
                     Err(e) => return Err(format!("metadata_cache={v}: {e}")),

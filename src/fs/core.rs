@@ -348,13 +348,19 @@ fn held_limit(cache_bytes: u64) -> usize {
 /// The allocator implied by the Data groups and the extents of every
 /// inode `meta` holds.
 pub fn build_allocator(groups: &[GroupInfo], meta: &Meta) -> (Allocator, Vec<String>) {
+    let mut alloc = data_groups(groups);
+    let mut problems = Vec::new();
+    mark_held(&mut alloc, meta, &mut problems);
+    (alloc, problems)
+}
+
+/// An allocator over the Data groups, all free.
+fn data_groups(groups: &[GroupInfo]) -> Allocator {
     let mut alloc = Allocator::default();
     for g in groups.iter().filter(|g| g.kind == GroupKind::Data) {
         alloc.add_group(*g);
     }
-    let mut problems = Vec::new();
-    mark_held(&mut alloc, meta, &mut problems);
-    (alloc, problems)
+    alloc
 }
 
 fn mark_held(alloc: &mut Allocator, meta: &Meta, problems: &mut Vec<String>) {
@@ -381,10 +387,7 @@ fn mount_allocator(
     let (Some(tree), Some(_)) = (tree, &meta.lazy) else {
         return Ok(build_allocator(groups, meta));
     };
-    let mut alloc = Allocator::default();
-    for g in groups.iter().filter(|g| g.kind == GroupKind::Data) {
-        alloc.add_group(*g);
-    }
+    let mut alloc = data_groups(groups);
     let mut problems = Vec::new();
     tree.lock().for_each_extent(store, &mut |ino, off, ext| {
         if meta.is_changed(ino) {

@@ -70,10 +70,6 @@ impl Lazy {
         }
     }
 
-    pub fn source(&self) -> &Arc<dyn MetaSource> {
-        &self.source
-    }
-
     /// Clean inodes resident, and their bytes.
     pub fn resident(&self) -> (usize, u64) {
         let c = self.clean.lock();
@@ -89,6 +85,16 @@ pub struct Entry {
     pub ino: u64,
     /// The child's kind, when the listing knew it.
     pub kind: Option<FileKind>,
+}
+
+/// Where [`Meta::locate`] finds an inode.
+enum Located<'a> {
+    Held(&'a Inode),
+    Clean(Arc<Inode>),
+    /// Deleted, or never there.
+    Absent,
+    /// Only the tree can say.
+    InTree(&'a Lazy),
 }
 
 /// An inode as [`Meta::inode`] finds it: held, or a clean shared copy.
@@ -156,26 +162,35 @@ pub struct MetaImage {
 }
 
 impl Meta {
-    /// The inode, read from the tree when it is not resident.
-    pub fn inode(&self, ino: u64) -> FsResult<Option<InodeRef<'_>>> {
+    /// Where the inode is, without reading the tree.
+    fn locate(&self, ino: u64) -> Located<'_> {
         if let Some(i) = self.inodes.get(&ino) {
-            return Ok(Some(InodeRef::Held(i)));
+            return Located::Held(i);
         }
         let Some(lazy) = &self.lazy else {
-            return Ok(None);
+            return Located::Absent;
         };
         if lazy.gone.contains(&ino) {
-            return Ok(None);
+            return Located::Absent;
         }
-        if let Some(i) = lazy.clean.lock().get(ino) {
-            return Ok(Some(InodeRef::Shared(i)));
+        match lazy.clean.lock().get(ino) {
+            Some(i) => Located::Clean(i),
+            None => Located::InTree(lazy),
         }
-        let Some(inode) = lazy.source.load(ino)? else {
-            return Ok(None);
-        };
-        let inode = Arc::new(inode);
-        lazy.clean.lock().insert(Arc::clone(&inode));
-        Ok(Some(InodeRef::Shared(inode)))
+    }
+
+    /// The inode, read from the tree when it is not resident.
+    pub fn inode(&self, ino: u64) -> FsResult<Option<InodeRef<'_>>> {
+        Ok(match self.locate(ino) {
+            Located::Held(i) => Some(InodeRef::Held(i)),
+            Located::Clean(i) => Some(InodeRef::Shared(i)),
+            Located::Absent => None,
+            Located::InTree(lazy) => lazy.source.load(ino)?.map(|inode| {
+                let inode = Arc::new(inode);
+                lazy.clean.lock().insert(Arc::clone(&inode));
+                InodeRef::Shared(inode)
+            }),
+        })
     }
 
     /// Whether the inode exists.
@@ -185,19 +200,12 @@ impl Meta {
 
     /// The inode's kind, without reading its extents and xattrs (readdir).
     pub fn kind_of(&self, ino: u64) -> FsResult<Option<FileKind>> {
-        if let Some(i) = self.inodes.get(&ino) {
-            return Ok(Some(i.kind));
+        match self.locate(ino) {
+            Located::Held(i) => Ok(Some(i.kind)),
+            Located::Clean(i) => Ok(Some(i.kind)),
+            Located::Absent => Ok(None),
+            Located::InTree(lazy) => lazy.source.kind(ino),
         }
-        let Some(lazy) = &self.lazy else {
-            return Ok(None);
-        };
-        if lazy.gone.contains(&ino) {
-            return Ok(None);
-        }
-        if let Some(i) = lazy.clean.lock().get(ino) {
-            return Ok(Some(i.kind));
-        }
-        lazy.source.kind(ino)
     }
 
     /// The inode, to change: held from now until the next checkpoint
@@ -308,17 +316,6 @@ impl Meta {
                 None => Ok(None),
             },
         }
-    }
-
-    /// Remove `name` from directory `dir`; its entry, if it had one.
-    pub fn dir_remove(&mut self, dir: u64, name: &[u8]) -> FsResult<Option<Slot>> {
-        let slot = self.dir_get(dir, name)?;
-        if slot.is_some() {
-            if let Some(d) = self.dirs.get_mut(&dir) {
-                d.remove(name);
-            }
-        }
-        Ok(slot)
     }
 
     /// Whether directory `dir` has no entry.

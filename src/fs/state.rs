@@ -106,14 +106,16 @@ impl State {
         Ok(())
     }
 
-    pub fn dir_remove(&mut self, dir: u64, name: &[u8]) -> FsResult<()> {
-        if self.meta.dir_remove(dir, name)?.is_some() {
+    /// Remove the entry `name` of `dir`, which the caller has found
+    /// ([`State::dir_get`]): no second lookup.
+    pub fn dir_remove(&mut self, dir: u64, name: &[u8]) {
+        if let Some(d) = self.meta.dirs.get_mut(&dir) {
+            d.remove(name);
             self.batch.dir_ops.push(DirOp::Remove {
                 dir,
                 name: name.to_vec(),
             });
         }
-        Ok(())
     }
 
     /// The entry of `name` in directory `dir`.

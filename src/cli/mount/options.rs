@@ -634,27 +634,24 @@ mod tests {
     }
 
     #[test]
-    fn commit_is_seconds_from_one_to_an_hour() {
-        assert_eq!(parse(&[]).unwrap().commit_secs, None);
+    fn metadata_cache_is_a_size_up_to_64g() {
+        let cache = |o: &str| parse(&[o.into()]).map(|p| p.metadata_cache);
         assert_eq!(parse(&[]).unwrap().metadata_cache, None);
-        assert_eq!(
-            parse(&["metadata_cache=16M".into()])
-                .unwrap()
-                .metadata_cache,
-            Some(16 << 20)
-        );
-        assert_eq!(
-            parse(&["metadata_cache=0".into()]).unwrap().metadata_cache,
-            Some(0)
-        );
+        assert_eq!(cache("metadata_cache=16M"), Ok(Some(16 << 20)));
+        assert_eq!(cache("metadata_cache=0"), Ok(Some(0)));
         for bad in [
             "metadata_cache=65G",
             "metadata_cache=lots",
             "metadata_cache=1Q",
         ] {
-            let e = parse(&[bad.into()]).unwrap_err();
+            let e = cache(bad).unwrap_err();
             assert!(e.starts_with("metadata_cache="), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn commit_is_seconds_from_one_to_an_hour() {
+        assert_eq!(parse(&[]).unwrap().commit_secs, None);
         assert_eq!(parse(&["commit=1".into()]).unwrap().commit_secs, Some(1));
         assert_eq!(
             parse(&["commit=3600".into()]).unwrap().commit_secs,

@@ -227,7 +227,7 @@ pub fn unlink(st: &mut State, caller: &Caller, parent: u64, name: &[u8]) -> FsRe
     if st.inode(child)?.is_dir() {
         return Err(FsError::IsDir);
     }
-    st.dir_remove(parent, name)?;
+    st.dir_remove(parent, name);
     st.touch_mc(parent);
     st.drop_link(child)
 }
@@ -245,7 +245,7 @@ pub fn rmdir(st: &mut State, caller: &Caller, parent: u64, name: &[u8]) -> FsRes
     if !st.dir_is_empty(child)? {
         return Err(FsError::NotEmpty);
     }
-    st.dir_remove(parent, name)?;
+    st.dir_remove(parent, name);
     let p = st.inode_mut(parent)?;
     p.nlink = p.nlink.saturating_sub(1);
     st.touch_mc(parent);

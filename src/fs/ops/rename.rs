@@ -124,14 +124,14 @@ pub fn rename(
         }
     }
     if let Some(d) = dst_ino {
-        st.dir_remove(new_parent, new_name)?;
+        st.dir_remove(new_parent, new_name);
         if src_is_dir {
             let p = st.inode_mut(new_parent)?;
             p.nlink = p.nlink.saturating_sub(1);
         }
         st.drop_link(d)?;
     }
-    st.dir_remove(parent, name)?;
+    st.dir_remove(parent, name);
     st.dir_insert(new_parent, new_name, src_ino)?;
     if flags.whiteout {
         namespace::whiteout(st, caller, parent, name)?;

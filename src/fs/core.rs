@@ -86,6 +86,9 @@ pub struct Inner {
     pub damaged: super::damaged::DamagedLog,
     /// Data blocks that failed their checksum on a read since the mount.
     pub data_errors: DataErrorLog,
+    /// The state's checksum map, reached without the state lock by the
+    /// array's content judge (see [`super::csum::SharedCsums`]).
+    pub(in crate::fs) judged_csums: super::csum::SharedCsums,
 }
 
 /// What [`load`] found on the store.
@@ -452,6 +455,7 @@ impl Inner {
         }
         let unwritten_extents = loaded.journal.header.unwritten_extents();
         let verified_commits = loaded.journal.header.verified_records() && csum.enabled();
+        let judged_csums = loaded.meta.csums.share();
         let state = State {
             meta: loaded.meta,
             alloc,
@@ -481,6 +485,7 @@ impl Inner {
             file_locks: RangeLocks::default(),
             damaged: Default::default(),
             data_errors: DataErrorLog::default(),
+            judged_csums,
         });
         if csum.enabled() {
             let judge: Weak<dyn crate::array::ContentJudge> = Arc::downgrade(&inner) as _;

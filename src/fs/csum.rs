@@ -9,8 +9,18 @@
 //! address: every checked read looks its blocks up, and a cold 4 KiB read
 //! paid a cache miss per level of an ordered tree (a fifth of the daemon's
 //! own time per read). Checkpoints still write the chunks in address order.
+//!
+//! While mounted the map sits behind its own lock ([`SharedCsums`]): the
+//! array's scrub and resync ask the filesystem which copy of a block is
+//! right while they hold a stripe lock, and the state lock may be held by
+//! an operation whose metadata read waits for that same stripe. The map's
+//! lock is only ever held for in-memory work, so the judge never waits on
+//! I/O.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -112,6 +122,32 @@ fn in_address_order<S: Serializer>(
 ) -> Result<S::Ok, S::Error> {
     let ordered: BTreeMap<&u64, &CsumChunk> = chunks.iter().collect();
     ordered.serialize(serializer)
+}
+
+/// The mounted filesystem's checksum map. Changed under the state lock
+/// (state, then this lock: never the other way), read by the content
+/// judge with this lock alone. Nothing holding it waits for anything else.
+#[derive(Debug, Default)]
+pub struct SharedCsums(Arc<RwLock<CsumMap>>);
+
+impl SharedCsums {
+    pub fn new(map: CsumMap) -> SharedCsums {
+        SharedCsums(Arc::new(RwLock::new(map)))
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, CsumMap> {
+        self.0.read()
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, CsumMap> {
+        self.0.write()
+    }
+
+    /// A second handle on the same map, for a reader that must not take
+    /// the state lock (the content judge).
+    pub fn share(&self) -> SharedCsums {
+        SharedCsums(Arc::clone(&self.0))
+    }
 }
 
 fn locate(addr: u64) -> (u64, usize) {

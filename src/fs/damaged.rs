@@ -81,7 +81,7 @@ impl DamagedRange {
             && inode.nlink > 0
             && self.offset < inode.size
             && mapped
-            && meta.csums.get(self.addr) == Some(self.csum)
+            && meta.csums.read().get(self.addr) == Some(self.csum)
     }
 }
 

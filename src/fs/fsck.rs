@@ -394,6 +394,7 @@ fn check_checksums(meta: &mut Meta, report: &mut FsckReport) {
     };
     let stray: Vec<u64> = meta
         .csums
+        .read()
         .addrs()
         .into_iter()
         .filter(|a| !mapped(*a))
@@ -406,6 +407,6 @@ fn check_checksums(meta: &mut Meta, report: &mut FsckReport) {
         stray.len()
     ));
     for addr in stray {
-        meta.csums.remove(addr, super::inode::BLOCK_SIZE);
+        meta.csums.write().remove(addr, super::inode::BLOCK_SIZE);
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::csum::CsumMap;
+use super::csum::{CsumMap, SharedCsums};
 use super::dir::{Dir, DirImage, Lookup, Slot, FIRST_COOKIE};
 use super::extent::Extent;
 use super::inode::Inode;
@@ -33,7 +33,7 @@ pub struct Meta {
     pub next_ino: u64,
     pub next_gen: u64,
     /// Checksums of the data blocks files point at.
-    pub csums: CsumMap,
+    pub csums: SharedCsums,
     /// Over a metadata tree: what the inodes not held in `inodes` are.
     pub lazy: Option<Lazy>,
 }
@@ -149,7 +149,15 @@ pub struct MetaImageRef<'a> {
     pub next_gen: u64,
     pub inodes: Vec<&'a Inode>,
     pub dirs: Vec<(u64, DirImage)>,
-    pub csums: &'a CsumMap,
+    #[serde(serialize_with = "held_map")]
+    pub csums: parking_lot::RwLockReadGuard<'a, CsumMap>,
+}
+
+fn held_map<S: serde::Serializer>(
+    map: &parking_lot::RwLockReadGuard<'_, CsumMap>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    CsumMap::serialize(map, serializer)
 }
 
 #[derive(Deserialize)]
@@ -290,7 +298,7 @@ impl Meta {
             self.inodes.len(),
             clean_bytes >> 10,
             self.dirs.len(),
-            self.csums.chunk_count()
+            self.csums.read().chunk_count()
         )
     }
 
@@ -512,7 +520,7 @@ impl Meta {
             next_gen: self.next_gen,
             inodes,
             dirs,
-            csums: &self.csums,
+            csums: self.csums.read(),
         }
     }
 
@@ -520,7 +528,7 @@ impl Meta {
         let mut meta = Meta {
             next_ino: img.next_ino,
             next_gen: img.next_gen,
-            csums: img.csums,
+            csums: SharedCsums::new(img.csums),
             ..Default::default()
         };
         for inode in img.inodes {
@@ -568,11 +576,12 @@ impl Meta {
             self.remove_inode(ino)?;
             self.dirs.remove(&ino);
         }
+        let mut csums = self.csums.write();
         for (addr, crcs) in rec.csum_sets {
-            self.csums.set(addr, &crcs);
+            csums.set(addr, &crcs);
         }
         for ext in rec.csum_drops {
-            self.csums.remove(ext.addr, ext.len);
+            csums.remove(ext.addr, ext.len);
         }
         Ok(())
     }

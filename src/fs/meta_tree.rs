@@ -393,10 +393,9 @@ pub fn store_touched(
             None => vec![kind::CSUM + 1],
         };
         t.delete_range(store, &key(kind::CSUM, first), &end)?;
-        for chunk in meta.csums.chunk_keys_in(first, last) {
-            if let Some(bytes) = meta.csums.chunk_bytes(chunk) {
-                t.put(store, &key(kind::CSUM, chunk), &bytes)?;
-            }
+        // Taken out first: the map's lock is never held over tree I/O.
+        for (chunk, bytes) in chunks_in(meta, first, last) {
+            t.put(store, &key(kind::CSUM, chunk), &bytes)?;
         }
     }
     Ok(())
@@ -436,12 +435,21 @@ fn put_all(t: &mut dyn Sink, meta: &Meta) -> FsResult<()> {
         }
         put_dirinfo(t, *ino, d)?;
     }
-    for chunk in meta.csums.chunk_keys_in(0, u64::MAX) {
-        if let Some(bytes) = meta.csums.chunk_bytes(chunk) {
-            t.put(&key(kind::CSUM, chunk), &bytes)?;
-        }
+    for (chunk, bytes) in chunks_in(meta, 0, u64::MAX) {
+        t.put(&key(kind::CSUM, chunk), &bytes)?;
     }
     Ok(())
+}
+
+/// The checksum chunks held in `[first, last]` as the tree stores them,
+/// ascending.
+fn chunks_in(meta: &Meta, first: u64, last: u64) -> Vec<(u64, Vec<u8>)> {
+    let csums = meta.csums.read();
+    csums
+        .chunk_keys_in(first, last)
+        .into_iter()
+        .filter_map(|chunk| Some((chunk, csums.chunk_bytes(chunk)?)))
+        .collect()
 }
 
 /// Pieces of one value being put back together: piece number → bytes.
@@ -610,6 +618,7 @@ impl Loader {
                 }
                 self.meta
                     .csums
+                    .write()
                     .restore_chunk(id, v)
                     .map_err(|e| bad(k, &e))?
             }
@@ -1162,7 +1171,7 @@ mod tests {
         (
             inodes,
             dirs,
-            meta.csums.clone(),
+            meta.csums.read().clone(),
             meta.next_ino,
             meta.next_gen,
         )

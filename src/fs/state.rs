@@ -183,7 +183,7 @@ impl State {
         if crcs.is_empty() {
             return;
         }
-        self.meta.csums.set(addr, &crcs);
+        self.meta.csums.write().set(addr, &crcs);
         self.batch.csum_sets.push((addr, crcs));
     }
 
@@ -200,9 +200,11 @@ impl State {
             csum_drops: batch.freed.clone(),
             ..Default::default()
         };
+        let mut csums = self.meta.csums.write();
         for ext in &batch.freed {
-            self.meta.csums.remove(ext.addr, ext.len);
+            csums.remove(ext.addr, ext.len);
         }
+        drop(csums);
         for ino in batch.dirty {
             match self.meta.inodes.get(&ino) {
                 Some(inode) => rec.puts.push(inode.clone()),

@@ -107,7 +107,7 @@ impl Inner {
             let at = addr + (i * block) as u64;
             let mapped_at = inode.as_deref().and_then(|n| file_offset(n, at));
             let Some((want, offset)) =
-                mapped_at.and_then(|off| Some((st.meta.csums.get(at)?, off)))
+                mapped_at.and_then(|off| Some((st.meta.csums.read().get(at)?, off)))
             else {
                 // Unmapped by a racing truncate: nothing left to check against.
                 continue;
@@ -162,24 +162,26 @@ impl ContentJudge for Inner {
     }
 
     fn judge(&self, addr: u64, data: &[u8]) -> Option<bool> {
-        // `read_recursive` does not queue behind a waiting writer: a heal
-        // holds the read lock while its repair write waits for the stripe
-        // lock our caller holds, and a fair read would wait for a writer
-        // that waits for that heal.
-        let want = self.state.read_recursive().meta.csums.get(addr)?;
+        // Not through the state lock: its holder may be reading metadata
+        // through the stripe our caller has locked.
+        let want = self.judged_csums.read().get(addr)?;
         Some(self.csum.block(data) == want)
     }
 
     fn no_good_version(&self, addr: u64) {
-        // Rare (a scrub or resync found every version wrong), so finding
-        // the file by a walk of every inode's extents is affordable.
-        let st = self.state.read_recursive();
-        let Some(want) = st.meta.csums.get(addr) else {
+        let Some(want) = self.judged_csums.read().get(addr) else {
             return;
         };
-        // Only resident inodes: this runs under the array's stripe locks,
-        // where reading the metadata tree could wait for them. A block of
-        // a file not resident is found when the damaged list is next read.
+        // Rare (a scrub or resync found every version wrong), so finding
+        // the file by a walk of the resident inodes' extents is
+        // affordable; not the tree's, whose reads could wait for the
+        // stripe our caller has locked. For the same reason the state lock
+        // is only tried. Without it, or when the file is not resident, the
+        // block is found when the damaged list is next read.
+        let Some(st) = self.state.try_read_recursive() else {
+            self.damaged.defer(addr, want);
+            return;
+        };
         let found = st.meta.find_resident(&|n| file_offset(n, addr).is_some());
         let Some(inode) = found else {
             self.damaged.defer(addr, want);
@@ -196,5 +198,67 @@ impl ContentJudge for Inner {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::array::ContentJudge;
+    use crate::fs::teststore::MemStore;
+    use crate::fs::{Caller, FileSystem, FsOptions, ROOT_INO};
+
+    /// The judge is asked under a stripe lock, while a metadata operation
+    /// may hold the state lock and wait, through a tree read, for that
+    /// stripe: it must answer without the state lock.
+    #[test]
+    fn the_content_judge_answers_while_the_state_lock_is_held() {
+        let store = Arc::new(MemStore::new(16, 8 << 20, 64 << 10));
+        FileSystem::format(Arc::clone(&store) as _).unwrap();
+        let fs = FileSystem::open(Arc::clone(&store) as _, FsOptions::default()).unwrap();
+        let root = Caller::root();
+        let f = fs
+            .create(&root, ROOT_INO, OsStr::new("f"), 0o644, 0, libc::O_RDWR)
+            .unwrap();
+        let data = vec![0x5au8; 4096];
+        fs.write(f.ino, 0, &data).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+        let addr = {
+            let st = fs.inner.state.read();
+            let inode = st.inode(f.ino).unwrap();
+            let (_, e) = inode.extents.iter().next().expect("the file has an extent");
+            e.addr
+        };
+        let held = fs.inner.state.write();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let inner = Arc::clone(&fs.inner);
+        let asked = data.clone();
+        std::thread::spawn(move || {
+            let mut wrong = asked.clone();
+            wrong[0] ^= 1;
+            let answers = (inner.judge(addr, &asked), inner.judge(addr, &wrong));
+            // Every version wrong: recorded later, not waited for.
+            inner.no_good_version(addr);
+            let _ = tx.send(answers);
+        });
+        // A hang is the failure; the bound only turns it into a message.
+        let answers = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the judge waited for the state lock");
+        assert_eq!(answers, (Some(true), Some(false)));
+        drop(held);
+        let damaged = fs.damaged_ranges();
+        assert_eq!(
+            damaged
+                .iter()
+                .map(|r| (r.ino, r.offset))
+                .collect::<Vec<_>>(),
+            vec![(f.ino, 0)],
+            "the block with no good version is found once the lock is free"
+        );
+        fs.release(f.ino).unwrap();
     }
 }

@@ -160,7 +160,7 @@ impl Inner {
                     // Unwritten blocks read as zeros, like a hole.
                     let addr = seg.addr.filter(|_| !seg.unwritten)?;
                     Some(BlockRead::plan(
-                        &st.meta.csums,
+                        &st.meta.csums.read(),
                         self.csum.enabled(),
                         seg.file_off,
                         seg.len,
@@ -473,7 +473,7 @@ impl Inner {
 
     /// Read one mapped block of the file, checked (the caller holds its lock).
     fn read_old_block(&self, ino: u64, addr: u64, buf: &mut [u8]) -> FsResult<()> {
-        let want = self.state.read().meta.csums.get(addr);
+        let want = self.state.read().meta.csums.read().get(addr);
         self.read_checked(ino, addr, buf, &[want], true)
     }
 

@@ -169,6 +169,57 @@ fn fsck_free_space_agrees_with_df_and_check_reports_json() {
     assert!(text.contains(&format!("{df} bytes free")), "{text}");
 }
 
+#[test]
+fn fsck_shows_its_steps_on_a_terminal_and_nothing_extra_in_a_pipe() {
+    let array = Array::new();
+    let _guard = Unmount(array.mnt());
+    check(
+        raidfs()
+            .args(["mount", "-o", &array.log_option()])
+            .args(array.members())
+            .arg(array.mnt()),
+    );
+    for i in 0..200 {
+        std::fs::write(array.mnt().join(format!("f{i}")), b"x").unwrap();
+    }
+    let record = daemon(&array.mnt());
+    check(raidfs().arg("umount").arg(array.mnt()));
+    assert_daemon_finished(&record, &array.mnt());
+    // util-linux's script(1) gives fsck a terminal; its typescript is
+    // what the terminal was sent.
+    let typescript = array.path("fsck.typescript");
+    let out = check(
+        Command::new("script")
+            .args(["-q", "-e", "-c"])
+            .arg(format!("{RAIDFS} fsck m0.img m1.img m2.img"))
+            .arg(&typescript)
+            .current_dir(array.dir.path()),
+    );
+    let shown = String::from_utf8_lossy(&std::fs::read(&typescript).unwrap()).into_owned()
+        + &String::from_utf8_lossy(&out.stdout);
+    for step in [
+        "fsck: reading the metadata tree's nodes (",
+        "fsck: reading the metadata entries (",
+        "fsck: checking directory entries: ",
+        "fsck: checking link counts: ",
+        "fsck: checking extents: ",
+    ] {
+        assert!(shown.contains(step), "{step:?} not shown:\n{shown}");
+    }
+    assert!(shown.contains("clean"), "{shown}");
+    let piped = check(
+        raidfs()
+            .args(["fsck", "m0.img", "m1.img", "m2.img"])
+            .current_dir(array.dir.path()),
+    );
+    let printed = String::from_utf8_lossy(&piped.stdout).into_owned()
+        + &String::from_utf8_lossy(&piped.stderr);
+    assert!(
+        !printed.contains("fsck: "),
+        "steps shown in a pipe: {printed}"
+    );
+}
+
 /// Free bytes of the filesystem at `path`, as df shows them.
 fn statvfs_free(path: &std::path::Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;

@@ -4,11 +4,15 @@
 //! repaired, 4 problems remain, 8 the check could not run.
 
 use crate::array::{assemble_paths, AssembleOptions, OpenPolicy};
-use crate::fs::{fsck, ArrayStore};
+use crate::fs::{fsck, fsck_with, ArrayStore, Progress};
 use crate::superblock::Superblock;
 use serde::Serialize;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
 
 /// `fsck --json`: what the text output says, one field each.
 #[derive(Serialize)]
@@ -109,7 +113,15 @@ pub fn run(args: FsckArgs) -> i32 {
         );
     }
     let store = Arc::new(ArrayStore::new(Arc::clone(&array)));
-    let report = match fsck(store, args.repair) {
+    let shown = (!args.json && std::io::stderr().is_terminal()).then(Steps::new);
+    let outcome = match &shown {
+        Some(steps) => fsck_with(store, args.repair, steps),
+        None => fsck(store, args.repair),
+    };
+    if let Some(steps) = &shown {
+        steps.finish();
+    }
+    let report = match outcome {
         Ok(r) => r,
         Err(e) => {
             super::fail(format!("filesystem check failed: {e}"));
@@ -178,4 +190,71 @@ pub fn run(args: FsckArgs) -> i32 {
         _ => println!("{problems} problems found; run with --repair to fix them"),
     }
     code
+}
+
+/// fsck's steps on a terminal (stderr): a bar (or a counter, when the
+/// step's size is not known ahead) for the step under way, and a line for
+/// each step done with what it went through and how long it took, so a
+/// check of millions of files shows where it is.
+struct Steps {
+    bar: indicatif::ProgressBar,
+    current: Mutex<Option<(&'static str, Instant)>>,
+}
+
+impl Steps {
+    fn new() -> Steps {
+        Steps {
+            bar: indicatif::ProgressBar::new_spinner(),
+            current: Mutex::new(None),
+        }
+    }
+
+    /// The step under way ends: its line.
+    fn end_step(&self) {
+        if let Some((name, started)) = self.current.lock().take() {
+            let done = self.bar.position();
+            let counted = if done > 0 {
+                format!(" ({done})")
+            } else {
+                String::new()
+            };
+            self.bar.println(format!(
+                "fsck: {name}{counted}: {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+    }
+
+    fn finish(&self) {
+        self.end_step();
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Progress for Steps {
+    fn step(&self, name: &'static str, total: Option<u64>) {
+        self.end_step();
+        let template = match total {
+            Some(_) => "fsck: {msg} [{bar:30}] {pos}/{len} eta {eta}",
+            None => "fsck: {msg} {spinner} {pos}",
+        };
+        self.bar.set_style(
+            indicatif::ProgressStyle::with_template(template)
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        match total {
+            Some(n) => self.bar.set_length(n),
+            None => self.bar.unset_length(),
+        }
+        self.bar.set_position(0);
+        self.bar.reset_eta();
+        self.bar.set_message(name);
+        self.bar.tick();
+        *self.current.lock() = Some((name, Instant::now()));
+    }
+
+    fn advance(&self, n: u64) {
+        self.bar.inc(n);
+    }
 }

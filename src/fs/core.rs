@@ -21,6 +21,7 @@ use super::meta::Lazy;
 use super::meta::{Meta, MetaImage};
 use super::meta_room::MetaRoom;
 use super::meta_tree::{MetaTree, TreeSource};
+use super::progress::{Progress, Silent};
 use super::range_lock::{RangeGuard, RangeLocks};
 use super::replay::{left_out_note, replay};
 use super::state::State;
@@ -243,16 +244,25 @@ fn newest_checkpoint<T>(
 /// Read header, newest valid checkpoint and the journal after it, with
 /// every inode in memory (fsck, upgrade).
 pub fn load(store: &Arc<dyn BlockStore>) -> FsResult<Loaded> {
-    load_with(store, None)
+    load_with(store, None, &Silent)
+}
+
+/// [`load`], telling `progress` how far it got.
+pub fn load_showing(store: &Arc<dyn BlockStore>, progress: &dyn Progress) -> FsResult<Loaded> {
+    load_with(store, None, progress)
 }
 
 /// [`load`] for a mount: over a metadata tree, inodes are read from it
 /// when used and at most `cache_bytes` of clean ones are kept.
 pub fn load_for_mount(store: &Arc<dyn BlockStore>, cache_bytes: u64) -> FsResult<Loaded> {
-    load_with(store, Some(cache_bytes))
+    load_with(store, Some(cache_bytes), &Silent)
 }
 
-fn load_with(store: &Arc<dyn BlockStore>, cache_bytes: Option<u64>) -> FsResult<Loaded> {
+fn load_with(
+    store: &Arc<dyn BlockStore>,
+    cache_bytes: Option<u64>,
+    progress: &dyn Progress,
+) -> FsResult<Loaded> {
     let meta_group = metadata_group(store.as_ref())?;
     let (header, mut notes) = read_header(store.as_ref(), meta_group)?;
     if header.version < VERSION {
@@ -269,6 +279,7 @@ fn load_with(store: &Arc<dyn BlockStore>, cache_bytes: Option<u64>) -> FsResult<
             meta_group,
             &cp,
             cache_bytes.is_none(),
+            progress,
         )?;
         let tree = Arc::new(Mutex::new(tree));
         if let Some(budget) = cache_bytes {

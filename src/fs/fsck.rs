@@ -11,12 +11,13 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use super::core::{build_allocator, load};
+use super::core::{build_allocator, load_showing};
 use super::dir::Dir;
 use super::inode::{Inode, Time};
 use super::layout::{encode, write_header, FS_FEATURES};
 use super::meta::Meta;
 use super::meta_tree::MetaTree;
+use super::progress::{Progress, Silent};
 use super::store::BlockStore;
 use super::{FileKind, FsError, FsResult, ROOT_INO};
 
@@ -44,7 +45,16 @@ impl FsckReport {
 }
 
 pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
-    let loaded = load(&store)?;
+    fsck_with(store, repair, &Silent)
+}
+
+/// [`fsck`], telling `progress` of each step.
+pub fn fsck_with(
+    store: Arc<dyn BlockStore>,
+    repair: bool,
+    progress: &dyn Progress,
+) -> FsResult<FsckReport> {
+    let loaded = load_showing(&store, progress)?;
     if repair {
         FS_FEATURES
             .refuse_write(&loaded.journal.header.features)
@@ -64,13 +74,21 @@ pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
         }
     }
     let mut meta = loaded.meta;
-    check_dir_maps(&mut meta, &mut report);
-    check_entries(&mut meta, &mut report);
-    check_reachability(&mut meta, &mut report);
-    check_link_counts(&mut meta, &mut report);
-    check_extents(&store, &mut meta, &mut report);
-    check_checksums(&mut meta, &mut report);
-    check_counters(&mut meta, &mut report);
+    let checks: [(&'static str, Check); 7] = [
+        ("checking directory cookies", |_, m, r| check_dir_maps(m, r)),
+        ("checking directory entries", |_, m, r| check_entries(m, r)),
+        ("checking that every inode is reachable", |_, m, r| {
+            check_reachability(m, r)
+        }),
+        ("checking link counts", |_, m, r| check_link_counts(m, r)),
+        ("checking extents", check_extents),
+        ("checking data checksums", |_, m, r| check_checksums(m, r)),
+        ("checking counters", |_, m, r| check_counters(m, r)),
+    ];
+    for (name, check) in checks {
+        progress.step(name, None);
+        check(&store, &mut meta, &mut report);
+    }
     report.inodes = meta.inodes.len() as u64;
     report.directories = meta.dirs.len() as u64;
     if repair && !report.problems.is_empty() {
@@ -79,6 +97,7 @@ pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
             journal.header.generation += 1;
             write_header(store.as_ref(), journal.meta_group, &journal.header)?;
         }
+        progress.step("writing the repaired metadata", None);
         match &loaded.tree {
             // A new tree beside the one loaded, which stays whole until
             // the new root is durable.
@@ -101,6 +120,9 @@ pub fn fsck(store: Arc<dyn BlockStore>, repair: bool) -> FsResult<FsckReport> {
     }
     Ok(report)
 }
+
+/// One of fsck's checks over the loaded metadata.
+type Check = fn(&Arc<dyn BlockStore>, &mut Meta, &mut FsckReport);
 
 fn check_dir_maps(meta: &mut Meta, report: &mut FsckReport) {
     let stray: Vec<u64> = meta

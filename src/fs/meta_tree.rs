@@ -26,6 +26,7 @@ use super::journal::{Journal, TreeCheckpoint};
 use super::layout::{decode, encode, FsHeader, Region};
 use super::meta::{CommitRecord, DirOp, Meta};
 use super::node_space::NodeSpace;
+use super::progress::Progress;
 use super::store::BlockStore;
 use super::tree::{self, Tree, TreeRoot};
 use super::{FileKind, FsError, FsResult};
@@ -809,10 +810,13 @@ impl MetaTree {
         meta_group: u32,
         cp: &TreeCheckpoint,
         full: bool,
+        progress: &dyn Progress,
     ) -> FsResult<(MetaTree, Meta, MountFacts)> {
         let mut nodes = Vec::with_capacity(cp.root.nodes as usize);
+        progress.step("reading the metadata tree's nodes", Some(cp.root.nodes));
         tree::walk(store.as_ref(), &header.uuid, cp.root, &mut |addr, _| {
             nodes.push(addr);
+            progress.advance(1);
             Ok(())
         })?;
         let space = NodeSpace::build(
@@ -826,10 +830,18 @@ impl MetaTree {
         } else {
             Loader::for_mount(cp.next_ino, cp.next_gen)
         };
+        progress.step("reading the metadata entries", None);
+        let mut entries = 0u64;
         t.scan(store.as_ref(), &[], &[u8::MAX], &mut |k, v| {
             loader.take(k, v)?;
+            entries += 1;
+            // Told in batches: a display need not hear of every entry.
+            if entries.is_multiple_of(4096) {
+                progress.advance(4096);
+            }
             Ok(true)
         })?;
+        progress.advance(entries % 4096);
         let (meta, facts) = loader.finish_with_facts()?;
         Ok((
             MetaTree {

@@ -30,6 +30,7 @@ mod node_space;
 pub mod ondisk;
 mod ops;
 mod perm;
+pub mod progress;
 mod range_lock;
 mod replay;
 mod scrub;
@@ -55,13 +56,14 @@ use self::perm::{R_OK, W_OK, X_OK};
 
 pub use csum::ChecksumKind;
 pub use data_errors::{DataError, DataErrors};
-pub use fsck::{fsck, FsckReport};
+pub use fsck::{fsck, fsck_with, FsckReport};
 pub use inode::BLOCK_SIZE;
 pub use inode_cache::DEFAULT_CACHE_BYTES as DEFAULT_METADATA_CACHE;
 pub use layout::{OLDEST_VERSION as OLDEST_FORMAT, VERSION as FORMAT_VERSION};
 pub use ops::copy::MAX_COPY;
 pub use ops::seek::Seek;
 pub use ops::xattr::{XATTR_CREATE, XATTR_REPLACE};
+pub use progress::Progress;
 pub use scrub::{BadCopyReport, LostBlock, ScrubReport};
 pub use store::{BlockStore, GroupInfo, GroupKind, StoreError};
 

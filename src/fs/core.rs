@@ -711,11 +711,8 @@ impl Inner {
                         // The changes since the last checkpoint go into
                         // the tree while the metadata cannot move; its
                         // nodes are written after the lock is let go.
-                        log::debug!(
-                            "checkpoint: {}; {} tree nodes cached",
-                            st.meta.held_summary(),
-                            tree.lock().cached_nodes()
-                        );
+                        let held = st.meta.held_summary();
+                        let started = std::time::Instant::now();
                         if let Err(e) = tree.lock().apply(self.store.as_ref(), &st.meta) {
                             // The tree no longer follows the metadata in
                             // memory: nothing after this may be called durable.
@@ -724,6 +721,11 @@ impl Inner {
                         // The tree holds every change now: the changed
                         // inodes become clean copies, evictable.
                         st.meta.settle();
+                        log::debug!(
+                            "checkpoint: {held}; applied in {:.1} ms with the metadata locked; {} tree nodes cached",
+                            started.elapsed().as_secs_f64() * 1e3,
+                            tree.lock().cached_nodes()
+                        );
                         (Vec::new(), CommitStep::Checkpoint, freed)
                     }
                     None => (encode(&st.meta.image())?, CommitStep::Checkpoint, freed),
@@ -740,6 +742,7 @@ impl Inner {
             }
         };
         let store = self.store.as_ref();
+        let started = std::time::Instant::now();
         let flush_first = !matches!(step, CommitStep::Record(DataOrder::VerifiedAtReplay));
         let data_durable = if flush_first {
             store.flush().map_err(FsError::from)
@@ -765,6 +768,10 @@ impl Inner {
                 let earlier = self.refused.lock().take().unwrap_or_default();
                 self.release_freed(freed.into_iter().chain(earlier).collect());
                 if matches!(step, CommitStep::Checkpoint) && self.tree.is_some() {
+                    log::debug!(
+                        "checkpoint: data flushed and tree nodes written in {:.1} ms",
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
                     give_back_freed_memory();
                 }
                 Ok(true)

@@ -341,15 +341,34 @@ pub fn store_touched(
     touched: &mut Touched,
 ) -> FsResult<()> {
     for ino in std::mem::take(&mut touched.inodes) {
-        delete_ids(
-            t,
-            store,
-            &[kind::INODE, kind::XATTR, kind::EXTENT, kind::TARGET],
-            ino,
-        )?;
-        match meta.inodes.get(&ino) {
-            Some(inode) => put_inode(&mut TreeSink { tree: t, store }, inode)?,
-            None => delete_ids(t, store, &[kind::DIRENT, kind::COOKIE, kind::DIRINFO], ino)?,
+        // Only the kinds of keys the tree's version has are deleted (its
+        // `parts`): most inodes have none besides their attributes, which
+        // the put replaces, and each range deleted costs a descent.
+        let old = match t.get(store, &key(kind::INODE, ino))? {
+            Some(v) => Some(decode::<StoredInode>(&v, "inode")?),
+            None => None,
+        };
+        let now = meta.inodes.get(&ino);
+        if let Some(old) = old {
+            let mut kinds: Vec<u8> = [
+                (parts::XATTRS, kind::XATTR),
+                (parts::EXTENTS, kind::EXTENT),
+                (parts::TARGET, kind::TARGET),
+            ]
+            .iter()
+            .filter(|(bit, _)| old.parts & bit != 0)
+            .map(|&(_, k)| k)
+            .collect();
+            if now.is_none() {
+                kinds.push(kind::INODE);
+                if old.kind == FileKind::Dir {
+                    kinds.extend([kind::DIRENT, kind::COOKIE, kind::DIRINFO]);
+                }
+            }
+            delete_ids(t, store, &kinds, ino)?;
+        }
+        if let Some(inode) = now {
+            put_inode(&mut TreeSink { tree: t, store }, inode)?;
         }
     }
     let mut dirs = BTreeSet::new();
@@ -812,36 +831,35 @@ impl MetaTree {
         full: bool,
         progress: &dyn Progress,
     ) -> FsResult<(MetaTree, Meta, MountFacts)> {
-        let mut nodes = Vec::with_capacity(cp.root.nodes as usize);
-        progress.step("reading the metadata tree's nodes", Some(cp.root.nodes));
-        tree::walk(store.as_ref(), &header.uuid, cp.root, &mut |addr, _| {
-            nodes.push(addr);
-            progress.advance(1);
-            Ok(())
-        })?;
-        let space = NodeSpace::build(
-            Arc::clone(&store),
-            &reserved_regions(header, meta_group),
-            &nodes,
-        )?;
-        let mut t = Tree::new(header.uuid, cp.root, CACHE_NODES);
         let mut loader = if full {
             Loader::new(cp.next_ino, cp.next_gen)
         } else {
             Loader::for_mount(cp.next_ino, cp.next_gen)
         };
-        progress.step("reading the metadata entries", None);
-        let mut entries = 0u64;
-        t.scan(store.as_ref(), &[], &[u8::MAX], &mut |k, v| {
-            loader.take(k, v)?;
-            entries += 1;
-            // Told in batches: a display need not hear of every entry.
-            if entries.is_multiple_of(4096) {
-                progress.advance(4096);
-            }
-            Ok(true)
-        })?;
-        progress.advance(entries % 4096);
+        // One pass: every node for the node space, every entry for the
+        // loader, each node read once.
+        let mut nodes = Vec::with_capacity(cp.root.nodes as usize);
+        progress.step("reading the metadata tree", Some(cp.root.nodes));
+        tree::walk_entries(
+            store.as_ref(),
+            &header.uuid,
+            cp.root,
+            &mut |addr, _| {
+                nodes.push(addr);
+                progress.advance(1);
+                Ok(())
+            },
+            &mut |k, v| {
+                loader.take(k, v)?;
+                Ok(true)
+            },
+        )?;
+        let space = NodeSpace::build(
+            Arc::clone(&store),
+            &reserved_regions(header, meta_group),
+            &nodes,
+        )?;
+        let t = Tree::new(header.uuid, cp.root, CACHE_NODES);
         let (meta, facts) = loader.finish_with_facts()?;
         Ok((
             MetaTree {

@@ -1111,24 +1111,52 @@ pub fn walk(
     if root.addr == 0 {
         return Ok(0);
     }
+    walk_with(store, uuid, root, f, None)
+}
+
+/// [`walk`], also handing every entry to `entry` in key order: one pass
+/// reads each node once, where a walk and then a scan would read the
+/// leaves twice. `entry`'s answer is ignored: the walk goes on to the end.
+pub fn walk_entries(
+    store: &dyn BlockStore,
+    uuid: &[u8; 16],
+    root: TreeRoot,
+    f: &mut dyn FnMut(u64, u8) -> FsResult<()>,
+    entry: &mut ScanFn<'_>,
+) -> FsResult<u64> {
+    walk_with(store, uuid, root, f, Some(entry))
+}
+
+fn walk_with(
+    store: &dyn BlockStore,
+    uuid: &[u8; 16],
+    root: TreeRoot,
+    f: &mut dyn FnMut(u64, u8) -> FsResult<()>,
+    entry: Option<&mut ScanFn<'_>>,
+) -> FsResult<u64> {
+    if root.addr == 0 {
+        return Ok(0);
+    }
     let mut seen = HashSet::new();
     let mut w = Walk {
         store,
         uuid,
         seen: &mut seen,
         f,
+        entry,
     };
     w.visit(root.addr, root.generation, root.level, &[], None)
 }
 
-struct Walk<'a, 'f> {
+struct Walk<'a, 'f, 'e> {
     store: &'a dyn BlockStore,
     uuid: &'a [u8; 16],
     seen: &'a mut HashSet<u64>,
     f: &'a mut (dyn FnMut(u64, u8) -> FsResult<()> + 'f),
+    entry: Option<&'a mut ScanFn<'e>>,
 }
 
-impl Walk<'_, '_> {
+impl Walk<'_, '_, '_> {
     fn visit(
         &mut self,
         addr: u64,
@@ -1152,6 +1180,11 @@ impl Walk<'_, '_> {
         }
         (self.f)(addr, level)?;
         let mut nodes = 1;
+        if let (node::Body::Leaf(values), Some(entry)) = (&p.body, self.entry.as_mut()) {
+            for (k, v) in p.keys.iter().zip(values) {
+                entry(k, v)?;
+            }
+        }
         if let node::Body::Internal(children) = &p.body {
             let n = children.len();
             for (i, &(child, child_gen)) in children.iter().enumerate() {

@@ -28,6 +28,11 @@ pub trait ContentJudge: Send + Sync {
     /// lost there, and the layer above may record it. Same locking rule
     /// as [`ContentJudge::judge`].
     fn no_good_version(&self, _addr: u64) {}
+
+    /// The array is about to judge blocks of `[addr, addr + len)` under a
+    /// stripe lock; called before, with none held, so the layer above can
+    /// read what it needs (a judge must not wait for I/O).
+    fn prepare(&self, _addr: u64, _len: u64) {}
 }
 
 impl Array {
@@ -39,6 +44,14 @@ impl Array {
 
     pub(super) fn content_judge(&self) -> Option<Arc<dyn ContentJudge>> {
         self.judge.read().as_ref().and_then(Weak::upgrade)
+    }
+
+    /// Tell the judge which blocks it may be asked about next (with no
+    /// stripe lock held).
+    pub(super) fn prepare_judge(&self, addr: u64, len: u64) {
+        if let Some(judge) = self.content_judge() {
+            judge.prepare(addr, len);
+        }
     }
 }
 

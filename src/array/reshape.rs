@@ -487,6 +487,7 @@ impl Array {
             buf[real..].fill(0);
             if real > 0 {
                 let addr = (u64::from(group) << GROUP_SHIFT) | at;
+                self.prepare_judge(addr, real as u64);
                 let verify = |bytes: &[u8]| match &judge {
                     Some(j) => {
                         let bs = j.block_size().max(1);

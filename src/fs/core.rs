@@ -10,9 +10,11 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::alloc::Allocator;
 use super::csum::ChecksumKind;
+use super::csum_store::SharedCsums;
 use super::data_errors::DataErrorLog;
 use super::extent::Extent;
 use super::inode::{Inode, BLOCK_SIZE};
+use super::inode_cache::MetaSource;
 use super::journal::{read_slot, read_tree_slot, DataOrder, Journal};
 use super::layout::{
     decode, encode, older_format_note, plan_with, read_header, write_header, FS_FEATURES, VERSION,
@@ -89,7 +91,7 @@ pub struct Inner {
     pub data_errors: DataErrorLog,
     /// The state's checksum map, reached without the state lock by the
     /// array's content judge (see [`super::csum::SharedCsums`]).
-    pub(in crate::fs) judged_csums: super::csum::SharedCsums,
+    pub(in crate::fs) judged_csums: SharedCsums,
 }
 
 /// What [`load`] found on the store.
@@ -212,7 +214,7 @@ pub fn format_with_features(
     if header.metadata_tree() {
         MetaTree::write_fresh(Arc::clone(&store), &mut journal, &meta, &[], &[])?;
     } else {
-        journal.checkpoint(store.as_ref(), &encode(&meta.image())?)?;
+        journal.checkpoint(store.as_ref(), &encode(&meta.image()?)?)?;
     }
     write_header(store.as_ref(), group.index, &journal.header)?;
     Ok(())
@@ -287,9 +289,12 @@ fn load_with(
                 tree: Arc::clone(&tree),
                 store: Arc::clone(store),
             };
-            // Half the budget for unchanged inodes, half for changes waiting
-            // for a checkpoint (`held_limit`).
-            meta.lazy = Some(Lazy::new(Arc::new(source), budget / 2, facts.count));
+            // A quarter of the budget for unchanged inodes, a quarter for
+            // unchanged checksum chunks, half for changes waiting for a
+            // checkpoint (`held_limit`).
+            let source: Arc<dyn MetaSource> = Arc::new(source);
+            meta.lazy = Some(Lazy::new(Arc::clone(&source), budget / 4, facts.count));
+            meta.csums = SharedCsums::partial(source, budget / 4);
             orphans = facts.orphans;
         }
         (slot, cp.seq, meta, Some(tree))
@@ -603,7 +608,9 @@ impl Inner {
         let (res, big, held_full) = {
             let mut st = self.state.write();
             let res = f(&mut st);
-            let held_full = st.meta.lazy.is_some() && st.meta.inodes.len() > self.held_limit;
+            // A changed checksum chunk costs about a third of a changed inode.
+            let held = st.meta.inodes.len() + st.meta.csums.held().0 / 3;
+            let held_full = st.meta.lazy.is_some() && held > self.held_limit;
             (res, st.batch.size_hint() > BATCH_LIMIT, held_full)
         };
         if held_full {
@@ -692,7 +699,7 @@ impl Inner {
             if st.batch.is_empty() && !force_checkpoint && !even_empty && !refused {
                 return Ok(false);
             }
-            let (rec, freed) = st.take_record();
+            let (rec, freed) = st.take_record()?;
             // Every record's keys go to the next checkpoint, whether the
             // record itself is written, refused or replaced by that
             // checkpoint.
@@ -728,7 +735,7 @@ impl Inner {
                         );
                         (Vec::new(), CommitStep::Checkpoint, freed)
                     }
-                    None => (encode(&st.meta.image())?, CommitStep::Checkpoint, freed),
+                    None => (encode(&st.meta.image()?)?, CommitStep::Checkpoint, freed),
                 }
             } else if self.verified_commits && new_blocks as u64 * BLOCK_SIZE <= VERIFIED_COMMIT_MAX
             {

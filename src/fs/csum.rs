@@ -4,23 +4,19 @@
 //!
 //! The map is part of the metadata: journal records carry the checksums a
 //! batch set and the extents it freed (whose checksums go with them), and
-//! checkpoints carry the whole map. It is stored in chunks of 64 blocks so a
+//! a checkpoint image carries the whole map
+//! (the formats before the metadata tree; over the tree a checkpoint puts
+//! the chunks that changed). It is stored in chunks of 64 blocks so a
 //! large file costs about 4 bytes per block, and the chunks are hashed by
 //! address: every checked read looks its blocks up, and a cold 4 KiB read
 //! paid a cache miss per level of an ordered tree (a fifth of the daemon's
 //! own time per read). Checkpoints still write the chunks in address order.
 //!
-//! While mounted the map sits behind its own lock ([`SharedCsums`]): the
-//! array's scrub and resync ask the filesystem which copy of a block is
-//! right while they hold a stripe lock, and the state lock may be held by
-//! an operation whose metadata read waits for that same stripe. The map's
-//! lock is only ever held for in-memory work, so the judge never waits on
-//! I/O.
+//! This map holds every chunk (fsck, upgrade, the formats before the
+//! metadata tree); a mount over the tree holds only the chunks it uses
+//! ([`super::csum_store`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -72,11 +68,11 @@ impl ChecksumKind {
     }
 }
 
-const CHUNK_BLOCKS: u64 = 64;
+pub(super) const CHUNK_BLOCKS: u64 = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "StoredChunk")]
-struct CsumChunk {
+pub(super) struct CsumChunk {
     /// Bit i: block i of the chunk has a checksum.
     present: u64,
     /// Always [`CHUNK_BLOCKS`] entries (checked when decoded).
@@ -124,33 +120,76 @@ fn in_address_order<S: Serializer>(
     ordered.serialize(serializer)
 }
 
-/// The mounted filesystem's checksum map. Changed under the state lock
-/// (state, then this lock: never the other way), read by the content
-/// judge with this lock alone. Nothing holding it waits for anything else.
-#[derive(Debug, Default)]
-pub struct SharedCsums(Arc<RwLock<CsumMap>>);
-
-impl SharedCsums {
-    pub fn new(map: CsumMap) -> SharedCsums {
-        SharedCsums(Arc::new(RwLock::new(map)))
+impl CsumChunk {
+    pub(super) fn empty() -> CsumChunk {
+        CsumChunk {
+            present: 0,
+            crcs: vec![0; CHUNK_BLOCKS as usize],
+        }
     }
 
-    pub fn read(&self) -> RwLockReadGuard<'_, CsumMap> {
-        self.0.read()
+    pub(super) fn get(&self, bit: usize) -> Option<u32> {
+        (self.present & (1 << bit) != 0).then(|| self.crcs[bit])
     }
 
-    pub fn write(&self) -> RwLockWriteGuard<'_, CsumMap> {
-        self.0.write()
+    pub(super) fn set(&mut self, bit: usize, crc: u32) {
+        self.present |= 1 << bit;
+        self.crcs[bit] = crc;
     }
 
-    /// A second handle on the same map, for a reader that must not take
-    /// the state lock (the content judge).
-    pub fn share(&self) -> SharedCsums {
-        SharedCsums(Arc::clone(&self.0))
+    /// Zeroed with its bit, so a chunk equals itself read back from the
+    /// tree (which keeps only present checksums).
+    pub(super) fn clear(&mut self, bit: usize) {
+        self.present &= !(1 << bit);
+        self.crcs[bit] = 0;
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.present == 0
+    }
+
+    /// The chunk as the metadata tree stores it: the `present` mask (u64),
+    /// then the checksum of each present block in block order (u32 each),
+    /// little-endian.
+    pub(super) fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 4 * self.present.count_ones() as usize);
+        out.extend_from_slice(&self.present.to_le_bytes());
+        for bit in 0..CHUNK_BLOCKS as usize {
+            if self.present & (1 << bit) != 0 {
+                out.extend_from_slice(&self.crcs[bit].to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Take back what [`CsumChunk::to_bytes`] wrote; an error says what
+    /// does not add up.
+    pub(super) fn from_bytes(b: &[u8]) -> Result<CsumChunk, String> {
+        let present = u64::from_le_bytes(
+            b.get(..8)
+                .and_then(|w| w.try_into().ok())
+                .ok_or("a checksum chunk is shorter than its mask")?,
+        );
+        if present == 0 || b.len() != 8 + 4 * present.count_ones() as usize {
+            return Err(format!(
+                "a checksum chunk of {} bytes does not match its mask {present:#x}",
+                b.len()
+            ));
+        }
+        let mut crcs = vec![0u32; CHUNK_BLOCKS as usize];
+        let mut at = 8;
+        for (bit, crc) in crcs.iter_mut().enumerate() {
+            if present & (1 << bit) != 0 {
+                *crc = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                at += 4;
+            }
+        }
+        Ok(CsumChunk { present, crcs })
     }
 }
 
-fn locate(addr: u64) -> (u64, usize) {
+/// The chunk key of the block at `addr` and the block's index in it.
+pub(super) fn locate(addr: u64) -> (u64, usize) {
     let block = addr / BLOCK_SIZE;
     (block / CHUNK_BLOCKS, (block % CHUNK_BLOCKS) as usize)
 }
@@ -257,41 +296,18 @@ impl CsumMap {
     /// One chunk as the metadata tree stores it: the `present` mask (u64),
     /// then the checksum of each present block in block order (u32 each),
     /// little-endian.
+    pub(super) fn chunk(&self, key: u64) -> Option<&CsumChunk> {
+        self.chunks.get(&key)
+    }
+
     pub fn chunk_bytes(&self, key: u64) -> Option<Vec<u8>> {
-        let chunk = self.chunks.get(&key)?;
-        let mut out = Vec::with_capacity(8 + 4 * chunk.present.count_ones() as usize);
-        out.extend_from_slice(&chunk.present.to_le_bytes());
-        for bit in 0..CHUNK_BLOCKS as usize {
-            if chunk.present & (1 << bit) != 0 {
-                out.extend_from_slice(&chunk.crcs[bit].to_le_bytes());
-            }
-        }
-        Some(out)
+        Some(self.chunks.get(&key)?.to_bytes())
     }
 
     /// Take back a chunk [`CsumMap::chunk_bytes`] wrote; an error says what
     /// does not add up.
     pub fn restore_chunk(&mut self, key: u64, b: &[u8]) -> Result<(), String> {
-        let present = u64::from_le_bytes(
-            b.get(..8)
-                .and_then(|w| w.try_into().ok())
-                .ok_or("a checksum chunk is shorter than its mask")?,
-        );
-        if present == 0 || b.len() != 8 + 4 * present.count_ones() as usize {
-            return Err(format!(
-                "a checksum chunk of {} bytes does not match its mask {present:#x}",
-                b.len()
-            ));
-        }
-        let mut crcs = vec![0u32; CHUNK_BLOCKS as usize];
-        let mut at = 8;
-        for (bit, crc) in crcs.iter_mut().enumerate() {
-            if present & (1 << bit) != 0 {
-                *crc = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                at += 4;
-            }
-        }
-        self.chunks.insert(key, CsumChunk { present, crcs });
+        self.chunks.insert(key, CsumChunk::from_bytes(b)?);
         Ok(())
     }
 

@@ -114,7 +114,7 @@ pub fn fsck_with(
                 )?;
                 MetaTree::write_fresh(Arc::clone(&store), &mut journal, &meta, &[], &nodes)?;
             }
-            None => journal.checkpoint(store.as_ref(), &encode(&meta.image())?)?,
+            None => journal.checkpoint(store.as_ref(), &encode(&meta.image()?)?)?,
         }
         report.repaired = true;
     }
@@ -414,13 +414,14 @@ fn check_checksums(meta: &mut Meta, report: &mut FsckReport) {
         let i = extents.partition_point(|&(a, _)| a <= addr);
         i > 0 && addr < extents[i - 1].0 + extents[i - 1].1
     };
-    let stray: Vec<u64> = meta
-        .csums
-        .read()
-        .addrs()
-        .into_iter()
-        .filter(|a| !mapped(*a))
-        .collect();
+    // fsck loads the whole map.
+    let Ok(mut csums) = meta.csums.whole_mut() else {
+        report
+            .problems
+            .push("the data block checksums were not loaded whole".into());
+        return;
+    };
+    let stray: Vec<u64> = csums.addrs().into_iter().filter(|a| !mapped(*a)).collect();
     if stray.is_empty() {
         return;
     }
@@ -429,6 +430,6 @@ fn check_checksums(meta: &mut Meta, report: &mut FsckReport) {
         stray.len()
     ));
     for addr in stray {
-        meta.csums.write().remove(addr, super::inode::BLOCK_SIZE);
+        csums.remove(addr, super::inode::BLOCK_SIZE);
     }
 }

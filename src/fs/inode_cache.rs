@@ -47,6 +47,8 @@ pub trait MetaSource: Send + Sync {
     /// Every entry naming `ino` (directory, name), up to `max`: a walk of
     /// every directory entry, for reports.
     fn names_of(&self, ino: u64, max: usize) -> FsResult<Vec<(u64, Vec<u8>)>>;
+    /// The checksum chunk `key` as the tree stores it.
+    fn csum_chunk(&self, key: u64) -> FsResult<Option<Vec<u8>>>;
 }
 
 /// The default budget (`-o metadata_cache`).

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::csum::{CsumMap, SharedCsums};
+use super::csum::CsumMap;
+use super::csum_store::SharedCsums;
 use super::dir::{Dir, DirImage, Lookup, Slot, FIRST_COOKIE};
 use super::extent::Extent;
 use super::inode::Inode;
@@ -150,11 +151,11 @@ pub struct MetaImageRef<'a> {
     pub inodes: Vec<&'a Inode>,
     pub dirs: Vec<(u64, DirImage)>,
     #[serde(serialize_with = "held_map")]
-    pub csums: parking_lot::RwLockReadGuard<'a, CsumMap>,
+    pub csums: parking_lot::MappedRwLockReadGuard<'a, CsumMap>,
 }
 
 fn held_map<S: serde::Serializer>(
-    map: &parking_lot::RwLockReadGuard<'_, CsumMap>,
+    map: &parking_lot::MappedRwLockReadGuard<'_, CsumMap>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     CsumMap::serialize(map, serializer)
@@ -294,11 +295,12 @@ impl Meta {
             None => (0, 0, 0),
         };
         format!(
-            "{} inodes held, {gone} deleted, {clean} clean ({} KiB), {} directories with {overlay} entries and {removed} removals held, {} checksum chunks",
+            "{} inodes held, {gone} deleted, {clean} clean ({} KiB), {} directories with {overlay} entries and {removed} removals held, checksum chunks {} changed and {} clean",
             self.inodes.len(),
             clean_bytes >> 10,
             self.dirs.len(),
-            self.csums.read().chunk_count()
+            self.csums.held().0,
+            self.csums.held().1
         )
     }
 
@@ -436,6 +438,7 @@ impl Meta {
     /// Once a checkpoint has applied every change to the tree: the held
     /// inodes become clean copies (evictable), the tombstones go.
     pub fn settle(&mut self) {
+        self.csums.settle();
         let Some(lazy) = &mut self.lazy else {
             return;
         };
@@ -509,19 +512,21 @@ impl Meta {
         }
     }
 
-    pub fn image(&self) -> MetaImageRef<'_> {
+    /// The whole image (formats without a metadata tree, fsck, samples):
+    /// an error over a tree mount, which does not hold it all.
+    pub fn image(&self) -> FsResult<MetaImageRef<'_>> {
         let mut inodes: Vec<&Inode> = self.inodes.values().collect();
         inodes.sort_by_key(|i| i.ino);
         let mut dirs: Vec<(u64, DirImage)> =
             self.dirs.iter().map(|(&ino, d)| (ino, d.image())).collect();
         dirs.sort_by_key(|d| d.0);
-        MetaImageRef {
+        Ok(MetaImageRef {
             next_ino: self.next_ino,
             next_gen: self.next_gen,
             inodes,
             dirs,
-            csums: self.csums.read(),
-        }
+            csums: self.csums.whole()?,
+        })
     }
 
     pub fn from_image(img: MetaImage) -> Meta {
@@ -576,12 +581,11 @@ impl Meta {
             self.remove_inode(ino)?;
             self.dirs.remove(&ino);
         }
-        let mut csums = self.csums.write();
         for (addr, crcs) in rec.csum_sets {
-            csums.set(addr, &crcs);
+            self.csums.set(addr, &crcs)?;
         }
         for ext in rec.csum_drops {
-            csums.remove(ext.addr, ext.len);
+            self.csums.remove(ext.addr, ext.len)?;
         }
         Ok(())
     }

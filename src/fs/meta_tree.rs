@@ -407,16 +407,20 @@ pub fn store_touched(
             put_dirinfo(&mut TreeSink { tree: t, store }, dir, d)?;
         }
     }
-    for (first, last) in touched.merged_spans() {
+    // Each touched span is deleted, then what memory holds of it put back
+    // (every chunk touched is held whole until this checkpoint). Taken
+    // out first: the map's lock is never held over tree I/O.
+    let spans = touched.merged_spans();
+    let chunks = meta.csums.chunks_for(&spans);
+    for &(first, last) in &spans {
         let end = match last.checked_add(1) {
             Some(next) => key(kind::CSUM, next),
             None => vec![kind::CSUM + 1],
         };
         t.delete_range(store, &key(kind::CSUM, first), &end)?;
-        // Taken out first: the map's lock is never held over tree I/O.
-        for (chunk, bytes) in chunks_in(meta, first, last) {
-            t.put(store, &key(kind::CSUM, chunk), &bytes)?;
-        }
+    }
+    for (chunk, bytes) in chunks {
+        t.put(store, &key(kind::CSUM, chunk), &bytes)?;
     }
     Ok(())
 }
@@ -455,21 +459,18 @@ fn put_all(t: &mut dyn Sink, meta: &Meta) -> FsResult<()> {
         }
         put_dirinfo(t, *ino, d)?;
     }
-    for (chunk, bytes) in chunks_in(meta, 0, u64::MAX) {
+    let chunks: Vec<(u64, Vec<u8>)> = {
+        let csums = meta.csums.whole()?;
+        csums
+            .chunk_keys_in(0, u64::MAX)
+            .into_iter()
+            .filter_map(|chunk| Some((chunk, csums.chunk_bytes(chunk)?)))
+            .collect()
+    };
+    for (chunk, bytes) in chunks {
         t.put(&key(kind::CSUM, chunk), &bytes)?;
     }
     Ok(())
-}
-
-/// The checksum chunks held in `[first, last]` as the tree stores them,
-/// ascending.
-fn chunks_in(meta: &Meta, first: u64, last: u64) -> Vec<(u64, Vec<u8>)> {
-    let csums = meta.csums.read();
-    csums
-        .chunk_keys_in(first, last)
-        .into_iter()
-        .filter_map(|chunk| Some((chunk, csums.chunk_bytes(chunk)?)))
-        .collect()
 }
 
 /// Pieces of one value being put back together: piece number → bytes.
@@ -534,8 +535,8 @@ impl Loader {
         }
     }
 
-    /// A loader for a mount: directories and checksums are built, inodes
-    /// only counted ([`MountFacts`]).
+    /// A loader for a mount: directories are built, inodes only counted
+    /// ([`MountFacts`]), checksum chunks left in the tree.
     pub fn for_mount(next_ino: u64, next_gen: u64) -> Loader {
         Loader {
             lazy: Some(MountFacts::default()),
@@ -636,9 +637,13 @@ impl Loader {
                 if !tail.is_empty() {
                     return Err(bad(k, "not a checksum chunk key"));
                 }
+                if self.lazy.is_some() {
+                    // A mount reads each chunk when it is used.
+                    return Ok(());
+                }
                 self.meta
                     .csums
-                    .write()
+                    .whole_mut()?
                     .restore_chunk(id, v)
                     .map_err(|e| bad(k, &e))?
             }
@@ -790,6 +795,10 @@ impl MetaSource for TreeSource {
     fn names_of(&self, ino: u64, max: usize) -> FsResult<Vec<(u64, Vec<u8>)>> {
         self.tree.lock().names_of(self.store.as_ref(), ino, max)
     }
+
+    fn csum_chunk(&self, key: u64) -> FsResult<Option<Vec<u8>>> {
+        self.tree.lock().csum_chunk(self.store.as_ref(), key)
+    }
 }
 
 /// The tree side of a mounted filesystem: the tree, the space its nodes
@@ -902,6 +911,11 @@ impl MetaTree {
         }
         let mut meta = loader.finish()?;
         Ok(meta.inodes.remove(&ino))
+    }
+
+    /// The checksum chunk `chunk` as the tree stores it.
+    pub fn csum_chunk(&mut self, store: &dyn BlockStore, chunk: u64) -> FsResult<Option<Vec<u8>>> {
+        self.tree.get(store, &key(kind::CSUM, chunk))
     }
 
     /// One inode's kind, from its attributes alone.
@@ -1198,13 +1212,20 @@ mod tests {
             })
             .collect();
         dirs.sort_by_key(|d| d.0);
-        (
-            inodes,
-            dirs,
-            meta.csums.read().clone(),
-            meta.next_ino,
-            meta.next_gen,
-        )
+        // The checksums of every mapped block, read as a mount reads them
+        // (a mount does not hold the map whole).
+        let mut csums = CsumMap::default();
+        for inode in &inodes {
+            for (_, e) in inode.extents.iter() {
+                for b in 0..e.len / crate::fs::BLOCK_SIZE {
+                    let addr = e.addr + b * crate::fs::BLOCK_SIZE;
+                    if let Some(crc) = meta.csums.get(addr).unwrap() {
+                        csums.set(addr, &[crc]);
+                    }
+                }
+            }
+        }
+        (inodes, dirs, csums, meta.next_ino, meta.next_gen)
     }
 
     type Snapshot = (Vec<Inode>, Vec<(u64, Dir)>, CsumMap, u64, u64);
@@ -1359,6 +1380,100 @@ mod tests {
         let st = fs.inner.state.read();
         let (clean, bytes) = st.meta.lazy.as_ref().expect("a lazy mount").resident();
         (st.meta.inodes.len(), clean, bytes)
+    }
+
+    /// A mount holds no checksum chunk until a read or write needs one,
+    /// keeps at most its share of the budget of clean ones, and reads,
+    /// overwrites and deletions through chunks read back from the tree
+    /// leave every file as written and the store clean for fsck.
+    #[test]
+    fn checksums_are_read_from_the_tree_when_used_and_kept_to_their_budget() {
+        use rand::{Rng, SeedableRng};
+        let store = store(16, 8 << 20);
+        FileSystem::format(Arc::clone(&store) as _).unwrap();
+        let budget = 64 * 1024;
+        let opts = || FsOptions {
+            metadata_cache: budget,
+            ..FsOptions::default()
+        };
+        let root = Caller::root();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(45);
+        let mut files: Vec<(u64, String, Vec<u8>)> = Vec::new();
+        let fs = FileSystem::open(Arc::clone(&store) as _, opts()).unwrap();
+        for i in 0..400 {
+            let f = fs
+                .create(
+                    &root,
+                    ROOT_INO,
+                    name(&format!("d{i}")),
+                    0o644,
+                    0,
+                    libc::O_RDWR,
+                )
+                .unwrap();
+            let data: Vec<u8> = (0..rng.gen_range(1..24) * 4096)
+                .map(|_| rng.gen())
+                .collect();
+            fs.write(f.ino, 0, &data).unwrap();
+            fs.release(f.ino).unwrap();
+            files.push((f.ino, format!("d{i}"), data));
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        // The clean chunks a mount may keep: a quarter of the budget.
+        let most_clean = (budget / 4 / 360) as usize;
+        for round in 0..3 {
+            let fs = FileSystem::open(Arc::clone(&store) as _, opts()).unwrap();
+            assert_eq!(
+                fs.inner.state.read().meta.csums.held(),
+                (0, 0),
+                "round {round}: a mount reads no checksum chunk"
+            );
+            for (ino, _, data) in &files {
+                let got = fs.read(*ino, 0, data.len()).unwrap();
+                assert!(got == *data, "round {round}: inode {ino} reads back");
+                // And every block is still checked: its checksum came back.
+                let st = fs.inner.state.read();
+                let inode = st.inode(*ino).unwrap();
+                for (off, e) in inode.extents.iter() {
+                    for b in 0..e.len / 4096 {
+                        let at = (off + b * 4096) as usize;
+                        let want = crc32c::crc32c(&data[at..at + 4096]);
+                        assert_eq!(
+                            st.meta.csums.get(e.addr + b * 4096).unwrap(),
+                            Some(want),
+                            "round {round}: inode {ino} block at {at}"
+                        );
+                    }
+                }
+                drop(inode);
+                drop(st);
+                let (_, clean) = fs.inner.state.read().meta.csums.held();
+                assert!(
+                    clean <= most_clean,
+                    "round {round}: {clean} clean chunks kept"
+                );
+            }
+            // Overwrite parts of some files and delete others, so chunks
+            // not held are changed and dropped.
+            for (i, (ino, _, data)) in files.iter_mut().enumerate() {
+                if i % 3 == round {
+                    let at = rng.gen_range(0..data.len() / 4096) * 4096;
+                    let patch: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+                    fs.write(*ino, at as u64, &patch).unwrap();
+                    data[at..at + 4096].copy_from_slice(&patch);
+                }
+            }
+            let gone: Vec<usize> = (0..files.len()).filter(|i| i % 17 == round).collect();
+            for &i in gone.iter().rev() {
+                let (_, file, _) = files.remove(i);
+                fs.unlink(&root, ROOT_INO, name(&file)).unwrap();
+            }
+            fs.unmount().unwrap();
+            drop(fs);
+            let report = crate::fs::fsck(Arc::clone(&store) as _, false).unwrap();
+            assert!(report.is_clean(), "round {round}: {:?}", report.problems);
+        }
     }
 
     #[test]

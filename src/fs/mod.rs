@@ -13,6 +13,7 @@ pub mod atime;
 mod codes;
 mod core;
 pub mod csum;
+mod csum_store;
 pub mod damaged;
 mod data_errors;
 mod deferred;

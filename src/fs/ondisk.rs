@@ -218,7 +218,7 @@ pub fn samples() -> FsResult<Samples> {
 
     let mut meta = Meta::default();
     meta.apply(decode(&record_payload, "sample record")?)?;
-    let checkpoint_payload = encode(&meta.image())?;
+    let checkpoint_payload = encode(&meta.image()?)?;
     let mut checkpoint = journal::encode_checkpoint_header(&uuid, 9, &checkpoint_payload);
     checkpoint.extend_from_slice(&checkpoint_payload);
     let tree_nodes = tree::sample_node_blocks(&uuid);

@@ -191,7 +191,7 @@ mod tests {
         inner
             .mutate(|st| {
                 for (addr, crc) in blocks {
-                    st.set_csums(*addr, vec![*crc]);
+                    st.set_csums(*addr, vec![*crc]).unwrap();
                 }
                 st.batch.freed.extend_from_slice(freed);
                 Ok(())
@@ -217,15 +217,15 @@ mod tests {
         drop(inner);
 
         let whole = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
-        assert_eq!(whole.meta.csums.read().get(second.0), Some(second.1));
+        assert_eq!(whole.meta.csums.get(second.0).unwrap(), Some(second.1));
         let replayed = whole.replayed;
 
         corrupt(store.as_ref(), second.0);
         let torn = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(torn.replayed, replayed - 1, "the last record is left out");
-        assert_eq!(torn.meta.csums.read().get(second.0), None);
+        assert_eq!(torn.meta.csums.get(second.0).unwrap(), None);
         assert_eq!(
-            torn.meta.csums.read().get(first.0),
+            torn.meta.csums.get(first.0).unwrap(),
             Some(first.1),
             "earlier ones stay"
         );
@@ -243,8 +243,8 @@ mod tests {
         drop(inner);
         let after = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(after.journal.seq, whole.journal.seq);
-        assert_eq!(after.meta.csums.read().get(third.0), Some(third.1));
-        assert_eq!(after.meta.csums.read().get(second.0), None);
+        assert_eq!(after.meta.csums.get(third.0).unwrap(), Some(third.1));
+        assert_eq!(after.meta.csums.get(second.0).unwrap(), None);
     }
 
     #[test]
@@ -270,7 +270,7 @@ mod tests {
         corrupt(store.as_ref(), gone.0);
         let loaded = load(&(store.clone() as Arc<dyn BlockStore>)).unwrap();
         assert_eq!(loaded.replayed, replayed);
-        assert_eq!(loaded.meta.csums.read().get(kept.0), Some(kept.1));
+        assert_eq!(loaded.meta.csums.get(kept.0).unwrap(), Some(kept.1));
     }
 
     #[test]

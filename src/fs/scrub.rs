@@ -230,8 +230,7 @@ impl Inner {
                 let expected = st
                     .meta
                     .csums
-                    .read()
-                    .get_run(addr + done, (n / BLOCK_SIZE) as usize);
+                    .get_run(addr + done, (n / BLOCK_SIZE) as usize)?;
                 self.scrub_run(ino, file_off + done, addr + done, &expected, repair, report)?;
                 drop(st);
                 done += n;

@@ -179,18 +179,24 @@ impl State {
     }
 
     /// Record the checksums of blocks just written from `addr`.
-    pub fn set_csums(&mut self, addr: u64, crcs: Vec<u32>) {
+    pub fn set_csums(&mut self, addr: u64, crcs: Vec<u32>) -> FsResult<()> {
         if crcs.is_empty() {
-            return;
+            return Ok(());
         }
-        self.meta.csums.write().set(addr, &crcs);
+        self.meta.csums.set(addr, &crcs)?;
         self.batch.csum_sets.push((addr, crcs));
+        Ok(())
     }
 
     /// Take the batch as a journal record (inode images as they are now).
     /// The checksums of the extents it freed are dropped here, in the same
     /// step as the record (and any checkpoint image taken with it).
-    pub fn take_record(&mut self) -> (CommitRecord, Vec<Extent>) {
+    pub fn take_record(&mut self) -> FsResult<(CommitRecord, Vec<Extent>)> {
+        // First, while the batch is still here: removing may read chunks
+        // from the tree, and doing it again after an error is harmless.
+        for ext in &self.batch.freed {
+            self.meta.csums.remove(ext.addr, ext.len)?;
+        }
         let batch = std::mem::take(&mut self.batch);
         let mut rec = CommitRecord {
             next_ino: self.meta.next_ino,
@@ -200,18 +206,13 @@ impl State {
             csum_drops: batch.freed.clone(),
             ..Default::default()
         };
-        let mut csums = self.meta.csums.write();
-        for ext in &batch.freed {
-            csums.remove(ext.addr, ext.len);
-        }
-        drop(csums);
         for ino in batch.dirty {
             match self.meta.inodes.get(&ino) {
                 Some(inode) => rec.puts.push(inode.clone()),
                 None => rec.deleted.push(ino),
             }
         }
-        (rec, batch.freed)
+        Ok((rec, batch.freed))
     }
 
     /// Is `ancestor` on the ".." chain from `dir` up to the root?

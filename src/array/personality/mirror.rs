@@ -203,6 +203,10 @@ impl Array {
         let g = region.geometry;
         let chunk = g.chunk as usize;
         let map = g.map(k * g.chunk);
+        self.prepare_judge(
+            ((region.group as u64) << GROUP_SHIFT) + k * g.chunk,
+            g.chunk,
+        );
         let _guard = self.lock_stripes(region.group, [k])?;
         let targets: Vec<_> = map
             .targets

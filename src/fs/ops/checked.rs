@@ -5,7 +5,7 @@
 //! counts it against its member. No version passing → `EIO`, never wrong data.
 
 use super::super::core::Inner;
-use super::super::csum::CsumMap;
+use super::super::csum_store::SharedCsums;
 use super::super::damaged::damaged_range_of;
 use super::super::data_errors::DataError;
 use super::super::inode::{Inode, BLOCK_SIZE};
@@ -27,30 +27,36 @@ pub struct BlockRead {
 }
 
 impl BlockRead {
-    pub fn plan(csums: &CsumMap, checked: bool, file_off: u64, len: u64, addr: u64) -> BlockRead {
+    pub fn plan(
+        csums: &SharedCsums,
+        checked: bool,
+        file_off: u64,
+        len: u64,
+        addr: u64,
+    ) -> FsResult<BlockRead> {
         if !checked {
-            return BlockRead {
+            return Ok(BlockRead {
                 file_off,
                 len,
                 block_addr: addr,
                 block_len: len,
                 lead: 0,
                 expected: Vec::new(),
-            };
+            });
         }
         // Extents are block aligned in the file and on the store, so the
         // widened range stays inside the same extent.
         let block_addr = addr / BLOCK_SIZE * BLOCK_SIZE;
         let block_end = (addr + len).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
         let block_len = block_end - block_addr;
-        BlockRead {
+        Ok(BlockRead {
             file_off,
             len,
             block_addr,
             block_len,
             lead: addr - block_addr,
-            expected: csums.get_run(block_addr, (block_len / BLOCK_SIZE) as usize),
-        }
+            expected: csums.get_run(block_addr, (block_len / BLOCK_SIZE) as usize)?,
+        })
     }
 }
 
@@ -106,9 +112,11 @@ impl Inner {
         for &i in bad {
             let at = addr + (i * block) as u64;
             let mapped_at = inode.as_deref().and_then(|n| file_offset(n, at));
-            let Some((want, offset)) =
-                mapped_at.and_then(|off| Some((st.meta.csums.read().get(at)?, off)))
-            else {
+            let want = match mapped_at {
+                Some(_) => st.meta.csums.get(at)?,
+                None => None,
+            };
+            let Some((want, offset)) = want.zip(mapped_at) else {
                 // Unmapped by a racing truncate: nothing left to check against.
                 continue;
             };
@@ -164,12 +172,16 @@ impl ContentJudge for Inner {
     fn judge(&self, addr: u64, data: &[u8]) -> Option<bool> {
         // Not through the state lock: its holder may be reading metadata
         // through the stripe our caller has locked.
-        let want = self.judged_csums.read().get(addr)?;
+        let want = self.judged_csums.judged(addr)?;
         Some(self.csum.block(data) == want)
     }
 
+    fn prepare(&self, addr: u64, len: u64) {
+        self.judged_csums.prepare(addr, len);
+    }
+
     fn no_good_version(&self, addr: u64) {
-        let Some(want) = self.judged_csums.read().get(addr) else {
+        let Some(want) = self.judged_csums.judged(addr) else {
             return;
         };
         // Rare (a scrub or resync found every version wrong), so finding

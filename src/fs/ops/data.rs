@@ -160,14 +160,14 @@ impl Inner {
                     // Unwritten blocks read as zeros, like a hole.
                     let addr = seg.addr.filter(|_| !seg.unwritten)?;
                     Some(BlockRead::plan(
-                        &st.meta.csums.read(),
+                        &st.meta.csums,
                         self.csum.enabled(),
                         seg.file_off,
                         seg.len,
                         addr,
                     ))
                 })
-                .collect();
+                .collect::<FsResult<_>>()?;
             (reads, end, due)
         };
         let mut out = vec![0u8; (end - offset) as usize];
@@ -371,6 +371,11 @@ impl Inner {
             self.give_back(plan);
             return Err(FsError::Stale);
         }
+        // Before anything changes: the checksum chunks the new blocks
+        // share with others are read, so recording the sums cannot fail.
+        for (p, c) in plan.iter().zip(&crcs) {
+            st.meta.csums.ready(p.addr, c.len() as u64)?;
+        }
         let mut freed = Vec::new();
         let inode = st.inode_mut(ino)?;
         for p in plan {
@@ -388,7 +393,7 @@ impl Inner {
         update(inode);
         st.batch.freed.extend(freed);
         for (p, c) in plan.iter().zip(crcs) {
-            st.set_csums(p.addr, c);
+            st.set_csums(p.addr, c)?;
         }
         Ok(())
     }
@@ -473,7 +478,7 @@ impl Inner {
 
     /// Read one mapped block of the file, checked (the caller holds its lock).
     fn read_old_block(&self, ino: u64, addr: u64, buf: &mut [u8]) -> FsResult<()> {
-        let want = self.state.read().meta.csums.read().get(addr);
+        let want = self.state.read().meta.csums.get(addr)?;
         self.read_checked(ino, addr, buf, &[want], true)
     }
 

@@ -519,6 +519,10 @@ impl Array {
         // While the host refuses their write-out, so does the scrub.
         let key = (region.group, stripe);
         self.write_out_cached(key..=key)?;
+        self.prepare_judge(
+            ((region.group as u64) << GROUP_SHIFT) + stripe * g.stripe_bytes(),
+            g.stripe_bytes(),
+        );
         let _guard = self.lock_stripes(region.group, [stripe])?;
         let members = self.stripe_slots(region, stripe);
         if members

@@ -1,6 +1,6 @@
 //! `make install` / `make uninstall` into a temporary DESTDIR: the binary,
 //! the mount(8) helper pointing at the installed binary, the docs, the
-//! raidfs-monitor.service unit.
+//! raidfs-monitor.service unit, the Prometheus rules and Grafana dashboard.
 
 mod ecosystem_support;
 
@@ -72,6 +72,36 @@ fn make_install_and_uninstall_in_a_destdir() {
     let logrotate = std::fs::read_to_string(dest.join("etc/logrotate.d/raidfs")).unwrap();
     assert!(logrotate.contains("/var/log/raidfs/*.log"), "{logrotate}");
     assert!(logrotate.contains("copytruncate"), "{logrotate}");
+    let monitoring = [
+        (
+            "dist/prometheus/raidfs.rules.yml",
+            "prometheus/raidfs.rules.yml",
+        ),
+        (
+            "dist/prometheus/raidfs.rules.test.yml",
+            "prometheus/raidfs.rules.test.yml",
+        ),
+        ("dist/grafana/raidfs.json", "grafana/raidfs.json"),
+    ];
+    let share = dest.join("usr/local/share/raidfs");
+    for (source, installed) in monitoring {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(source);
+        let copy =
+            std::fs::read(share.join(installed)).unwrap_or_else(|e| panic!("{installed}: {e}"));
+        assert_eq!(copy, std::fs::read(&source).unwrap(), "{installed}");
+    }
+    // The rules' tests find the rules beside them.
+    assert!(share
+        .join("prometheus")
+        .join(
+            std::fs::read_to_string(share.join("prometheus/raidfs.rules.test.yml"))
+                .unwrap()
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("- ").filter(|f| f.ends_with(".yml")))
+                .expect("rule_files entry")
+        )
+        .is_file());
+    assert!(dest.join("usr/local/share/doc/raidfs/metrics.md").is_file());
     let man8 = dest.join("usr/local/share/man/man8");
     assert!(man8.join("raidfs.8").is_file());
     let completions = [
@@ -118,6 +148,7 @@ fn make_install_and_uninstall_in_a_destdir() {
     assert!(!bin.exists() && !helper.exists() && !fuse_helper.exists() && !unit.exists());
     assert!(!dest.join("usr/local/share/doc/raidfs").exists());
     assert!(!dest.join("etc/logrotate.d/raidfs").exists());
+    assert!(!share.exists(), "{} is left", share.display());
     assert!(!man8.join("raidfs.8").exists() && !man8.join("raidfs-mount.8").exists());
     for script in completions {
         assert!(!dest.join(script).exists(), "{script}");

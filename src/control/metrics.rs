@@ -16,8 +16,12 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Member states, each a series of `raidfs_member_state` (1 for the one it is in).
 const MEMBER_STATES: [&str; 4] = ["active", "faulty", "rebuilding", "missing"];
-/// Background work, each a series of `raidfs_array_sync_action` (md's sync_action).
-const SYNC_ACTIONS: [&str; 6] = ["idle", "resync", "recovery", "replace", "check", "repair"];
+/// Background work, each a series of `raidfs_array_sync_action` (md's
+/// sync_action): every action a report's `sync` can name, so the running
+/// one always has its series at 1.
+const SYNC_ACTIONS: [&str; 7] = [
+    "idle", "resync", "recovery", "replace", "reshape", "check", "repair",
+];
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -480,6 +484,31 @@ mod tests {
         assert_eq!(number(1e21), "1000000000000000000000");
         assert_eq!(number(f64::NAN), "NaN");
         assert_eq!(number(f64::INFINITY), "+Inf");
+    }
+
+    #[test]
+    fn every_background_action_has_a_sync_action_series() {
+        use crate::array::SyncAction;
+        // A match without a wildcard: a new action fails to compile here.
+        let all = |a: SyncAction| match a {
+            SyncAction::Resync
+            | SyncAction::Recovery
+            | SyncAction::Replace
+            | SyncAction::Check
+            | SyncAction::Repair
+            | SyncAction::Reshape => a.to_string(),
+        };
+        for action in [
+            SyncAction::Resync,
+            SyncAction::Recovery,
+            SyncAction::Replace,
+            SyncAction::Check,
+            SyncAction::Repair,
+            SyncAction::Reshape,
+        ] {
+            let name = all(action);
+            assert!(SYNC_ACTIONS.contains(&name.as_str()), "{name}");
+        }
     }
 
     #[test]

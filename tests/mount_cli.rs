@@ -209,6 +209,87 @@ fn remount_after_the_daemon_is_killed() {
     assert_eq!(setup.member_state(), "clean");
 }
 
+/// Unmounts a bind mount when the test ends, however it ends.
+struct BindGuard(PathBuf);
+
+impl Drop for BindGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// One member named twice, or reached by two paths (a symlink, a hard
+/// link, a bind mount), is refused at once with both names: it used to
+/// wait 30 s for its own lock, then fail.
+#[test]
+fn a_member_named_twice_or_by_two_paths_is_refused_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let setup = Setup::new();
+    setup.mount_dir("mnt");
+    std::os::unix::fs::symlink("m0", setup.path("sym")).unwrap();
+    fs::hard_link(setup.path("m0"), setup.path("hard")).unwrap();
+    fs::write(setup.path("bound"), b"").unwrap();
+    let bound = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(setup.path("m0"))
+        .arg(setup.path("bound"))
+        .status()
+        .expect("run mount --bind");
+    assert!(bound.success(), "mount --bind m0 bound");
+    let _bind = BindGuard(setup.path("bound"));
+    // Each case: the members given, and the two names the refusal gives
+    // (as given, or made absolute by mount).
+    let cases = [
+        (["m0", "m1", "m0"], "m0", "m0"),
+        (["m0", "m1", "sym"], "m0", "sym"),
+        (["hard", "m1", "m0"], "hard", "m0"),
+        (["m0", "bound", "m1"], "m0", "bound"),
+    ];
+    let refused = |out: &Output, first: &str, second: &str| {
+        let text = stderr(out);
+        let said = if first == second {
+            text.contains(&format!("{first} is named twice"))
+        } else {
+            text.contains(&format!("{first} and "))
+                && text.contains(&format!("{second} are the same file"))
+        };
+        !out.status.success() && said
+    };
+    for (members, first, second) in cases {
+        let started = std::time::Instant::now();
+        let mut args = vec!["mount"];
+        args.extend(members);
+        args.push("mnt");
+        let out = raidfs(&args, setup.dir.path());
+        let took = started.elapsed();
+        eprintln!("{members:?}: refused in {:.3} s", took.as_secs_f64());
+        assert!(
+            refused(&out, first, second),
+            "{members:?}: {}",
+            stderr(&out)
+        );
+        // The lock wait it replaces is 30 s; this bound only tells the two apart.
+        assert!(took < Duration::from_secs(10), "{members:?} took {took:?}");
+        assert!(!is_mounted(&setup.path("mnt").canonicalize().unwrap()));
+        let mut args = vec!["fsck"];
+        args.extend(members);
+        let out = raidfs(&args, setup.dir.path());
+        assert!(
+            refused(&out, first, second),
+            "fsck {members:?}: {}",
+            stderr(&out)
+        );
+    }
+    // The members themselves were left as they were.
+    assert!(
+        ok(&setup.mount("mnt")),
+        "the array mounts with each member once"
+    );
+    assert!(ok(&setup.umount("mnt")));
+}
+
 #[test]
 fn bad_invocations_are_refused_clearly() {
     if !fuse_available() {

@@ -89,6 +89,7 @@ pub fn open_members(
         lock_wait: policy.lock_wait,
         ..OpenOptions::default()
     };
+    crate::member::open::refuse_repeated(paths).map_err(ArrayError::Refused)?;
     let mut members = Vec::with_capacity(paths.len());
     let mut left_out = Vec::new();
     for path in paths {

@@ -487,16 +487,9 @@ pub fn create_paths(
             paths.len()
         )));
     }
-    let mut seen = std::collections::HashSet::new();
+    crate::member::open::refuse_repeated(paths).map_err(ArrayError::Refused)?;
     let mut checked = Vec::with_capacity(paths.len());
     for path in paths {
-        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-        if !seen.insert(key) {
-            return Err(ArrayError::Refused(format!(
-                "{} is named twice",
-                path.display()
-            )));
-        }
         checked.push(check_path(path, options)?);
     }
     let smallest = checked.iter().map(|c| c.size).min().unwrap_or(0);

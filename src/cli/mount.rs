@@ -84,6 +84,9 @@ fn prepare(args: &MountArgs) -> Result<MountPlan, String> {
     if members.is_empty() {
         return Err("no members given (usage: raidfs mount [OPTIONS] MEMBER... MOUNTPOINT)".into());
     }
+    // By the names given, before they are made absolute (which resolves
+    // symlinks and would name both as one).
+    crate::member::open::refuse_repeated(members)?;
     // Absolute, because the daemon changes directory to /; URIs as given.
     let members = members
         .iter()
